@@ -1,0 +1,240 @@
+"""The ``solver-planner`` command: parses arguments, calls the library, prints.
+
+Exit codes: 0 success; 1 infeasible or invalid (the reason is printed); 2 bad input (a spec
+error printed on one line as ``file:line: key.path: what was expected``, no traceback).
+Human tables go to stdout; ``--json`` prints machine-readable JSON instead.
+"""
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import units
+from .cost import Algorithm, Collective, CostModel
+from .errors import InfeasibleError, PlannerError, SpecError
+from .spec import check_fits, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
+from .topology import Topology
+
+app = typer.Typer(
+    name="solver-planner",
+    help="Plan and prove how a deep-learning job is spread over a GPU cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
+
+
+def _console() -> Console:
+    return Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+
+
+def _print_json(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=_json_default))
+
+
+def _json_default(value):
+    if value == float("inf"):
+        return None
+    return str(value)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def handles_errors(fn):
+    """Turn library errors into one-line messages and the documented exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as exc:
+            _fail(str(exc), 2)
+        except InfeasibleError as exc:
+            _fail(f"infeasible: {exc}", 1)
+        except PlannerError as exc:
+            _fail(str(exc), 1)
+
+    return wrapper
+
+
+def _topology(path: Path) -> Topology:
+    return Topology(load_cluster_spec(path))
+
+
+# -- validate ---------------------------------------------------------------------------
+@app.command()
+@handles_errors
+def validate(
+    specs: List[Path] = typer.Argument(..., help="Cluster and model spec files (YAML).", show_default=False),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Check spec files; with one cluster among them, also check each model fits it.
+
+    Every problem is reported as file:line: key.path: what was expected. Exits 2 if any
+    file has a problem.
+    """
+    results = []
+    clusters, models = [], []
+    for path in specs:
+        entry = {"file": str(path), "kind": None, "ok": False, "summary": None, "errors": []}
+        results.append(entry)
+        try:
+            data, _ = load_yaml(path)
+            entry["kind"] = spec_kind(data)
+            if entry["kind"] == "cluster":
+                spec = load_cluster_spec(path)
+                clusters.append(spec)
+                entry["summary"] = f"cluster '{spec.name}': {spec.num_devices} devices"
+            else:
+                mspec = load_model_spec(path)
+                models.append((mspec, entry))
+                axes = " x ".join(f"{a.name}={a.size}" for a in mspec.parallelism.axes) if mspec.parallelism else "no axes"
+                entry["summary"] = f"model '{mspec.name}': {axes}, {len(mspec.reductions)} reduction(s)"
+            entry["ok"] = True
+        except SpecError as exc:
+            entry["errors"] = [str(i) for i in exc.issues]
+    if len(clusters) == 1:
+        for mspec, entry in models:
+            try:
+                check_fits(mspec, clusters[0].num_devices, clusters[0].name)
+            except SpecError as exc:
+                entry["ok"] = False
+                entry["errors"] = [str(i) for i in exc.issues]
+    bad = [r for r in results if not r["ok"]]
+    if as_json:
+        _print_json({"ok": not bad, "files": results})
+    else:
+        for r in results:
+            if r["ok"]:
+                typer.echo(f"ok     {r['file']}  ({r['summary']})")
+        for r in bad:
+            for line in r["errors"]:
+                typer.echo(f"error: {line}", err=True)
+    if bad:
+        raise typer.Exit(2)
+
+
+# -- show -------------------------------------------------------------------------------
+@app.command()
+@handles_errors
+def show(
+    cluster: Path = typer.Argument(..., help="Cluster spec (YAML).", show_default=False),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Describe a cluster: levels, devices, interconnects and what shares them."""
+    topo = _topology(cluster)
+    info = topo.summary()
+    if as_json:
+        _print_json(info)
+        return
+    con = _console()
+    levels = " > ".join(f"{lv['name']} x{lv['count']}" for lv in info["levels"])
+    dev = info["device"]
+    con.print(f"[bold]{info['name']}[/bold]: {info['devices']} x {dev['name']} "
+              f"({units.format_flop_rate(dev['flops'])}, {units.format_bytes(dev['memory'])})")
+    con.print(f"levels (outermost first): {levels}; hosts: {info['hosts']} x {info['host_level']}")
+    table = Table(title="interconnects")
+    for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via"):
+        table.add_column(col)
+    for ic in info["interconnects"]:
+        table.add_row(ic["name"], ic["level"] or "(via only)", units.format_bandwidth(ic["bandwidth"]),
+                      units.format_time(ic["latency"]), ic["shape"],
+                      f"{ic['sharing']} ({ic['devices_per_port']} device{'s' * (ic['devices_per_port'] > 1)} each)",
+                      str(ic["ports"]), ", ".join(ic["via"]) or "-")
+    con.print(table)
+
+
+# -- cost -------------------------------------------------------------------------------
+@app.command()
+@handles_errors
+def cost(
+    cluster: Path = typer.Argument(..., help="Cluster spec (YAML).", show_default=False),
+    collective: str = typer.Option("allreduce", "--collective", "-c",
+                                   help="allreduce, reducescatter, allgather, reduce, broadcast, or 'all'."),
+    nbytes: str = typer.Option("1GiB", "--bytes", "-b", help="Buffer size per device, e.g. '1GiB' or '512 MB'."),
+    level: Optional[str] = typer.Option(None, "--level", "-l",
+                                        help="Run on the devices inside each instance of this level, all groups at once."),
+    across: Optional[str] = typer.Option(None, "--across",
+                                         help="Run on the devices that differ only at this level, all groups at once."),
+    algorithm: str = typer.Option("all", "--algorithm", "-a", help="ring, tree, or 'all'."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Time of one collective on the groups of a level (the whole cluster by default).
+
+    Groups of one call run concurrently and share links: --across node on a cluster with
+    one NIC per node puts every cross-node pair behind the same NIC.
+    """
+    topo = _topology(cluster)
+    try:
+        size = units.parse_bytes(nbytes)
+        kinds = list(Collective) if collective == "all" else [Collective.parse(collective)]
+        algos = list(Algorithm) if algorithm == "all" else [Algorithm(algorithm)]
+        if level is not None and across is not None:
+            raise ValueError("give --level or --across, not both")
+        if level is not None:
+            groups, scope = topo.groups_within(level), f"within each {level}"
+        elif across is not None:
+            groups, scope = topo.groups_across(across), f"across {across}"
+        else:
+            groups, scope = [list(range(topo.num_devices))], "all devices"
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    model = CostModel(topo)
+    rows = []
+    for kind in kinds:
+        for algo in algos:
+            c = model.collective(kind, groups, size, algo)
+            rows.append({
+                "collective": c.collective, "algorithm": c.algorithm, "groups": c.groups, "group_size": c.group_size,
+                "bytes": size, "time": c.time, "latency_term": c.latency_term, "bandwidth_term": c.bandwidth_term,
+                "bus_bandwidth": c.bus_bandwidth, "bottleneck": c.bottleneck,
+            })
+    if as_json:
+        _print_json({"cluster": topo.name, "scope": scope, "results": rows})
+        return
+    table = Table(title=f"{topo.name}: {len(groups)} group(s) of {max(len(g) for g in groups)} ({scope}), "
+                        f"{units.format_bytes(size)} per device")
+    for col in ("collective", "algorithm", "time", "latency", "bandwidth term", "bus bandwidth", "bottleneck"):
+        table.add_column(col)
+    for r in rows:
+        busbw = "-" if r["bus_bandwidth"] == float("inf") else units.format_bandwidth(r["bus_bandwidth"])
+        table.add_row(r["collective"], r["algorithm"], units.format_time(r["time"]), units.format_time(r["latency_term"]),
+                      units.format_time(r["bandwidth_term"]), busbw, r["bottleneck"] or "-")
+    _console().print(table)
+
+
+# -- schema -----------------------------------------------------------------------------
+@app.command()
+def schema(
+    kind: str = typer.Argument(..., help="'cluster' or 'model'.", show_default=False),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Print the JSON Schema of a spec kind, for editors that validate YAML."""
+    if kind not in ("cluster", "model"):
+        _fail(f"unknown spec kind {kind!r}; expected 'cluster' or 'model'", 2)
+    text = json.dumps(json_schema(kind), indent=2)
+    if output is None:
+        typer.echo(text)
+    else:
+        output.write_text(text + "\n", encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

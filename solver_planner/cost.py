@@ -1,0 +1,369 @@
+"""THE cost model: how long transfers and collectives take on a :class:`Topology`.
+
+Every solver costs its answers here and every answer is replayed by the simulator with
+these same numbers, so this module is the single definition of "time" in the project.
+
+Formulas
+--------
+Alpha-beta model (Hockney; Thakur, Rabenseifner & Gropp 2005): a message of ``S`` bytes
+over a route of latency ``a`` and bandwidth ``B`` takes ``a + S / B``.
+
+Link sharing: every edge of an algorithm (a directed device-to-device transfer) crosses
+resources, the ``tx`` side of the sender's port and the ``rx`` side of the receiver's on
+each interconnect it uses (:meth:`Topology.route`).  When several edges run at once, a
+resource of bandwidth ``B`` crossed by edges of total weight ``L`` gives each ``B / L``;
+a group's *bus bandwidth* is its worst resource, ``min B_r / L_r``.  So 16 cross-node
+pairs behind one NIC get 1/16 of it each (seed 000 §4, seed 002 §3 "host NIC is the
+bottleneck").  Concurrent groups of one step share resources in the same way.
+
+Collectives on a group of ``n`` devices with ``S`` bytes (NCCL's convention: the full
+buffer, i.e. the AllReduce buffer, the ReduceScatter input, the AllGather output)::
+
+    time = latency_term + factor(n) * S / busbw
+
+with NCCL's bus-bandwidth factors (nccl-tests, doc/PERFORMANCE.md): AllReduce 2(n-1)/n,
+ReduceScatter and AllGather (n-1)/n, Broadcast and Reduce 1.  A group of one device
+takes no time.
+
+* ``ring``: devices in ring order (by device id, so each host is contiguous); AllReduce
+  takes 2(n-1) steps, ReduceScatter/AllGather n-1; Broadcast and Reduce are a pipelined
+  chain from/to the root (the first device of the group, as P² fixes, seed 000 §3.2).
+  Latency term: steps x the slowest edge's latency.
+* ``tree``: NCCL's tree: a chain inside the innermost level and two complementary binary
+  trees over the instances of outer levels (Sanders, Speck & Träff 2009), each tree
+  carrying half the data (edge weight 1/2).  Latency term: the longest root-to-leaf
+  latency, twice for AllReduce (reduce up, broadcast down).  NCCL has no tree
+  ReduceScatter/AllGather; those fall back to the ring.
+
+Pipelined broadcast (seed 002 §3.1): the sender and the receivers form a chain (the
+sender's own host first, each host contiguous); the data is cut into ``k`` chunks and
+every device forwards a chunk as soon as it has it.  With per-chunk hop times
+``t_h = a_h + (S/k) / B_h``::
+
+    time = sum_h t_h + (k - 1) * max_h t_h
+
+which tends to ``S / min_h B_h``, one copy across the slowest link, as ``k`` grows; ``k``
+is chosen to minimise the time unless given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Sequence
+
+from .topology import Resource, Route, Topology
+
+__all__ = ["Collective", "Algorithm", "CollectiveCost", "BroadcastCost", "CostModel", "bus_factor"]
+
+# Chunks of a pipelined broadcast are never smaller than this (NCCL's chunks are of the
+# order of 128 KiB-1 MiB); it bounds k when links have no latency.
+MIN_CHUNK_BYTES = 64 * 1024
+
+
+class Collective(str, Enum):
+    ALLREDUCE = "allreduce"
+    REDUCESCATTER = "reducescatter"
+    ALLGATHER = "allgather"
+    REDUCE = "reduce"
+    BROADCAST = "broadcast"
+
+    @classmethod
+    def parse(cls, name: str | Collective) -> Collective:
+        if isinstance(name, Collective):
+            return name
+        key = name.lower().replace("_", "").replace("-", "")
+        for c in cls:
+            if c.value == key:
+                return c
+        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(c.value for c in cls)}")
+
+
+class Algorithm(str, Enum):
+    RING = "ring"
+    TREE = "tree"
+
+
+def bus_factor(kind: Collective | str, n: int) -> float:
+    """NCCL's bus-bandwidth factor: algorithm bandwidth x factor = bus bandwidth."""
+    kind = Collective.parse(kind)
+    if n <= 1:
+        return 0.0
+    if kind is Collective.ALLREDUCE:
+        return 2 * (n - 1) / n
+    if kind in (Collective.REDUCESCATTER, Collective.ALLGATHER):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A directed transfer inside an algorithm, carrying ``weight`` of the algorithm's data."""
+
+    src: int
+    dst: int
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Time of one collective run by one or several concurrent groups, with its parts."""
+
+    collective: str
+    algorithm: str
+    nbytes: float
+    groups: int
+    group_size: int
+    time: float  # of the slowest group
+    latency_term: float
+    bandwidth_term: float
+    bus_bandwidth: float  # of the slowest group (inf when no data moves)
+    bottleneck: str | None  # the resource that bounds the bus bandwidth
+    group_times: tuple[float, ...]
+    resources: frozenset[Resource]
+
+
+@dataclass(frozen=True)
+class BroadcastCost:
+    """Time of a pipelined chain broadcast from one sender (seed 002 §3.1)."""
+
+    time: float
+    chunks: int
+    chain: tuple[int, ...]
+    hop_bandwidths: tuple[float, ...]
+    hop_latencies: tuple[float, ...]
+    resources: frozenset[Resource]
+
+    @property
+    def bottleneck_bandwidth(self) -> float:
+        return min(self.hop_bandwidths) if self.hop_bandwidths else math.inf
+
+
+class CostModel:
+    """Closed-form times on a topology; see the module docstring for every formula."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self._routes: dict[tuple[int, int], Route] = {}
+
+    def route(self, a: int, b: int) -> Route:
+        key = (a, b)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self.topology.route(a, b)
+        return r
+
+    # -- shared machinery ----------------------------------------------------------------
+    def _loads(self, edges: Iterable[Edge]) -> dict[Resource, float]:
+        load: dict[Resource, float] = defaultdict(float)
+        for e in edges:
+            for res in self.route(e.src, e.dst).resources:
+                load[res] += e.weight
+        return load
+
+    def _bottleneck(self, edges: Sequence[Edge], load: dict[Resource, float]) -> tuple[float, Resource | None]:
+        """Smallest shared bandwidth ``min B_r / L_r`` over the resources the edges cross."""
+        worst, where = math.inf, None
+        for e in edges:
+            route = self.route(e.src, e.dst)
+            for res, bw in zip(route.resources, route.bandwidths):
+                share = bw / load[res]
+                if share < worst or (share == worst and where is not None and res < where):
+                    worst, where = share, res
+        return worst, where
+
+    def compute_time(self, flops: float) -> float:
+        """Seconds for ``flops`` on one device at its peak rate."""
+        return flops / self.topology.device.flops
+
+    # -- point to point ------------------------------------------------------------------
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """``latency + S / bandwidth`` of one transfer alone; 0 to itself."""
+        return self.transfers_time([(src, dst)], nbytes)
+
+    def transfers_time(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> float:
+        """Time until the last of several concurrent transfers of ``nbytes`` each completes."""
+        edges = [Edge(a, b) for a, b in pairs if a != b]
+        if not edges:
+            return 0.0
+        load = self._loads(edges)
+        times = []
+        for e in edges:
+            bw, _ = self._bottleneck([e], load)
+            times.append(self.route(e.src, e.dst).latency + nbytes / bw)
+        return max(times)
+
+    # -- collectives ---------------------------------------------------------------------
+    def edges(self, kind: Collective | str, group: Sequence[int], algorithm: Algorithm | str = "ring") -> list[Edge]:
+        """The directed transfers of ``kind`` on ``group`` under ``algorithm``."""
+        kind, algorithm = Collective.parse(kind), Algorithm(algorithm)
+        if len(group) <= 1:
+            return []
+        if algorithm is Algorithm.TREE and kind in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE):
+            down = self._tree_edges(list(group))
+            if kind is Collective.BROADCAST:
+                return down
+            up = [Edge(e.dst, e.src, e.weight) for e in down]
+            return up if kind is Collective.REDUCE else up + down
+        order = sorted(group)
+        if kind in (Collective.BROADCAST, Collective.REDUCE):
+            root = order.index(group[0])
+            chain = order[root:] + order[:root]
+            down = [Edge(a, b) for a, b in zip(chain, chain[1:])]
+            return down if kind is Collective.BROADCAST else [Edge(e.dst, e.src) for e in down]
+        return [Edge(order[i], order[(i + 1) % len(order)]) for i in range(len(order))]
+
+    def _tree_edges(self, group: list[int]) -> list[Edge]:
+        """Parent->child edges of NCCL's tree rooted at ``group[0]`` (see module docstring)."""
+        topo = self.topology
+        root = group[0]
+        members = sorted(group)
+        coords = {d: topo.coords(d) for d in members}
+        level = next(i for i in range(len(topo.levels)) if len({coords[d][i] for d in members}) > 1)
+        parts: dict[int, list[int]] = defaultdict(list)
+        for d in members:
+            parts[coords[d][level]].append(d)
+        keys = sorted(parts)
+        start = keys.index(coords[root][level])
+        keys = keys[start:] + keys[:start]
+        leaders = [root if root in parts[k] else parts[k][0] for k in keys]
+        edges: list[Edge] = []
+        if level == len(topo.levels) - 1:
+            # Innermost level: a chain (NCCL chains the GPUs of a node).
+            edges += [Edge(a, b) for a, b in zip(leaders, leaders[1:])]
+        else:
+            # Two complementary binary trees, each carrying half of the data.
+            k = len(leaders)
+            for i in range(1, k):
+                edges.append(Edge(leaders[(i - 1) // 2], leaders[i], 0.5))
+            mirrored = [leaders[0]] + leaders[1:][::-1]
+            for i in range(1, k):
+                edges.append(Edge(mirrored[(i - 1) // 2], mirrored[i], 0.5))
+            for key, leader in zip(keys, leaders):
+                part = parts[key]
+                if len(part) > 1:
+                    edges += self._tree_edges([leader] + [d for d in part if d != leader])
+        return edges
+
+    def _latency(self, kind: Collective, group: Sequence[int], algorithm: Algorithm, edges: list[Edge]) -> float:
+        n = len(group)
+        if n <= 1:
+            return 0.0
+        if algorithm is Algorithm.TREE and kind in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE):
+            down = self._tree_edges(list(group))
+            children: dict[int, list[int]] = defaultdict(list)
+            for e in down:
+                if e.dst not in children[e.src]:
+                    children[e.src].append(e.dst)
+            depth_latency = self._deepest(group[0], children)
+            return depth_latency * (2 if kind is Collective.ALLREDUCE else 1)
+        alpha = max(self.route(e.src, e.dst).latency for e in edges)
+        steps = 2 * (n - 1) if kind is Collective.ALLREDUCE else n - 1
+        return steps * alpha
+
+    def _deepest(self, node: int, children: dict[int, list[int]]) -> float:
+        best = 0.0
+        stack = [(node, 0.0)]
+        seen = {node}
+        while stack:
+            u, t = stack.pop()
+            best = max(best, t)
+            for v in children.get(u, []):
+                if v not in seen:
+                    seen.add(v)
+                    stack.append((v, t + self.route(u, v).latency))
+        return best
+
+    def collective(
+        self,
+        kind: Collective | str,
+        groups: Sequence[Sequence[int]],
+        nbytes: float,
+        algorithm: Algorithm | str = "ring",
+    ) -> CollectiveCost:
+        """Cost of ``kind`` run at once by every group in ``groups`` (disjoint device sets).
+
+        >>> from solver_planner.topology import load_topology
+        >>> cm = CostModel(load_topology("specs/clusters/p2-a100-2x16.yaml"))
+        >>> c = cm.collective("allreduce", [[0, 16]], 8e9)
+        >>> round(c.time, 6)   # 2 * 10us + 2 * (1/2) * 8 GB / 8 GB/s
+        1.00002
+        """
+        kind, algorithm = Collective.parse(kind), Algorithm(algorithm)
+        groups = [list(g) for g in groups if len(g) > 0]
+        seen: set[int] = set()
+        for g in groups:
+            for d in g:
+                if d in seen:
+                    raise ValueError(f"device {d} is in two concurrent groups; groups of one step must be disjoint")
+                seen.add(d)
+        per_group = [self.edges(kind, g, algorithm) for g in groups]
+        load = self._loads(e for edges in per_group for e in edges)
+        times, lat_terms, bw_terms, busbws, where = [], [], [], [], []
+        for g, edges in zip(groups, per_group):
+            busbw, res = self._bottleneck(edges, load) if edges else (math.inf, None)
+            lat = self._latency(kind, g, algorithm, edges)
+            bw_term = bus_factor(kind, len(g)) * nbytes / busbw if edges else 0.0
+            times.append(lat + bw_term)
+            lat_terms.append(lat)
+            bw_terms.append(bw_term)
+            busbws.append(busbw)
+            where.append(res)
+        worst = max(range(len(times)), key=lambda i: (times[i], -i)) if times else None
+        return CollectiveCost(
+            collective=kind.value,
+            algorithm=algorithm.value,
+            nbytes=float(nbytes),
+            groups=len(groups),
+            group_size=max((len(g) for g in groups), default=0),
+            time=times[worst] if worst is not None else 0.0,
+            latency_term=lat_terms[worst] if worst is not None else 0.0,
+            bandwidth_term=bw_terms[worst] if worst is not None else 0.0,
+            bus_bandwidth=busbws[worst] if worst is not None else math.inf,
+            bottleneck=str(where[worst]) if worst is not None and where[worst] is not None else None,
+            group_times=tuple(times),
+            resources=frozenset(load),
+        )
+
+    def collective_time(self, kind: Collective | str, groups: Sequence[Sequence[int]], nbytes: float,
+                        algorithm: Algorithm | str = "ring") -> float:
+        return self.collective(kind, groups, nbytes, algorithm).time
+
+    # -- pipelined broadcast (seed 002 §3.1) ---------------------------------------------
+    def broadcast_chain(self, src: int, dsts: Sequence[int]) -> list[int]:
+        """Sender first, then its own host's receivers, then each other host's, in device order."""
+        topo = self.topology
+        home = topo.host(src)
+        rest = sorted({d for d in dsts if d != src}, key=lambda d: (topo.host(d) != home, d))
+        return [src] + rest
+
+    def pipelined_broadcast(self, src: int, dsts: Sequence[int], nbytes: float, chunks: int | None = None) -> BroadcastCost:
+        """Time of broadcasting ``nbytes`` from ``src`` to ``dsts`` as a pipelined chain."""
+        chain = self.broadcast_chain(src, dsts)
+        edges = [Edge(a, b) for a, b in zip(chain, chain[1:])]
+        if not edges or nbytes <= 0:
+            return BroadcastCost(0.0, 1, tuple(chain), (), (), frozenset())
+        load = self._loads(edges)
+        bws = tuple(self._bottleneck([e], load)[0] for e in edges)
+        lats = tuple(self.route(e.src, e.dst).latency for e in edges)
+        if chunks is None:
+            chunks = self._best_chunks(nbytes, bws, lats)
+        elif chunks < 1:
+            raise ValueError("chunks must be at least 1")
+        return BroadcastCost(self._chain_time(nbytes, chunks, bws, lats), chunks, tuple(chain), bws, lats, frozenset(load))
+
+    @staticmethod
+    def _chain_time(nbytes: float, k: int, bws: Sequence[float], lats: Sequence[float]) -> float:
+        hop = [a + nbytes / k / b for a, b in zip(lats, bws)]
+        return sum(hop) + (k - 1) * max(hop)
+
+    def _best_chunks(self, nbytes: float, bws: Sequence[float], lats: Sequence[float]) -> int:
+        k_max = max(1, int(nbytes // MIN_CHUNK_BYTES))
+        # With the slowest hop m fixed, T(k) = const + X / k + k * a_m, so k* = sqrt(X / a_m).
+        m = min(range(len(bws)), key=lambda h: (bws[h], -lats[h]))
+        x = nbytes * (sum(1 / b for b in bws) - 1 / bws[m])
+        k_star = math.sqrt(x / lats[m]) if lats[m] > 0 else k_max
+        candidates = {1, k_max, max(1, min(k_max, math.floor(k_star))), max(1, min(k_max, math.ceil(k_star)))}
+        return min(candidates, key=lambda k: (self._chain_time(nbytes, k, bws, lats), k))

@@ -1,0 +1,60 @@
+"""Exception hierarchy of solver_planner.
+
+Every error the library raises on purpose derives from :class:`PlannerError`, so a caller
+(the CLI in particular) can tell a user mistake from a bug.  The CLI maps them to exit
+codes: :class:`SpecError` exits 2, :class:`InfeasibleError` exits 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PlannerError", "SpecError", "SpecIssue", "InfeasibleError", "UnitError"]
+
+
+class PlannerError(Exception):
+    """Base class of every deliberate solver_planner error."""
+
+
+class UnitError(PlannerError, ValueError):
+    """A quantity such as ``"100Gbps"`` could not be read.
+
+    It derives from ``ValueError`` so that pydantic turns it into a validation error
+    located at the offending key.
+    """
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    """One problem in a spec file: where it is and what was expected there."""
+
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        key = f" {self.path}:" if self.path else ""
+        return f"{where}:{key} {self.message}"
+
+
+class SpecError(PlannerError):
+    """A spec file is malformed or inconsistent.
+
+    ``str(error)`` is a single line naming the file, the line, the key path and what was
+    expected; further problems found in the same pass are counted at its end and kept in
+    :attr:`issues`.
+    """
+
+    def __init__(self, issues: list[SpecIssue] | SpecIssue):
+        self.issues = [issues] if isinstance(issues, SpecIssue) else list(issues)
+        if not self.issues:
+            raise ValueError("SpecError needs at least one issue")
+        first = str(self.issues[0])
+        more = len(self.issues) - 1
+        super().__init__(first if not more else f"{first} (and {more} more problem{'s' * (more > 1)})")
+
+
+class InfeasibleError(PlannerError):
+    """The problem as posed has no solution; the message says why."""

@@ -1,0 +1,172 @@
+"""A discrete-event engine over exclusive resources.
+
+A task has a duration (from the cost model), the tasks it depends on, and the resources it
+holds while it runs (a NIC's send side, a NIC's receive side, a link, a device's compute
+stream).  The engine is a greedy list scheduler: a task starts at the first moment when
+its dependencies have finished, its release time has come and all its resources are free;
+among tasks that could start at the same moment, the one with the smaller
+``(priority, id)`` goes first.  Nothing else is shared, so a task alone takes exactly its
+duration, and tasks only wait for one another when they hold a common resource.
+
+Each waiting task is parked in the queue of one resource that blocks it; when that
+resource is released the queue is tried in priority order, so the cost per event stays
+small even with 100 000 tasks on one resource (``benchmarks/simulator.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable
+
+from ..errors import PlannerError
+from .timeline import Timeline
+
+__all__ = ["Task", "Simulation"]
+
+
+@dataclass
+class Task:
+    """One unit of simulated work; see :meth:`Simulation.add`."""
+
+    name: str
+    duration: float
+    resources: tuple[Hashable, ...] = ()
+    deps: tuple[int, ...] = ()
+    release: float = 0.0
+    priority: float = 0.0
+    devices: tuple[int, ...] = ()
+    stream: str = "comm"
+    category: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class Simulation:
+    """Collects tasks, then :meth:`run` plays them out and returns a :class:`Timeline`.
+
+    >>> sim = Simulation()
+    >>> a = sim.add("send", 2.0, resources=["nic0.tx"])
+    >>> b = sim.add("send again", 1.0, resources=["nic0.tx"])
+    >>> c = sim.add("compute", 5.0, deps=[a])
+    >>> tl = sim.run()
+    >>> [(r.start, r.end) for r in tl.records]
+    [(0.0, 2.0), (2.0, 3.0), (2.0, 7.0)]
+    """
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def add(
+        self,
+        name: str,
+        duration: float,
+        resources: Iterable[Hashable] = (),
+        deps: Iterable[int] = (),
+        *,
+        release: float = 0.0,
+        priority: float | None = None,
+        devices: Iterable[int] = (),
+        stream: str = "comm",
+        category: str = "",
+        args: dict[str, Any] | None = None,
+    ) -> int:
+        """Add a task and return its id.
+
+        ``deps`` are ids of tasks added before (so the task graph has no cycle by
+        construction); ``resources`` are any hashable names, held exclusively while the
+        task runs; ``release`` is the earliest start; ``priority`` breaks ties between
+        tasks ready at the same moment (default: the order of addition); ``devices`` and
+        ``stream`` place the task on the trace's tracks.
+        """
+        tid = len(self.tasks)
+        if not duration >= 0:
+            raise ValueError(f"task {name!r}: duration must be >= 0, got {duration!r}")
+        if not release >= 0:
+            raise ValueError(f"task {name!r}: release must be >= 0, got {release!r}")
+        dep_ids = tuple(dict.fromkeys(int(d) for d in deps))
+        for d in dep_ids:
+            if not 0 <= d < tid:
+                raise ValueError(f"task {name!r}: dependency {d} is not an earlier task id (0..{tid - 1})")
+        self.tasks.append(Task(
+            name, float(duration), tuple(dict.fromkeys(resources)), dep_ids, float(release),
+            float(tid if priority is None else priority), tuple(devices), stream, category, dict(args or {}),
+        ))
+        return tid
+
+    def run(self) -> Timeline:
+        """Play every task out; raise :class:`PlannerError` if some can never start."""
+        tasks = self.tasks
+        n = len(tasks)
+        start = [0.0] * n
+        end = [0.0] * n
+        started = [False] * n
+        missing = [len(t.deps) for t in tasks]
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for i, t in enumerate(tasks):
+            for d in t.deps:
+                succ[d].append(i)
+        busy: dict[Hashable, bool] = {}
+        parked: dict[Hashable, list[tuple[float, int]]] = {}
+        events: list[tuple[float, int, int]] = []  # (time, kind 0=finish 1=release, task)
+        ready: list[tuple[float, int]] = []  # candidates to try now: (priority, id)
+
+        def make_ready(i: int, now: float) -> None:
+            if tasks[i].release > now:
+                heapq.heappush(events, (tasks[i].release, 1, i))
+            else:
+                heapq.heappush(ready, (tasks[i].priority, i))
+
+        for i in range(n):
+            if missing[i] == 0:
+                make_ready(i, 0.0)
+        now = 0.0
+        done = 0
+        freed: list[Hashable] = []
+        while True:
+            # Start what can start now, in priority order; pull parked tasks of freed resources.
+            for res in freed:
+                queue = parked.get(res)
+                if queue:
+                    heapq.heappush(ready, heapq.heappop(queue))
+            freed.clear()
+            while ready:
+                prio, i = heapq.heappop(ready)
+                if started[i]:
+                    continue
+                blocker = next((r for r in tasks[i].resources if busy.get(r)), None)
+                if blocker is not None:
+                    heapq.heappush(parked.setdefault(blocker, []), (prio, i))
+                    # The resources it did not get may be free: let their next waiter try.
+                    for r in tasks[i].resources:
+                        if r is not blocker and not busy.get(r) and parked.get(r):
+                            heapq.heappush(ready, heapq.heappop(parked[r]))
+                    continue
+                started[i] = True
+                start[i] = now
+                for r in tasks[i].resources:
+                    busy[r] = True
+                heapq.heappush(events, (now + tasks[i].duration, 0, i))
+            if not events:
+                break
+            now = events[0][0]
+            while events and events[0][0] == now:
+                _, kind, i = heapq.heappop(events)
+                if kind == 1:
+                    heapq.heappush(ready, (tasks[i].priority, i))
+                    continue
+                end[i] = now
+                done += 1
+                for r in tasks[i].resources:
+                    busy[r] = False
+                    freed.append(r)
+                for j in succ[i]:
+                    missing[j] -= 1
+                    if missing[j] == 0:
+                        make_ready(j, now)
+        if done != n:
+            stuck = [tasks[i].name for i in range(n) if not started[i]][:5]
+            raise PlannerError(f"{n - done} tasks never ran (first: {', '.join(stuck)})")
+        return Timeline(tasks, start, end)

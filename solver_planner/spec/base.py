@@ -1,0 +1,147 @@
+"""Pydantic plumbing shared by the cluster and model specs.
+
+* :class:`SpecModel` forbids unknown keys and names the keys it expects instead.
+* ``Bytes``, ``Bandwidth``, ``Duration``, ``Flops`` and ``FlopRate`` read readable units
+  (see :mod:`solver_planner.units`) and publish the accepted pattern in the JSON Schema.
+* :func:`validate` turns a pydantic ``ValidationError`` into a :class:`SpecError` whose
+  issues carry file, line and key path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
+
+from .. import units
+from ..errors import SpecError, SpecIssue
+from .source import Source, format_path
+
+__all__ = ["SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "validate"]
+
+
+def _quantity(kind: str):
+    def read(value: object) -> float:
+        return units.parse(value, kind)
+
+    schema = {
+        "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": units.unit_pattern(kind)}],
+        "description": units.describe(kind),
+    }
+    return Annotated[float, BeforeValidator(read), WithJsonSchema(schema)]
+
+
+Bytes = _quantity("bytes")
+Bandwidth = _quantity("bandwidth")
+Duration = _quantity("time")
+Flops = _quantity("flops")
+FlopRate = _quantity("flop_rate")
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: frozen, and strict about the keys it accepts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = []
+            for name, field in cls.model_fields.items():
+                allowed.append(field.alias or name)
+            for key in data:
+                if key not in allowed:
+                    raise PydanticCustomError(
+                        "unknown_key",
+                        "unknown key '{key}'; expected one of: {allowed}",
+                        {"key": str(key), "allowed": ", ".join(allowed)},
+                    )
+        return data
+
+
+_TYPE_MESSAGES = {
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "string_type": "expected a text string",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "dict_type": "expected a mapping of keys to values",
+    "model_type": "expected a mapping of keys to values",
+    "model_attributes_type": "expected a mapping of keys to values",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _clean_loc(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Keep the parts of a pydantic location that navigate the data (drop union tags)."""
+    path: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, dict) and isinstance(part, str) and not any(c in part for c in "[]()"):
+            path.append(part)  # a missing key: name it, the line is its parent's
+            node = None
+    return tuple(path)
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return "missing required key"
+    if kind == "unknown_key":
+        return err["msg"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind in _TYPE_MESSAGES:
+        return f"{_TYPE_MESSAGES[kind]}, got {_short(err.get('input'))}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        bound = next(iter(ctx.values()))
+        return f"expected a value {op} {bound}, got {_short(err.get('input'))}"
+    if kind == "literal_error":
+        return f"expected {ctx.get('expected')}, got {_short(err.get('input'))}"
+    if kind in ("too_short", "too_long"):
+        return err["msg"].replace("List should", "expected a list that should").rstrip(".")
+    return err["msg"]
+
+
+def validate(model: type[M], data: Any, source: Source) -> M:
+    """Validate ``data`` (from ``source``) as ``model``; raise :class:`SpecError` on any problem."""
+    if data is None:
+        raise SpecError(SpecIssue(source.file, 1, "", "the file is empty; expected a mapping of keys to values"))
+    if not isinstance(data, dict):
+        raise SpecError(SpecIssue(source.file, source.line(()), "",
+                                  f"expected a mapping of keys to values at the top, got {type(data).__name__}"))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            if err["type"] == "unknown_key":
+                loc = loc + (err["ctx"]["key"],)
+            path = _clean_loc(data, loc)
+            issues.append(SpecIssue(source.file, source.line(path), format_path(path), _message(err)))
+        issues.sort(key=lambda i: (i.line or 0, i.path))
+        raise SpecError(issues) from None

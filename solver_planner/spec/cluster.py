@@ -1,0 +1,174 @@
+"""The cluster spec: hierarchy levels, the device, and the interconnects.
+
+A cluster is a hierarchy of named levels, outermost first (seed 000 §2: "each level has a
+name and a cardinality"), for example ``node: 4`` then ``gpu: 16``.  A transfer between two
+devices uses the interconnect of the outermost level at which their coordinates differ.
+An interconnect's bandwidth is per direction (seed 002 §3: links are full duplex); it is
+shared as one port per device, one per instance of a level (one NIC per node shared by
+its GPUs, seed 000 §4), or one per ``k`` consecutive devices (a PCIe switch under a CPU).
+``via`` names further interconnects a transfer also crosses on each end (the V100 nodes
+of seed 000 Fig. 9b reach their NIC through PCIe).
+
+Example::
+
+    name: two-a100-nodes
+    levels:
+      - {name: node, count: 2}
+      - {name: gpu, count: 16}
+    device: {name: A100, flops: 312 TFLOP/s, memory: 40 GiB}
+    interconnects:
+      - {name: nvswitch, level: gpu, bandwidth: 270 GB/s, latency: 2us}
+      - {name: nic, level: node, bandwidth: 8 GB/s, latency: 10us, sharing: node}
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr
+
+from ..errors import SpecError
+from .base import Bandwidth, Bytes, Duration, FlopRate, SpecModel, validate
+from .source import Source, load_yaml
+
+__all__ = ["LevelSpec", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
+
+
+class LevelSpec(SpecModel):
+    """One level of the hardware hierarchy and how many instances each parent holds."""
+
+    name: str = Field(pattern=_NAME, description="level name, e.g. 'node' or 'gpu'")
+    count: int = Field(ge=1, description="instances of this level inside one instance of the level above")
+
+
+class DeviceSpec(SpecModel):
+    """The accelerator every leaf of the hierarchy is."""
+
+    name: str = Field(description="device model, e.g. 'A100-SXM4-40GB'")
+    flops: FlopRate = Field(gt=0, description="peak FLOP/s used for compute times")
+    memory: Bytes = Field(gt=0, description="device memory")
+
+
+class InterconnectSpec(SpecModel):
+    """A link technology and the transfers it carries."""
+
+    name: str = Field(pattern=_NAME)
+    level: str | None = Field(
+        default=None,
+        description="the level whose transfers it carries: devices whose coordinates first differ at this "
+        "level talk over it. Omit for an interconnect only crossed 'via' another.",
+    )
+    bandwidth: Bandwidth = Field(gt=0, description="bandwidth per direction (links are full duplex)")
+    latency: Duration = Field(default=0.0, description="one-way latency of a message")
+    sharing: str = Field(
+        default="device",
+        description="'device' (one port per device), a level name (one per instance of that level, "
+        "e.g. 'node' for one NIC per node), or 'K devices' (one per K consecutive devices)",
+    )
+    shape: Literal["switch", "ring"] = Field(
+        default="switch", description="'switch': any pair in one hop; 'ring': devices linked in a ring"
+    )
+    via: list[str] = Field(default_factory=list, description="interconnects also crossed at each end")
+    description: str = ""
+
+
+class ClusterSpec(SpecModel):
+    """A whole cluster spec file."""
+
+    name: str
+    description: str = ""
+    levels: list[LevelSpec] = Field(min_length=1, description="hierarchy levels, outermost first")
+    device: DeviceSpec
+    interconnects: list[InterconnectSpec] = Field(min_length=1)
+    host_level: str | None = Field(
+        default=None,
+        description="the level whose instances are hosts (one NIC domain each, seed 002 §3); "
+        "default: the level just above the innermost one",
+    )
+
+    _source: Source = PrivateAttr(default=Source("<memory>", None))
+
+    @property
+    def source(self) -> Source:
+        return self._source
+
+    @property
+    def num_devices(self) -> int:
+        n = 1
+        for level in self.levels:
+            n *= level.count
+        return n
+
+
+def parse_sharing(text: str, level_names: list[str]) -> tuple[str, int | str | None]:
+    """``'device'`` -> ('device', None); ``'node'`` -> ('level', 'node'); ``'4 devices'`` -> ('devices', 4)."""
+    if text == "device":
+        return ("device", None)
+    if text in level_names:
+        return ("level", text)
+    match = re.fullmatch(r"\s*([0-9]+)\s+devices?\s*", text)
+    if match and int(match.group(1)) >= 1:
+        return ("devices", int(match.group(1)))
+    raise ValueError(f"expected 'device', a level name ({', '.join(level_names)}) or 'K devices', got {text!r}")
+
+
+def _check(spec: ClusterSpec, source: Source) -> None:
+    issues = []
+    names = [level.name for level in spec.levels]
+    for i, level in enumerate(spec.levels):
+        if level.name in names[:i]:
+            issues.append(source.issue(("levels", i, "name"), f"level '{level.name}' is named twice"))
+        if level.name == "device":
+            issues.append(source.issue(("levels", i, "name"), "'device' is reserved for sharing: device; rename the level"))
+    if spec.host_level is not None and spec.host_level not in names:
+        issues.append(source.issue(("host_level",), f"no level named '{spec.host_level}'; expected one of: {', '.join(names)}"))
+    links = {ic.name: ic for ic in spec.interconnects}
+    seen: set[str] = set()
+    for i, ic in enumerate(spec.interconnects):
+        if ic.name in seen:
+            issues.append(source.issue(("interconnects", i, "name"), f"interconnect '{ic.name}' is named twice"))
+        seen.add(ic.name)
+        if ic.level is not None and ic.level not in names:
+            issues.append(source.issue(("interconnects", i, "level"),
+                                       f"no level named '{ic.level}'; expected one of: {', '.join(names)}"))
+        try:
+            kind, arg = parse_sharing(ic.sharing, names)
+            if kind == "devices" and spec.num_devices % int(arg) != 0:  # type: ignore[arg-type]
+                issues.append(source.issue(("interconnects", i, "sharing"),
+                                           f"{arg} devices does not divide the {spec.num_devices} devices"))
+        except ValueError as exc:
+            issues.append(source.issue(("interconnects", i, "sharing"), str(exc)))
+        for j, other in enumerate(ic.via):
+            if other not in links:
+                issues.append(source.issue(("interconnects", i, "via", j), f"no interconnect named '{other}'"))
+            elif other == ic.name:
+                issues.append(source.issue(("interconnects", i, "via", j), "an interconnect cannot go via itself"))
+            elif links[other].via:
+                issues.append(source.issue(("interconnects", i, "via", j),
+                                           f"'{other}' has a 'via' of its own; list every crossed interconnect here instead"))
+    for depth, level in enumerate(spec.levels):
+        serving = [i for i, ic in enumerate(spec.interconnects) if ic.level == level.name]
+        if len(serving) > 1:
+            issues.append(source.issue(("interconnects", serving[1], "level"),
+                                       f"level '{level.name}' is already served by '{spec.interconnects[serving[0]].name}';"
+                                       " give each level one interconnect (use 'via' for links crossed on the way)"))
+        if not serving and level.count > 1:
+            issues.append(source.issue(("levels", depth),
+                                       f"level '{level.name}' has {level.count} instances but no interconnect serves it;"
+                                       f" add one with 'level: {level.name}'"))
+    if issues:
+        issues.sort(key=lambda x: (x.line or 0, x.path))
+        raise SpecError(issues)
+
+
+def load_cluster_spec(path: str | Path, text: str | None = None) -> ClusterSpec:
+    """Read and check a cluster spec; raise :class:`SpecError` with file:line:key on any problem."""
+    data, source = load_yaml(path, text)
+    spec = validate(ClusterSpec, data, source)
+    spec._source = source
+    _check(spec, source)
+    return spec

@@ -1,0 +1,30 @@
+"""JSON Schemas of the specs (for editors), and telling a cluster spec from a model spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cluster import ClusterSpec
+from .model import ModelSpec
+
+__all__ = ["json_schema", "spec_kind", "SCHEMAS"]
+
+SCHEMAS = {"cluster": ClusterSpec, "model": ModelSpec}
+
+# Keys only a cluster spec has; a file with any of them is read as a cluster.
+_CLUSTER_KEYS = {"levels", "device", "interconnects"}
+
+
+def json_schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the ``cluster`` or ``model`` spec."""
+    schema = SCHEMAS[kind].model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = f"solver_planner {kind} spec"
+    return schema
+
+
+def spec_kind(data: Any) -> str:
+    """``'cluster'`` or ``'model'``, judged by the top-level keys."""
+    if isinstance(data, dict) and _CLUSTER_KEYS & set(data):
+        return "cluster"
+    return "model"
