@@ -216,10 +216,20 @@ class CostModel:
         return [Edge(order[i], order[(i + 1) % len(order)]) for i in range(len(order))]
 
     def _tree_edges(self, group: list[int]) -> list[Edge]:
-        """Parent->child edges of NCCL's tree rooted at ``group[0]`` (see module docstring)."""
+        """Parent->child edges of NCCL's two trees rooted at ``group[0]``, each carrying half the data."""
+        return [Edge(a, b, 0.5) for mirrored in (False, True) for a, b in self._tree(list(group), mirrored)]
+
+    def _tree(self, group: list[int], mirrored: bool) -> list[tuple[int, int]]:
+        """One tree: a chain inside the innermost level, a binary heap over the instances above.
+
+        The second tree lists the non-root instances in reverse, so that the inner nodes of
+        one tree are mostly leaves of the other (Sanders et al. 2009).
+        """
         topo = self.topology
         root = group[0]
         members = sorted(group)
+        if len(members) <= 1:
+            return []
         coords = {d: topo.coords(d) for d in members}
         level = next(i for i in range(len(topo.levels)) if len({coords[d][i] for d in members}) > 1)
         parts: dict[int, list[int]] = defaultdict(list)
@@ -228,23 +238,14 @@ class CostModel:
         keys = sorted(parts)
         start = keys.index(coords[root][level])
         keys = keys[start:] + keys[:start]
+        if mirrored:
+            keys = keys[:1] + keys[1:][::-1]
         leaders = [root if root in parts[k] else parts[k][0] for k in keys]
-        edges: list[Edge] = []
         if level == len(topo.levels) - 1:
-            # Innermost level: a chain (NCCL chains the GPUs of a node).
-            edges += [Edge(a, b) for a, b in zip(leaders, leaders[1:])]
-        else:
-            # Two complementary binary trees, each carrying half of the data.
-            k = len(leaders)
-            for i in range(1, k):
-                edges.append(Edge(leaders[(i - 1) // 2], leaders[i], 0.5))
-            mirrored = [leaders[0]] + leaders[1:][::-1]
-            for i in range(1, k):
-                edges.append(Edge(mirrored[(i - 1) // 2], mirrored[i], 0.5))
-            for key, leader in zip(keys, leaders):
-                part = parts[key]
-                if len(part) > 1:
-                    edges += self._tree_edges([leader] + [d for d in part if d != leader])
+            return list(zip(leaders, leaders[1:]))  # innermost level: a chain, as NCCL inside a node
+        edges = [(leaders[(i - 1) // 2], leaders[i]) for i in range(1, len(leaders))]
+        for key, leader in zip(keys, leaders):
+            edges += self._tree([leader] + [d for d in parts[key] if d != leader], mirrored)
         return edges
 
     def _latency(self, kind: Collective, group: Sequence[int], algorithm: Algorithm, edges: list[Edge]) -> float:
@@ -252,28 +253,22 @@ class CostModel:
         if n <= 1:
             return 0.0
         if algorithm is Algorithm.TREE and kind in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE):
-            down = self._tree_edges(list(group))
-            children: dict[int, list[int]] = defaultdict(list)
-            for e in down:
-                if e.dst not in children[e.src]:
-                    children[e.src].append(e.dst)
-            depth_latency = self._deepest(group[0], children)
-            return depth_latency * (2 if kind is Collective.ALLREDUCE else 1)
+            depth = max(self._depth(group[0], self._tree(list(group), m)) for m in (False, True))
+            return depth * (2 if kind is Collective.ALLREDUCE else 1)
         alpha = max(self.route(e.src, e.dst).latency for e in edges)
         steps = 2 * (n - 1) if kind is Collective.ALLREDUCE else n - 1
         return steps * alpha
 
-    def _deepest(self, node: int, children: dict[int, list[int]]) -> float:
-        best = 0.0
-        stack = [(node, 0.0)]
-        seen = {node}
+    def _depth(self, root: int, tree: list[tuple[int, int]]) -> float:
+        """Largest summed latency from ``root`` to a leaf of ``tree``."""
+        children: dict[int, list[int]] = defaultdict(list)
+        for a, b in tree:
+            children[a].append(b)
+        best, stack = 0.0, [(root, 0.0)]
         while stack:
             u, t = stack.pop()
             best = max(best, t)
-            for v in children.get(u, []):
-                if v not in seen:
-                    seen.add(v)
-                    stack.append((v, t + self.route(u, v).latency))
+            stack += [(v, t + self.route(u, v).latency) for v in children[u]]
         return best
 
     def collective(

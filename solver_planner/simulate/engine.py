@@ -146,6 +146,18 @@ class Simulation:
                     continue
                 started[i] = True
                 start[i] = now
+                if tasks[i].duration == 0:
+                    # Holds nothing for any time: done at once, its successors may start now.
+                    end[i] = now
+                    done += 1
+                    for r in tasks[i].resources:  # still free: the next waiter may go
+                        if parked.get(r):
+                            heapq.heappush(ready, heapq.heappop(parked[r]))
+                    for j in succ[i]:
+                        missing[j] -= 1
+                        if missing[j] == 0:
+                            make_ready(j, now)
+                    continue
                 for r in tasks[i].resources:
                     busy[r] = True
                 heapq.heappush(events, (now + tasks[i].duration, 0, i))

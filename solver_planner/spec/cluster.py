@@ -156,7 +156,8 @@ def _check(spec: ClusterSpec, source: Source) -> None:
             issues.append(source.issue(("interconnects", serving[1], "level"),
                                        f"level '{level.name}' is already served by '{spec.interconnects[serving[0]].name}';"
                                        " give each level one interconnect (use 'via' for links crossed on the way)"))
-        if not serving and level.count > 1:
+        unknown_levels = any(ic.level is not None and ic.level not in names for ic in spec.interconnects)
+        if not serving and level.count > 1 and not unknown_levels:
             issues.append(source.issue(("levels", depth),
                                        f"level '{level.name}' has {level.count} instances but no interconnect serves it;"
                                        f" add one with 'level: {level.name}'"))

@@ -43,12 +43,15 @@ class Source:
         node = self.root
         if node is None:
             return None
+        line = node.start_mark.line + 1
         for part in path:
-            child = _child(node, part)
-            if child is None:
+            found = _child(node, part)
+            if found is None:
                 break
-            node = child
-        return node.start_mark.line + 1
+            key, node = found
+            # A key's own line, not where its (possibly block) value starts.
+            line = (key or node).start_mark.line + 1
+        return line
 
     def issue(self, path: tuple[Any, ...] | list[Any], message: str) -> SpecIssue:
         return SpecIssue(self.file, self.line(path), format_path(path), message)
@@ -60,19 +63,21 @@ class Source:
     def has(self, path: tuple[Any, ...] | list[Any]) -> bool:
         node = self.root
         for part in path:
-            node = _child(node, part) if node is not None else None
-            if node is None:
+            found = _child(node, part) if node is not None else None
+            if found is None:
                 return False
+            node = found[1]
         return True
 
 
-def _child(node: yaml.Node, part: Any) -> yaml.Node | None:
+def _child(node: yaml.Node, part: Any) -> tuple[yaml.Node | None, yaml.Node] | None:
+    """(key node or None, value node) of ``part`` under ``node``."""
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                return value
+                return key, value
     elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-        return node.value[part]
+        return None, node.value[part]
     return None
 
 

@@ -1,0 +1,43 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from solver_planner.cost import CostModel
+from solver_planner.topology import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+CLUSTERS = SPECS / "clusters"
+
+
+@pytest.fixture(scope="session")
+def a100():
+    return load_topology(CLUSTERS / "p2-a100-2x16.yaml")
+
+
+@pytest.fixture(scope="session")
+def a100x4():
+    return load_topology(CLUSTERS / "p2-a100-4x16.yaml")
+
+
+@pytest.fixture(scope="session")
+def v100():
+    return load_topology(CLUSTERS / "p2-v100-2x8.yaml")
+
+
+@pytest.fixture(scope="session")
+def p3x3():
+    return load_topology(CLUSTERS / "aws-p3.8xlarge-3.yaml")
+
+
+@pytest.fixture
+def cost_of():
+    return CostModel
+
+
+def run_cli(*args, cwd=ROOT):
+    """Run the real command in a subprocess, as a user would."""
+    return subprocess.run([sys.executable, "-m", "solver_planner", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)

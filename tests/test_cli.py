@@ -1,0 +1,94 @@
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import CLUSTERS, SPECS, run_cli
+
+
+def test_help_everywhere():
+    for args in ([], ["validate"], ["show"], ["cost"], ["schema"]):
+        result = run_cli(*args, "--help")
+        assert result.returncode == 0, args
+        assert "Usage" in result.stdout
+
+
+def test_validate_shipped_specs():
+    result = run_cli("validate", *sorted(CLUSTERS.glob("*.yaml")), *sorted((SPECS / "models").glob("*.yaml")))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("ok ") == len(list(SPECS.rglob("*.yaml")))
+
+
+def test_validate_json_checks_model_against_the_one_cluster():
+    result = run_cli("validate", CLUSTERS / "p2-a100-4x16.yaml", SPECS / "models" / "p2-example.yaml", "--json")
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    assert data["ok"] and [f["kind"] for f in data["files"]] == ["cluster", "model"]
+    result = run_cli("validate", CLUSTERS / "p2-a100-2x16.yaml", SPECS / "models" / "p2-example.yaml", "--json")
+    assert result.returncode == 2
+    data = json.loads(result.stdout)
+    assert not data["ok"] and "64 devices, but cluster 'p2-a100-2x16' has 32" in data["files"][1]["errors"][0]
+
+
+def test_show_json():
+    data = json.loads(run_cli("show", CLUSTERS / "p2-v100-2x8.yaml", "--json").stdout)
+    assert data["devices"] == 16 and data["hosts"] == 2
+    nic = next(ic for ic in data["interconnects"] if ic["name"] == "nic")
+    assert nic["bandwidth"] == 8e9 and nic["via"] == ["pcie"] and nic["devices_per_port"] == 8
+
+
+def test_show_table():
+    out = run_cli("show", CLUSTERS / "p2-a100-2x16.yaml").stdout
+    assert "32 x A100-SXM4-40GB" in out and "8 GB/s" in out and "one per node" in out
+
+
+def test_cost_json_matches_the_library(a100):
+    from solver_planner.cost import CostModel
+    result = run_cli("cost", CLUSTERS / "p2-a100-2x16.yaml", "--collective", "allreduce", "--across", "node",
+                     "--bytes", "1GiB", "--algorithm", "ring", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    (row,) = data["results"]
+    assert row["groups"] == 16 and row["group_size"] == 2
+    assert row["time"] == CostModel(a100).collective("allreduce", a100.groups_across("node"), 2**30).time
+
+
+def test_cost_level_within_and_table():
+    result = run_cli("cost", CLUSTERS / "p2-a100-2x16.yaml", "--collective", "allreduce", "--level", "node",
+                     "--bytes", "1GiB")
+    assert result.returncode == 0
+    assert "2 group(s) of 16 (within each node)" in result.stdout
+    assert "ring" in result.stdout and "tree" in result.stdout
+
+
+def test_cost_all_collectives():
+    data = json.loads(run_cli("cost", CLUSTERS / "dgx-h100-4x8.yaml", "-c", "all", "--json").stdout)
+    assert {r["collective"] for r in data["results"]} == {"allreduce", "reducescatter", "allgather", "reduce",
+                                                          "broadcast"}
+
+
+@pytest.mark.parametrize("kind, folder", [("cluster", "clusters"), ("model", "models")])
+def test_schema_validates_every_shipped_spec(kind, folder, tmp_path):
+    result = run_cli("schema", kind)
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for path in (SPECS / folder).glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    out = tmp_path / "s.json"
+    assert run_cli("schema", kind, "-o", out).returncode == 0
+    assert json.loads(out.read_text()) == schema
+
+
+def test_schema_rejects_bad_units():
+    schema = json.loads(run_cli("schema", "cluster").stdout)
+    spec = yaml.safe_load((CLUSTERS / "p2-a100-2x16.yaml").read_text())
+    spec["interconnects"][0]["bandwidth"] = "fast"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(spec, schema)
+
+
+def test_schema_unknown_kind():
+    result = run_cli("schema", "workload")
+    assert result.returncode == 2 and "expected 'cluster' or 'model'" in result.stderr

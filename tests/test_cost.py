@@ -1,0 +1,192 @@
+"""Every formula of the cost model against a value computed by hand from the specs.
+
+p2-a100-2x16: NVSwitch 270 GB/s, 2us, one port per GPU; NIC 8 GB/s, 10us, one per node.
+"""
+
+import math
+import textwrap
+
+import pytest
+
+from solver_planner.cost import CostModel, bus_factor
+from solver_planner.spec import load_cluster_spec
+from solver_planner.topology import Topology
+
+S = 1e9  # bytes
+NVS, NIC = 270e9, 8e9
+A_NVS, A_NIC = 2e-6, 10e-6
+
+
+@pytest.fixture(scope="module")
+def cm(a100):
+    return CostModel(a100)
+
+
+def test_bus_factors_are_nccls():
+    assert bus_factor("allreduce", 8) == 2 * 7 / 8
+    assert bus_factor("reducescatter", 8) == bus_factor("allgather", 8) == 7 / 8
+    assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1
+    assert bus_factor("allreduce", 1) == 0
+
+
+def test_point_to_point(cm):
+    assert cm.transfer_time(0, 1, S) == pytest.approx(A_NVS + S / NVS)
+    assert cm.transfer_time(0, 16, S) == pytest.approx(A_NIC + S / NIC)
+    assert cm.transfer_time(4, 4, S) == 0
+
+
+def test_link_sharing_behind_one_nic(cm):
+    # 16 cross-node pairs behind one NIC share its 8 GB/s: 0.5 GB/s each.
+    pairs = [(i, 16 + i) for i in range(16)]
+    assert cm.transfers_time(pairs, S) == pytest.approx(A_NIC + S / (NIC / 16))
+    # Pairs inside nodes have their own NVSwitch ports: no sharing.
+    assert cm.transfers_time([(0, 1), (2, 3), (16, 17)], S) == pytest.approx(A_NVS + S / NVS)
+    # Opposite directions do not share (full duplex).
+    assert cm.transfers_time([(0, 16), (17, 1)], S) == pytest.approx(A_NIC + S / NIC)
+
+
+@pytest.mark.parametrize("kind, factor, steps", [
+    ("allreduce", 2 * 15 / 16, 30), ("reducescatter", 15 / 16, 15), ("allgather", 15 / 16, 15),
+    ("broadcast", 1, 15), ("reduce", 1, 15),
+])
+def test_ring_inside_a_node(cm, kind, factor, steps):
+    c = cm.collective(kind, [list(range(16))], S, "ring")
+    assert c.time == pytest.approx(steps * A_NVS + factor * S / NVS)
+    assert c.bus_bandwidth == NVS
+
+
+def test_ring_over_both_nodes_is_bound_by_the_nic(cm):
+    c = cm.collective("allreduce", [list(range(32))], S, "ring")
+    # One ring edge leaves each node: the NIC is not shared, but it is the slowest link.
+    assert c.time == pytest.approx(2 * 31 * A_NIC + 2 * 31 / 32 * S / NIC)
+    assert c.bus_bandwidth == NIC and c.bottleneck.startswith("nic[")
+
+
+def test_concurrent_groups_share_the_nic(a100, cm):
+    # Reduction across nodes on 16 groups of 2 (seed 000 §4: the 448x slower placements).
+    c = cm.collective("allreduce", a100.groups_across("node"), S)
+    assert c.groups == 16 and c.group_size == 2
+    assert c.time == pytest.approx(2 * A_NIC + 1 * S / (NIC / 16))
+    alone = cm.collective("allreduce", [[0, 16]], S)
+    assert alone.time == pytest.approx(2 * A_NIC + S / NIC)
+    # Concurrent intra-node groups do not slow each other down.
+    both = cm.collective("allreduce", a100.groups_within("node"), S)
+    one = cm.collective("allreduce", [list(range(16))], S)
+    assert both.time == pytest.approx(one.time)
+
+
+def test_groups_must_be_disjoint(cm):
+    with pytest.raises(ValueError, match="two concurrent groups"):
+        cm.collective("allreduce", [[0, 1], [1, 2]], S)
+
+
+def test_single_device_group_costs_nothing(cm):
+    assert cm.collective("allreduce", [[5]], S).time == 0
+    assert cm.collective("broadcast", [[5], [6]], S).time == 0
+
+
+def test_ring_broadcast_is_a_chain_from_the_first_device(cm):
+    edges = cm.edges("broadcast", [2, 0, 1, 3], "ring")
+    assert [(e.src, e.dst) for e in edges] == [(2, 3), (3, 0), (0, 1)]
+    reduce_edges = cm.edges("reduce", [2, 0, 1, 3], "ring")
+    assert [(e.src, e.dst) for e in reduce_edges] == [(3, 2), (0, 3), (1, 0)]
+    c = cm.collective("broadcast", [[2, 0, 1, 3]], S)
+    assert c.time == pytest.approx(3 * A_NVS + S / NVS)
+
+
+def test_tree_on_two_nodes(cm):
+    c = cm.collective("allreduce", [list(range(32))], S, "tree")
+    # Chain 16->17->...->31 after the cross-node edge: 10us + 15 * 2us deep, twice for AllReduce.
+    assert c.latency_term == pytest.approx(2 * (A_NIC + 15 * A_NVS))
+    # Both half-trees cross 0->16: weight 1/2 + 1/2 on the NIC, so the NIC's full bandwidth.
+    assert c.bus_bandwidth == NIC
+    assert c.time == pytest.approx(2 * (A_NIC + 15 * A_NVS) + 2 * 31 / 32 * S / NIC)
+    b = cm.collective("broadcast", [list(range(32))], S, "tree")
+    assert b.time == pytest.approx(A_NIC + 15 * A_NVS + S / NIC)
+
+
+def test_tree_on_four_nodes(a100x4):
+    cm = CostModel(a100x4)
+    c = cm.collective("allreduce", [list(range(64))], S, "tree")
+    # Leaders 0,16,32,48. Tree 1 (heap): 0->16, 0->32, 16->48; tree 2 (mirrored order 0,48,32,16):
+    # 0->48, 0->32, 48->16. Node 0's NIC sends 4 half-edges: bandwidth 8/2 = 4 GB/s.
+    assert c.bus_bandwidth == pytest.approx(NIC / 2)
+    assert c.latency_term == pytest.approx(2 * (2 * A_NIC + 15 * A_NVS))
+    assert c.time == pytest.approx(2 * (2 * A_NIC + 15 * A_NVS) + 2 * 63 / 64 * S / (NIC / 2))
+
+
+def test_tree_reducescatter_falls_back_to_ring(cm):
+    ring = cm.collective("reducescatter", [list(range(32))], S, "ring")
+    tree = cm.collective("reducescatter", [list(range(32))], S, "tree")
+    assert tree.time == ring.time
+
+
+def test_v100_cross_node_goes_through_pcie(v100):
+    cm = CostModel(v100)
+    # 8 GPUs of node 0 send to node 1 at once: each PCIe switch carries 4 (32/4 = 8 GB/s),
+    # the NIC carries 8 (8/8 = 1 GB/s): the NIC is the bottleneck.
+    pairs = [(i, 8 + i) for i in range(8)]
+    assert cm.transfers_time(pairs, S) == pytest.approx(10e-6 + 1e-6 + S / 1e9)
+
+
+def test_pcie_can_be_the_bottleneck():
+    text = textwrap.dedent("""\
+        name: slow-pcie
+        levels: [{name: node, count: 2}, {name: gpu, count: 8}]
+        device: {name: X, flops: 1 TFLOP/s, memory: 1 GiB}
+        interconnects:
+          - {name: nvlink, level: gpu, bandwidth: 100 GB/s}
+          - {name: pcie, bandwidth: 2 GB/s, sharing: 4 devices}
+          - {name: nic, level: node, bandwidth: 8 GB/s, sharing: node, via: [pcie]}
+        """)
+    cm = CostModel(Topology(load_cluster_spec("c.yaml", text)))
+    # GPUs 0-3 share one PCIe switch: 2/4 = 0.5 GB/s each, below the NIC's 8/4 = 2 GB/s.
+    assert cm.transfers_time([(i, 8 + i) for i in range(4)], S) == pytest.approx(S / 0.5e9)
+
+
+def test_pipelined_broadcast_formula(p3x3):
+    cm = CostModel(p3x3)
+    # Chain 0 -> 4..7 (host 1) -> 8..11 (host 2): hops eth, nvl, nvl, nvl, eth, nvl, nvl, nvl.
+    b = cm.pipelined_broadcast(0, list(range(4, 12)), S, chunks=4)
+    assert b.chain == (0, 4, 5, 6, 7, 8, 9, 10, 11)
+    eth, nvl = 25e-6 + S / 4 / 1.25e9, 2e-6 + S / 4 / 50e9
+    assert b.time == pytest.approx(2 * eth + 6 * nvl + 3 * eth)
+
+
+def test_pipelined_broadcast_sender_host_first(p3x3):
+    cm = CostModel(p3x3)
+    assert cm.broadcast_chain(5, [11, 0, 4, 7, 6]) == [5, 4, 6, 7, 0, 11]
+
+
+def test_pipelined_broadcast_chooses_the_best_chunk_count(p3x3):
+    cm = CostModel(p3x3)
+    b = cm.pipelined_broadcast(0, list(range(4, 12)), S)
+    best = min(cm.pipelined_broadcast(0, list(range(4, 12)), S, chunks=k).time for k in range(1, 2000))
+    assert b.time <= best * (1 + 1e-12)
+
+
+def test_pipelined_broadcast_barely_grows_with_receiving_hosts(p3x3):
+    # Seed 002 §3.1: with enough chunks the time approaches one copy over the slowest link.
+    cm = CostModel(p3x3)
+    one_host = cm.pipelined_broadcast(0, [4, 5, 6, 7], S).time
+    two_hosts = cm.pipelined_broadcast(0, list(range(4, 12)), S).time
+    assert S / 1.25e9 < one_host < two_hosts < 1.02 * S / 1.25e9
+    # Plain send/recv to each receiver would pay one copy per device.
+    assert cm.transfers_time([(0, d) for d in range(4, 12)], S) > 7 * two_hosts
+
+
+def test_compute_time(a100):
+    assert CostModel(a100).compute_time(312e12) == pytest.approx(1.0)
+
+
+def test_collective_names_are_parsed(cm):
+    assert cm.collective("AllReduce", [[0, 1]], S).time == cm.collective("all_reduce", [[0, 1]], S).time
+    with pytest.raises(ValueError, match="unknown collective"):
+        cm.collective("alltoall", [[0, 1]], S)
+
+
+def test_time_grows_linearly_with_bytes(cm):
+    small = cm.collective("allreduce", [list(range(32))], S)
+    big = cm.collective("allreduce", [list(range(32))], 2 * S)
+    assert big.time - big.latency_term == pytest.approx(2 * (small.time - small.latency_term))
+    assert math.isclose(big.latency_term, small.latency_term)
