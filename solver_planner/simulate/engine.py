@@ -102,83 +102,105 @@ class Simulation:
         n = len(tasks)
         start = [0.0] * n
         end = [0.0] * n
-        started = [False] * n
         missing = [len(t.deps) for t in tasks]
         succ: list[list[int]] = [[] for _ in range(n)]
         for i, t in enumerate(tasks):
             for d in t.deps:
                 succ[d].append(i)
-        busy: dict[Hashable, bool] = {}
-        parked: dict[Hashable, list[tuple[float, int]]] = {}
+        # Resources interned as small integers: list lookups are cheaper than dict lookups.
+        index: dict[Hashable, int] = {}
+        needs = [tuple(index.setdefault(r, len(index)) for r in t.resources) for t in tasks]
+        busy = [-1.0] * len(index)  # end of the task holding the resource, -1 when free
+        parked: list[list[tuple[float, int]]] = [[] for _ in range(len(index))]
+        prio_of = [t.priority for t in tasks]
+        duration = [t.duration for t in tasks]
         events: list[tuple[float, int, int]] = []  # (time, kind 0=finish 1=release, task)
-        ready: list[tuple[float, int]] = []  # candidates to try now: (priority, id)
+        # Candidates to try now: (priority, id, queue it was pulled from or None).  A free
+        # resource with parked tasks always has exactly one of them here, so when that one
+        # does not take the resource, the turn passes to the next in its queue.
+        ready: list[tuple[float, int, int]] = []
+        FRESH = -1
 
         def make_ready(i: int, now: float) -> None:
             if tasks[i].release > now:
                 heapq.heappush(events, (tasks[i].release, 1, i))
             else:
-                heapq.heappush(ready, (tasks[i].priority, i))
+                heapq.heappush(ready, (prio_of[i], i, FRESH))
+
+        def blocker_of(i: int) -> int:
+            """The busy resource of task i that frees last (-1 if all are free)."""
+            blocker, until = -1, -1.0
+            for r in needs[i]:
+                if busy[r] > until:
+                    blocker, until = r, busy[r]
+            return blocker
+
+        def pass_turn(res: int) -> None:
+            # Within one instant resources only get taken, so a waiter that cannot start
+            # now will not start later in this instant: re-park it and look further.
+            queue = parked[res]
+            while queue and busy[res] < 0:
+                prio, j = heapq.heappop(queue)
+                blocker = blocker_of(j)
+                if blocker >= 0:
+                    heapq.heappush(parked[blocker], (prio, j))
+                else:
+                    heapq.heappush(ready, (prio, j, res))
+                    return
 
         for i in range(n):
             if missing[i] == 0:
                 make_ready(i, 0.0)
         now = 0.0
         done = 0
-        freed: list[Hashable] = []
+        freed: list[int] = []
         while True:
-            # Start what can start now, in priority order; pull parked tasks of freed resources.
             for res in freed:
-                queue = parked.get(res)
-                if queue:
-                    heapq.heappush(ready, heapq.heappop(queue))
+                pass_turn(res)
             freed.clear()
             while ready:
-                prio, i = heapq.heappop(ready)
-                if started[i]:
+                prio, i, origin = heapq.heappop(ready)
+                # Park on the busy resource that frees last: retrying earlier is futile.
+                blocker = blocker_of(i)
+                if blocker >= 0:
+                    heapq.heappush(parked[blocker], (prio, i))
+                    if origin is not FRESH:
+                        pass_turn(origin)
                     continue
-                blocker = next((r for r in tasks[i].resources if busy.get(r)), None)
-                if blocker is not None:
-                    heapq.heappush(parked.setdefault(blocker, []), (prio, i))
-                    # The resources it did not get may be free: let their next waiter try.
-                    for r in tasks[i].resources:
-                        if r is not blocker and not busy.get(r) and parked.get(r):
-                            heapq.heappush(ready, heapq.heappop(parked[r]))
-                    continue
-                started[i] = True
                 start[i] = now
-                if tasks[i].duration == 0:
+                if duration[i] == 0:
                     # Holds nothing for any time: done at once, its successors may start now.
                     end[i] = now
                     done += 1
-                    for r in tasks[i].resources:  # still free: the next waiter may go
-                        if parked.get(r):
-                            heapq.heappush(ready, heapq.heappop(parked[r]))
+                    if origin is not FRESH:
+                        pass_turn(origin)
                     for j in succ[i]:
                         missing[j] -= 1
                         if missing[j] == 0:
                             make_ready(j, now)
                     continue
-                for r in tasks[i].resources:
-                    busy[r] = True
-                heapq.heappush(events, (now + tasks[i].duration, 0, i))
+                finish = now + duration[i]
+                for r in needs[i]:
+                    busy[r] = finish
+                heapq.heappush(events, (finish, 0, i))
             if not events:
                 break
             now = events[0][0]
             while events and events[0][0] == now:
                 _, kind, i = heapq.heappop(events)
                 if kind == 1:
-                    heapq.heappush(ready, (tasks[i].priority, i))
+                    heapq.heappush(ready, (prio_of[i], i, FRESH))
                     continue
                 end[i] = now
                 done += 1
-                for r in tasks[i].resources:
-                    busy[r] = False
+                for r in needs[i]:
+                    busy[r] = -1.0
                     freed.append(r)
                 for j in succ[i]:
                     missing[j] -= 1
                     if missing[j] == 0:
                         make_ready(j, now)
         if done != n:
-            stuck = [tasks[i].name for i in range(n) if not started[i]][:5]
+            stuck = [tasks[i].name for i in range(n) if missing[i] > 0][:5]
             raise PlannerError(f"{n - done} tasks never ran (first: {', '.join(stuck)})")
         return Timeline(tasks, start, end)
