@@ -41,3 +41,11 @@ def run_cli(*args, cwd=ROOT):
     """Run the real command in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "solver_planner", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd)
+
+
+# Property tests draw the same examples on every CI run (DESIGN.md: determinism).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None)
+if __import__("os").environ.get("CI"):
+    settings.load_profile("ci")
