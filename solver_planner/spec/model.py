@@ -21,7 +21,7 @@ from ..errors import SpecError
 from .base import Bytes, SpecModel, validate
 from .source import Source, load_yaml
 
-__all__ = ["AxisSpec", "ParallelismSpec", "ReductionSpec", "ModelSpec", "load_model_spec", "check_fits"]
+__all__ = ["AxisSpec", "PlacementRuleSpec", "ParallelismSpec", "ReductionSpec", "ModelSpec", "load_model_spec", "check_fits"]
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 
@@ -33,8 +33,22 @@ class AxisSpec(SpecModel):
     size: int = Field(ge=1)
 
 
+class PlacementRuleSpec(SpecModel):
+    """A user constraint on parallelism matrices: give ``axis`` and exactly one of
+    ``inside`` (the axis never spans two instances of that level: factor 1 there and on
+    every level outside it), ``not_split_over`` (factor 1 on that level), or
+    ``level`` with ``factor`` (fix that entry of the matrix)."""
+
+    axis: str
+    inside: str | None = None
+    not_split_over: str | None = None
+    level: str | None = None
+    factor: int | None = Field(default=None, ge=1)
+
+
 class ParallelismSpec(SpecModel):
     axes: list[AxisSpec] = Field(min_length=1, description="ordered axes; their sizes multiply to the device count")
+    constraints: list[PlacementRuleSpec] = Field(default_factory=list, description="rules every placement obeys")
 
 
 class ReductionSpec(SpecModel):
@@ -74,6 +88,16 @@ def _check(spec: ModelSpec, source: Source) -> None:
     for i, name in enumerate(names):
         if name in names[:i]:
             issues.append(source.issue(("parallelism", "axes", i, "name"), f"axis '{name}' is named twice"))
+    for c, rule in enumerate(spec.parallelism.constraints if spec.parallelism else []):
+        at = ("parallelism", "constraints", c)
+        if rule.axis not in names:
+            issues.append(source.issue(at + ("axis",), f"no axis named '{rule.axis}'; expected one of: {', '.join(names)}"))
+        kinds = [k for k, v in (("inside", rule.inside), ("not_split_over", rule.not_split_over),
+                                ("level", rule.level)) if v is not None]
+        if len(kinds) != 1:
+            issues.append(source.issue(at, "give exactly one of 'inside', 'not_split_over', or 'level' with 'factor'"))
+        elif (rule.level is None) != (rule.factor is None):
+            issues.append(source.issue(at, "'level' and 'factor' go together"))
     seen: set[str] = set()
     for r, red in enumerate(spec.reductions):
         if red.name in seen:
