@@ -1,0 +1,150 @@
+"""Synthesis hierarchies (seed 000 §3.4), the device groups of DSL forms, and lowering.
+
+The synthesis hierarchy of a placement and its reduction axes keeps only the factors of
+the reduction axes, collapsed per hardware level (Table 1: ``[7 16 27]`` for axes 0 and 2
+of ``[[1,2,3],[4,5,6],[7,8,9]]``), with a root of count 1 in front (Appendix B).  Its
+positions are the devices of one reduction group.
+
+Groups of an instruction (§3.3, Table 2), for slice ``e_i`` and positions with
+coordinates ``(c_0 = root, c_1, ..., c_K)``:
+
+* ``InsideGroup``: the positions of each instance of ``e_i`` (same ``c_0..c_i``);
+* ``Parallel(e_j)``, ``j < i``: the first, second, ... position of every ``e_i`` instance
+  inside one ``e_j`` instance (same ``c_0..c_j`` and ``c_{i+1}..c_K``, varying
+  ``c_{j+1}..c_i``); Lemma B.2: groups of ``x_{j+1} ... x_i`` positions;
+* ``Master(e_j)``: the same groups as ``Parallel(e_j)`` but only the first of each
+  ``e_j`` instance (``c_{i+1}..c_K`` all 0): the masters of every ``e_i`` instance.
+
+Group members are in position order, so the first member is the root of Reduce and
+Broadcast (§3.2).  Lowering (§3.4) repeats the pattern over the non-reduction axes: every
+group becomes one device group per combination of non-reduction coordinates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from math import prod
+from typing import Sequence
+
+from ..placement.matrix import ParallelismMatrix
+
+__all__ = ["Form", "SynthesisHierarchy", "Lowering"]
+
+
+@dataclass(frozen=True)
+class Form:
+    """``InsideGroup``, ``Parallel(level)`` or ``Master(level)``."""
+
+    kind: str  # 'InsideGroup', 'Parallel', 'Master'
+    level: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "InsideGroup" else f"{self.kind}({self.level})"
+
+
+INSIDE = Form("InsideGroup")
+
+
+@dataclass(frozen=True)
+class SynthesisHierarchy:
+    """Named levels with counts, root first (count 1)."""
+
+    names: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, matrix: ParallelismMatrix, level_names: Sequence[str], reduction_axes: Sequence[int]) -> SynthesisHierarchy:
+        """Seed 000 §3.4 (d), collapsed per hardware level, with a root."""
+        counts = [prod(matrix.rows[i][j] for i in reduction_axes) for j in range(matrix.num_levels)]
+        return cls(("root",) + tuple(level_names), (1,) + tuple(counts))
+
+    @property
+    def size(self) -> int:
+        return prod(self.counts)
+
+    def index(self, level: str) -> int:
+        try:
+            return self.names.index(level)
+        except ValueError:
+            raise ValueError(f"no level '{level}' in the synthesis hierarchy {self}") from None
+
+    @cached_property
+    def _strides(self) -> tuple[int, ...]:
+        return tuple(prod(self.counts[i + 1:]) for i in range(len(self.counts)))
+
+    def coords(self, p: int) -> tuple[int, ...]:
+        return tuple((p // s) % c for s, c in zip(self._strides, self.counts))
+
+    def groups(self, slice_level: str, form: Form) -> list[tuple[int, ...]]:
+        """Position groups of ``(slice, form)``; raises ``ValueError`` for a form that is not an ancestor."""
+        i = self.index(slice_level)
+        if form.kind == "InsideGroup":
+            key = lambda c: c[: i + 1]  # noqa: E731
+        else:
+            j = self.index(form.level)  # type: ignore[arg-type]
+            if not j < i:
+                raise ValueError(f"{form} needs a level above the slice '{slice_level}' (seed 000 §3.3)")
+            key = lambda c: c[: j + 1] + c[i + 1:]  # noqa: E731
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for p in range(self.size):
+            c = self.coords(p)
+            if form.kind == "Master" and any(c[i + 1:]):
+                continue
+            groups.setdefault(key(c), []).append(p)
+        return [tuple(g) for g in groups.values()]
+
+    def instructions(self) -> list[tuple[str, Form]]:
+        """Every (slice, form) pair, outer slices first: InsideGroup, then Parallel, then Master."""
+        out = []
+        for i, name in enumerate(self.names):
+            out.append((name, INSIDE))
+            out += [(name, Form("Parallel", self.names[j])) for j in range(i)]
+            out += [(name, Form("Master", self.names[j])) for j in range(i)]
+        return out
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(f"({n}, {c})" for n, c in zip(self.names, self.counts)) + "]"
+
+
+class Lowering:
+    """Maps positions of the synthesis hierarchy to devices, per non-reduction coordinate."""
+
+    def __init__(self, matrix: ParallelismMatrix, level_counts: Sequence[int], level_names: Sequence[str],
+                 reduction_axes: Sequence[int]):
+        self.matrix = matrix
+        self.level_counts = tuple(level_counts)
+        self.reduction_axes = tuple(sorted(set(reduction_axes)))
+        self.hierarchy = SynthesisHierarchy.of(matrix, level_names, self.reduction_axes)
+        others = [i for i in range(matrix.num_axes) if i not in self.reduction_axes]
+        self._device: dict[tuple[tuple[int, ...], int], int] = {}
+        self.position: list[int] = []
+        self.key: list[tuple[int, ...]] = []
+        for d in range(prod(level_counts)):
+            digits = matrix.digits(level_counts, d)
+            pos = 0
+            for j in range(matrix.num_levels):
+                r = 0
+                for i in self.reduction_axes:  # collapsed factor: axis order, first most significant
+                    r = r * matrix.rows[i][j] + digits[i][j]
+                pos = pos * self.hierarchy.counts[j + 1] + r
+            key = tuple(digits[i][j] for i in others for j in range(matrix.num_levels))
+            self._device[(key, pos)] = d
+            self.position.append(pos)
+            self.key.append(key)
+        self.keys = sorted(set(self.key))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.position)
+
+    def device(self, key: tuple[int, ...], position: int) -> int:
+        return self._device[(key, position)]
+
+    def lower(self, groups: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Device groups over the whole system, one per group and non-reduction coordinate."""
+        return [[self.device(k, p) for p in g] for k in self.keys for g in groups]
+
+    def reduction_groups(self) -> list[list[int]]:
+        """The devices that reduce together (all positions, per non-reduction coordinate)."""
+        return self.lower([tuple(range(self.hierarchy.size))])
