@@ -275,10 +275,13 @@ class CostModel:
         self,
         kind: Collective | str,
         groups: Sequence[Sequence[int]],
-        nbytes: float,
+        nbytes: float | Sequence[float],
         algorithm: Algorithm | str = "ring",
     ) -> CollectiveCost:
         """Cost of ``kind`` run at once by every group in ``groups`` (disjoint device sets).
+
+        ``nbytes`` is the buffer size, one for all groups or one per group (groups share
+        links whatever they carry; each group's time uses its own size).
 
         >>> from solver_planner.topology import load_topology
         >>> cm = CostModel(load_topology("specs/clusters/p2-a100-2x16.yaml"))
@@ -287,6 +290,10 @@ class CostModel:
         1.00002
         """
         kind, algorithm = Collective.parse(kind), Algorithm(algorithm)
+        sizes = [float(nbytes)] * len(groups) if isinstance(nbytes, (int, float)) else [float(b) for b in nbytes]
+        if len(sizes) != len(groups):
+            raise ValueError(f"{len(sizes)} byte counts for {len(groups)} groups")
+        sizes = [b for g, b in zip(groups, sizes) if len(g) > 0]
         groups = [list(g) for g in groups if len(g) > 0]
         seen: set[int] = set()
         for g in groups:
@@ -297,10 +304,10 @@ class CostModel:
         per_group = [self.edges(kind, g, algorithm) for g in groups]
         load = self._loads(e for edges in per_group for e in edges)
         times, lat_terms, bw_terms, busbws, where = [], [], [], [], []
-        for g, edges in zip(groups, per_group):
+        for g, edges, size in zip(groups, per_group, sizes):
             busbw, res = self._bottleneck(edges, load) if edges else (math.inf, None)
             lat = self._latency(kind, g, algorithm, edges)
-            bw_term = bus_factor(kind, len(g)) * nbytes / busbw if edges else 0.0
+            bw_term = bus_factor(kind, len(g)) * size / busbw if edges else 0.0
             times.append(lat + bw_term)
             lat_terms.append(lat)
             bw_terms.append(bw_term)
@@ -310,7 +317,7 @@ class CostModel:
         return CollectiveCost(
             collective=kind.value,
             algorithm=algorithm.value,
-            nbytes=float(nbytes),
+            nbytes=max(sizes, default=0.0),
             groups=len(groups),
             group_size=max((len(g) for g in groups), default=0),
             time=times[worst] if worst is not None else 0.0,
@@ -322,7 +329,7 @@ class CostModel:
             resources=frozenset(load),
         )
 
-    def collective_time(self, kind: Collective | str, groups: Sequence[Sequence[int]], nbytes: float,
+    def collective_time(self, kind: Collective | str, groups: Sequence[Sequence[int]], nbytes: float | Sequence[float],
                         algorithm: Algorithm | str = "ring") -> float:
         return self.collective(kind, groups, nbytes, algorithm).time
 

@@ -57,6 +57,7 @@ class ReductionSpec(SpecModel):
     name: str = Field(pattern=_NAME)
     axes: list[str] = Field(min_length=1, description="the reduction axes")
     bytes: Bytes = Field(gt=0, description="size of the buffer each device reduces")
+    weight: float = Field(default=1.0, gt=0, description="how often it runs per iteration (ranking weight)")
 
 
 class ModelSpec(SpecModel):

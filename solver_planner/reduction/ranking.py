@@ -1,0 +1,191 @@
+"""Costing reduction programs and ranking placements with the shared cost model.
+
+A lowered program runs its steps one after another; inside a step every device group
+runs at once and they share links (:meth:`CostModel.collective`).  The buffer of a step is
+the share of the data its members hold then, read off the semantics' state: after a
+ReduceScatter over ``g`` devices each holds ``1/g`` of the chunks, so the next step moves
+``1/g`` of the bytes (NCCL's size convention: the AllGather buffer is its output).  Every
+costed program is replayed by the simulator with the same cost model, and a disagreement
+fails loudly (DESIGN.md, "Every solver output is checked").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..cost import Collective, CostModel
+from ..errors import PlannerError
+from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
+from ..simulate import Simulation, add_collective
+from ..spec.model import ModelSpec, ReductionSpec
+from ..topology import Topology
+from .dsl import Instruction, Program, format_program
+from .hierarchy import INSIDE, Lowering, SynthesisHierarchy
+from .synthesis import DEFAULT_MAX_SIZE, lower_program, states_along, synthesize
+
+__all__ = ["Step", "CostedProgram", "ReductionReport", "PlacementReport", "plan_steps", "cost_program",
+           "replay", "allreduce_program", "rank_placements", "reduce_on_placement"]
+
+
+@dataclass(frozen=True)
+class Step:
+    collective: Collective
+    groups: list[list[int]]  # device groups over the whole system
+    nbytes: list[float]  # buffer of each group
+
+
+@dataclass
+class CostedProgram:
+    program: Program
+    time: float
+    steps: list[Step]
+    step_times: list[float]
+
+    @property
+    def text(self) -> str:
+        return format_program(self.program)
+
+
+def allreduce_program() -> Program:
+    """The default: one AllReduce over each reduction group."""
+    return (Instruction("root", INSIDE, Collective.ALLREDUCE),)
+
+
+def plan_steps(lowering: Lowering, program: Program, nbytes: float) -> list[Step]:
+    """Each step's collective, device groups and buffer sizes."""
+    hierarchy = lowering.hierarchy
+    k = hierarchy.size
+    states = states_along(hierarchy, program)
+    steps = []
+    for state, (kind, groups) in zip(states, lower_program(hierarchy, program)):
+        sizes = []
+        for g in groups:
+            held = bin(state.rows[g[0]]).count("1")
+            share = held * (len(g) if kind is Collective.ALLGATHER else 1)
+            sizes.append(nbytes * share / k)
+        steps.append(Step(kind, lowering.lower(groups), sizes * len(lowering.keys)))
+    return steps
+
+
+def cost_program(cost: CostModel, lowering: Lowering, program: Program, nbytes: float,
+                 algorithm: str = "ring") -> CostedProgram:
+    steps = plan_steps(lowering, program, nbytes)
+    times = [cost.collective(s.collective, s.groups, s.nbytes, algorithm).time for s in steps]
+    return CostedProgram(program, sum(times), steps, times)
+
+
+def replay(cost: CostModel, costed: CostedProgram, algorithm: str = "ring", check: bool = True) -> Simulation:
+    """The program as simulator tasks, one per step, each after the previous one.
+
+    With ``check``, raise :class:`PlannerError` unless the simulated makespan equals the
+    cost the ranking reported.
+    """
+    sim = Simulation()
+    prev: list[int] = []
+    for n, step in enumerate(costed.steps):
+        prev = [add_collective(sim, cost, step.collective.value, step.groups, step.nbytes, algorithm, deps=prev,
+                               name=f"step {n + 1}: {costed.program[n]}")]
+    if check:
+        makespan = sim.run().makespan
+        if not math.isclose(makespan, costed.time, rel_tol=1e-9, abs_tol=1e-15):
+            raise PlannerError(f"simulated time {makespan} disagrees with the costed {costed.time}"
+                               f" for {costed.text}")
+    return sim
+
+
+@dataclass
+class ReductionReport:
+    name: str
+    axes: list[str]
+    nbytes: float
+    weight: float
+    hierarchy: SynthesisHierarchy
+    allreduce: CostedProgram
+    programs: list[CostedProgram]  # valid programs, fastest first
+
+    @property
+    def best(self) -> CostedProgram:
+        return self.programs[0] if self.programs else self.allreduce
+
+    @property
+    def speedup(self) -> float:
+        return self.allreduce.time / self.best.time if self.best.time > 0 else 1.0
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "axes": self.axes, "bytes": self.nbytes, "weight": self.weight,
+                "hierarchy": str(self.hierarchy), "allreduce_time": self.allreduce.time,
+                "best_program": self.best.text, "best_time": self.best.time, "speedup": self.speedup,
+                "programs": len(self.programs)}
+
+
+@dataclass
+class PlacementReport:
+    matrix: ParallelismMatrix
+    reductions: list[ReductionReport] = field(default_factory=list)
+
+    @property
+    def cost(self) -> float:
+        return sum(r.weight * r.best.time for r in self.reductions)
+
+    @property
+    def allreduce_cost(self) -> float:
+        return sum(r.weight * r.allreduce.time for r in self.reductions)
+
+    def as_dict(self) -> dict:
+        return {"matrix": self.matrix.as_lists(), "cost": self.cost, "allreduce_cost": self.allreduce_cost,
+                "reductions": [r.as_dict() for r in self.reductions]}
+
+
+def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix, reduction: ReductionSpec,
+                        max_size: int = DEFAULT_MAX_SIZE, algorithm: str = "ring", cost: CostModel | None = None,
+                        cache: dict | None = None, check: bool = True) -> ReductionReport:
+    """Synthesize, cost and rank the programs of one reduction on one placement."""
+    cost = cost or CostModel(topology)
+    axes = [model.axis_names.index(a) for a in reduction.axes]
+    lowering = Lowering(matrix, [lv.count for lv in topology.levels], topology.level_names, axes)
+    key = (lowering.hierarchy, max_size)
+    if cache is not None and key in cache:
+        programs = cache[key]
+    else:
+        programs = synthesize(lowering.hierarchy, max_size)
+        if cache is not None:
+            cache[key] = programs
+    costed = [cost_program(cost, lowering, p, reduction.bytes, algorithm) for p in programs]
+    order = sorted(range(len(costed)), key=lambda i: (costed[i].time, len(costed[i].program), i))
+    costed = [costed[i] for i in order]
+    baseline = cost_program(cost, lowering, allreduce_program(), reduction.bytes, algorithm)
+    if check:
+        replay(cost, baseline, algorithm)
+        if costed:
+            replay(cost, costed[0], algorithm)
+    return ReductionReport(reduction.name, list(reduction.axes), reduction.bytes, reduction.weight,
+                           lowering.hierarchy, baseline, costed)
+
+
+def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", max_size: int = DEFAULT_MAX_SIZE,
+                    algorithm: str = "ring", matrices: Sequence[ParallelismMatrix] | None = None):
+    """Every placement with its reductions' best programs, best placement first.
+
+    Returns ``(reports, placement_result)``; the ranking key is the weighted sum of the
+    best program times of all reductions.
+    """
+    from ..spec.model import check_fits
+
+    check_fits(model, topology.num_devices, topology.name)
+    if model.parallelism is None:
+        raise model.source.error(("parallelism",), "placing needs 'parallelism.axes'")
+    counts = [lv.count for lv in topology.levels]
+    result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
+                             traffic_weights(model, topology), method)
+    cost = CostModel(topology)
+    cache: dict = {}
+    reports = []
+    for matrix in (matrices if matrices is not None else result.solutions):
+        rep = PlacementReport(matrix)
+        for red in model.reductions:
+            rep.reductions.append(reduce_on_placement(topology, model, matrix, red, max_size, algorithm, cost, cache))
+        reports.append(rep)
+    reports.sort(key=lambda r: (r.cost, r.allreduce_cost, r.matrix.rows))
+    return reports, result
