@@ -5,21 +5,19 @@ error printed on one line as ``file:line: key.path: what was expected``, no trac
 Human tables go to stdout; ``--json`` prints machine-readable JSON instead.
 """
 
-import functools
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from . import units
+from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .cli_reduce import place, reduce_app
 from .cost import Algorithm, Collective, CostModel
-from .errors import InfeasibleError, PlannerError, SpecError
+from .errors import SpecError
 from .spec import check_fits, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
-from .topology import Topology
 
 app = typer.Typer(
     name="solver-planner",
@@ -29,49 +27,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
-
-
-def _console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else 140, highlight=False)
-
-
-def _print_json(data) -> None:
-    typer.echo(json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value):
-    if value == float("inf"):
-        return None
-    return str(value)
-
-
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def handles_errors(fn):
-    """Turn library errors into one-line messages and the documented exit codes."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except SpecError as exc:
-            _fail(str(exc), 2)
-        except InfeasibleError as exc:
-            _fail(f"infeasible: {exc}", 1)
-        except PlannerError as exc:
-            _fail(str(exc), 1)
-
-    return wrapper
-
-
-def _topology(path: Path) -> Topology:
-    return Topology(load_cluster_spec(path))
-
 
 # -- validate ---------------------------------------------------------------------------
 @app.command()
@@ -114,7 +69,7 @@ def validate(
                 entry["errors"] = [str(i) for i in exc.issues]
     bad = [r for r in results if not r["ok"]]
     if as_json:
-        _print_json({"ok": not bad, "files": results})
+        print_json({"ok": not bad, "files": results})
     else:
         for r in results:
             if r["ok"]:
@@ -134,12 +89,12 @@ def show(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Describe a cluster: levels, devices, interconnects and what shares them."""
-    topo = _topology(cluster)
+    topo = topology_of(cluster)
     info = topo.summary()
     if as_json:
-        _print_json(info)
+        print_json(info)
         return
-    con = _console()
+    con = console()
     levels = " > ".join(f"{lv['name']} x{lv['count']}" for lv in info["levels"])
     dev = info["device"]
     con.print(f"[bold]{info['name']}[/bold]: {info['devices']} x {dev['name']} "
@@ -176,7 +131,7 @@ def cost(
     Groups of one call run concurrently and share links: --across node on a cluster with
     one NIC per node puts every cross-node pair behind the same NIC.
     """
-    topo = _topology(cluster)
+    topo = topology_of(cluster)
     try:
         size = units.parse_bytes(nbytes)
         kinds = list(Collective) if collective == "all" else [Collective.parse(collective)]
@@ -190,7 +145,7 @@ def cost(
         else:
             groups, scope = [list(range(topo.num_devices))], "all devices"
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     model = CostModel(topo)
     rows = []
     for kind in kinds:
@@ -202,7 +157,7 @@ def cost(
                 "bus_bandwidth": c.bus_bandwidth, "bottleneck": c.bottleneck,
             })
     if as_json:
-        _print_json({"cluster": topo.name, "scope": scope, "results": rows})
+        print_json({"cluster": topo.name, "scope": scope, "results": rows})
         return
     table = Table(title=f"{topo.name}: {len(groups)} group(s) of {max(len(g) for g in groups)} ({scope}), "
                         f"{units.format_bytes(size)} per device")
@@ -212,7 +167,7 @@ def cost(
         busbw = "-" if r["bus_bandwidth"] == float("inf") else units.format_bandwidth(r["bus_bandwidth"])
         table.add_row(r["collective"], r["algorithm"], units.format_time(r["time"]), units.format_time(r["latency_term"]),
                       units.format_time(r["bandwidth_term"]), busbw, r["bottleneck"] or "-")
-    _console().print(table)
+    console().print(table)
 
 
 # -- schema -----------------------------------------------------------------------------
@@ -223,13 +178,17 @@ def schema(
 ) -> None:
     """Print the JSON Schema of a spec kind, for editors that validate YAML."""
     if kind not in ("cluster", "model"):
-        _fail(f"unknown spec kind {kind!r}; expected 'cluster' or 'model'", 2)
+        fail(f"unknown spec kind {kind!r}; expected 'cluster' or 'model'", 2)
     text = json.dumps(json_schema(kind), indent=2)
     if output is None:
         typer.echo(text)
     else:
         output.write_text(text + "\n", encoding="utf-8")
         typer.echo(f"wrote {output}", err=True)
+
+
+app.command()(handles_errors(place))
+app.add_typer(reduce_app, name="reduce")
 
 
 def main() -> None:

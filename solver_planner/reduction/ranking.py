@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..cost import Collective, CostModel
 from ..errors import PlannerError
@@ -165,7 +165,8 @@ def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: Parallelis
 
 
 def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", max_size: int = DEFAULT_MAX_SIZE,
-                    algorithm: str = "ring", matrices: Sequence[ParallelismMatrix] | None = None):
+                    algorithm: str = "ring", matrices: Sequence[ParallelismMatrix] | None = None,
+                    progress: Callable[[int, int], None] | None = None):
     """Every placement with its reductions' best programs, best placement first.
 
     Returns ``(reports, placement_result)``; the ranking key is the weighted sum of the
@@ -182,7 +183,10 @@ def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", 
     cost = CostModel(topology)
     cache: dict = {}
     reports = []
-    for matrix in (matrices if matrices is not None else result.solutions):
+    todo = list(matrices if matrices is not None else result.solutions)
+    for n, matrix in enumerate(todo):
+        if progress is not None:
+            progress(n, len(todo))
         rep = PlacementReport(matrix)
         for red in model.reductions:
             rep.reductions.append(reduce_on_placement(topology, model, matrix, red, max_size, algorithm, cost, cache))

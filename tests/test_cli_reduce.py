@@ -1,0 +1,71 @@
+import json
+
+from conftest import CLUSTERS, ROOT, SPECS, run_cli
+
+V100 = CLUSTERS / "p2-v100-2x8.yaml"
+DP16 = SPECS / "models" / "dp16.yaml"
+
+
+def test_place_json_has_the_documented_shape():
+    result = run_cli("place", CLUSTERS / "p2-a100-4x16.yaml", SPECS / "models" / "p2-example.yaml", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["count"] == len(data["placements"]) == 3
+    costs = []
+    for p in data["placements"]:
+        assert isinstance(p["matrix"], list) and all(isinstance(r, list) for r in p["matrix"])
+        (red,) = p["reductions"]
+        assert {"name", "allreduce_time", "best_program", "best_time", "programs"} <= set(red)
+        assert red["best_time"] <= red["allreduce_time"] and red["programs"] >= 1
+        costs.append(red["best_time"])
+    assert costs == sorted(costs)
+
+
+def test_place_method_enumerate_gives_the_same_placements():
+    args = (CLUSTERS / "p2-a100-4x16.yaml", SPECS / "models" / "p2-example.yaml", "--json")
+    a = json.loads(run_cli("place", *args, "--method", "cp-sat").stdout)
+    b = json.loads(run_cli("place", *args, "--method", "enumerate").stdout)
+    assert a["method"] == "cp-sat" and b["method"] == "enumerate"
+    assert a["placements"] == b["placements"]
+
+
+def test_reduce_synth_json():
+    data = json.loads(run_cli("reduce", "synth", V100, DP16, "--json").stdout)
+    assert data["matrix"] == [[2, 8]] and data["count"] == len(data["programs"]) == 122
+    times = [p["time"] for p in data["programs"]]
+    assert times == sorted(times) and times[0] < data["allreduce_time"]
+    assert any(p["program"] == "ReduceScatter(node, InsideGroup); AllReduce(node, Parallel(root)); "
+                              "AllGather(node, InsideGroup)" for p in data["programs"][:3])
+
+
+def test_reduce_verify_exit_codes():
+    good = run_cli("reduce", "verify", V100, DP16, ROOT / "examples" / "hierarchical-allreduce-2x8.yaml")
+    assert good.returncode == 0 and ": valid" in good.stdout
+    bad = run_cli("reduce", "verify", V100, DP16, ROOT / "examples" / "broken-allreduce-2x8.yaml", "--json")
+    assert bad.returncode == 1
+    cex = json.loads(bad.stdout)["counterexample"]
+    assert (cex["step"], cex["rule"], cex["group"], cex["device"]) == (2, "R-AllReduce", [0, 9], 9)
+    dsl = run_cli("reduce", "verify", V100, DP16, "Reduce(node, InsideGroup); AllReduce(node, Master(root)); "
+                                                  "Broadcast(node, InsideGroup)", "--engine", "semantics")
+    assert dsl.returncode == 0
+
+
+def test_reduce_verify_unknown_is_exit_3():
+    # A zero time limit makes z3 give up: reported as unknown (exit 3), never as invalid.
+    result = run_cli("reduce", "verify", V100, DP16, ROOT / "examples" / "hierarchical-allreduce-2x8.yaml",
+                     "--timeout", "0.000001")
+    assert result.returncode in (0, 3)
+    if result.returncode == 3:
+        assert "unknown" in result.stdout
+
+
+def test_reduce_bad_input_exits_2(tmp_path):
+    for args in (["Reduce(node, Sideways)"], ["AllReduce(root, InsideGroup)", "--matrix", "[[2,4]]"],
+                 ["AllReduce(root, InsideGroup)", "--reduction", "nope"], ["AllReduce(rack, InsideGroup)"]):
+        result = run_cli("reduce", "verify", V100, DP16, *args)
+        assert result.returncode == 2, args
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    steps = tmp_path / "s.yaml"
+    steps.write_text("steps:\n  - {op: AllReduce, groups: [[0, 99]]}\n")
+    result = run_cli("reduce", "verify", V100, DP16, steps)
+    assert result.returncode == 2 and f"{steps}:2: steps[0].groups[0]: device 99" in result.stderr
