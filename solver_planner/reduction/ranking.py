@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..cost import Collective, CostModel
+from ..cost import Collective, CollectiveCost, CostModel
 from ..errors import PlannerError
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
 from ..simulate import Simulation, add_collective
@@ -23,9 +23,9 @@ from ..spec.model import ModelSpec, ReductionSpec
 from ..topology import Topology
 from .dsl import Instruction, Program, format_program
 from .hierarchy import INSIDE, Lowering, SynthesisHierarchy
-from .synthesis import DEFAULT_MAX_SIZE, lower_program, states_along, synthesize
+from .synthesis import DEFAULT_MAX_SIZE, states_along, synthesize_traced
 
-__all__ = ["Step", "CostedProgram", "ReductionReport", "PlacementReport", "plan_steps", "cost_program",
+__all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementReport", "cost_program",
            "replay", "allreduce_program", "rank_placements", "reduce_on_placement"]
 
 
@@ -42,6 +42,7 @@ class CostedProgram:
     time: float
     steps: list[Step]
     step_times: list[float]
+    costs: list[CollectiveCost] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -53,27 +54,48 @@ def allreduce_program() -> Program:
     return (Instruction("root", INSIDE, Collective.ALLREDUCE),)
 
 
-def plan_steps(lowering: Lowering, program: Program, nbytes: float) -> list[Step]:
-    """Each step's collective, device groups and buffer sizes."""
-    hierarchy = lowering.hierarchy
-    k = hierarchy.size
-    states = states_along(hierarchy, program)
-    steps = []
-    for state, (kind, groups) in zip(states, lower_program(hierarchy, program)):
-        sizes = []
-        for g in groups:
-            held = bin(state.rows[g[0]]).count("1")
-            share = held * (len(g) if kind is Collective.ALLGATHER else 1)
-            sizes.append(nbytes * share / k)
-        steps.append(Step(kind, lowering.lower(groups), sizes * len(lowering.keys)))
-    return steps
+class StepCoster:
+    """Costs steps of programs on one lowering, remembering each (candidate, chunks held).
+
+    Synthesized programs share most of their steps, so a program costs a few lookups.
+    """
+
+    def __init__(self, cost: CostModel, lowering: Lowering, nbytes: float, algorithm: str = "ring"):
+        self.cost, self.lowering, self.nbytes, self.algorithm = cost, lowering, nbytes, algorithm
+        self.k = lowering.hierarchy.size
+        self._steps: dict[tuple, tuple[Step, CollectiveCost]] = {}
+        self._instr: dict[Instruction, list[tuple[int, ...]]] = {}
+
+    def _groups(self, instruction: Instruction) -> list[tuple[int, ...]]:
+        groups = self._instr.get(instruction)
+        if groups is None:
+            groups = self._instr[instruction] = self.lowering.hierarchy.groups(instruction.slice, instruction.form)
+        return groups
+
+    def step(self, instruction: Instruction, held: Sequence[int]) -> tuple[Step, CollectiveCost]:
+        key = (instruction, tuple(held))
+        hit = self._steps.get(key)
+        if hit is None:
+            kind, groups = instruction.collective, self._groups(instruction)
+            sizes = [self.nbytes * h * (len(g) if kind is Collective.ALLGATHER else 1) / self.k
+                     for g, h in zip(groups, held)]
+            step = Step(kind, self.lowering.lower(groups), sizes * len(self.lowering.keys))
+            hit = self._steps[key] = (step, self.cost.collective(kind, step.groups, step.nbytes, self.algorithm))
+        return hit
+
+    def program(self, program: Program, held: Sequence[Sequence[int]] | None = None) -> CostedProgram:
+        """Cost ``program``; ``held`` (from :func:`synthesize_traced`) saves re-running the semantics."""
+        if held is None:
+            states = states_along(self.lowering.hierarchy, program)
+            held = [tuple(bin(st.rows[g[0]]).count("1") for g in self._groups(ins)) for st, ins in zip(states, program)]
+        parts = [self.step(ins, h) for ins, h in zip(program, held)]
+        times = [c.time for _, c in parts]
+        return CostedProgram(program, sum(times), [s for s, _ in parts], times, [c for _, c in parts])
 
 
 def cost_program(cost: CostModel, lowering: Lowering, program: Program, nbytes: float,
                  algorithm: str = "ring") -> CostedProgram:
-    steps = plan_steps(lowering, program, nbytes)
-    times = [cost.collective(s.collective, s.groups, s.nbytes, algorithm).time for s in steps]
-    return CostedProgram(program, sum(times), steps, times)
+    return StepCoster(cost, lowering, nbytes, algorithm).program(program)
 
 
 def replay(cost: CostModel, costed: CostedProgram, algorithm: str = "ring", check: bool = True) -> Simulation:
@@ -85,8 +107,9 @@ def replay(cost: CostModel, costed: CostedProgram, algorithm: str = "ring", chec
     sim = Simulation()
     prev: list[int] = []
     for n, step in enumerate(costed.steps):
+        known = costed.costs[n] if n < len(costed.costs) else None
         prev = [add_collective(sim, cost, step.collective.value, step.groups, step.nbytes, algorithm, deps=prev,
-                               name=f"step {n + 1}: {costed.program[n]}")]
+                               name=f"step {n + 1}: {costed.program[n]}", costed=known)]
     if check:
         makespan = sim.run().makespan
         if not math.isclose(makespan, costed.time, rel_tol=1e-9, abs_tol=1e-15):
@@ -149,13 +172,14 @@ def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: Parallelis
     if cache is not None and key in cache:
         programs = cache[key]
     else:
-        programs = synthesize(lowering.hierarchy, max_size)
+        programs = synthesize_traced(lowering.hierarchy, max_size)
         if cache is not None:
             cache[key] = programs
-    costed = [cost_program(cost, lowering, p, reduction.bytes, algorithm) for p in programs]
+    coster = StepCoster(cost, lowering, reduction.bytes, algorithm)
+    costed = [coster.program(p.program, p.held) for p in programs]
     order = sorted(range(len(costed)), key=lambda i: (costed[i].time, len(costed[i].program), i))
     costed = [costed[i] for i in order]
-    baseline = cost_program(cost, lowering, allreduce_program(), reduction.bytes, algorithm)
+    baseline = coster.program(allreduce_program())
     if check:
         replay(cost, baseline, algorithm)
         if costed:

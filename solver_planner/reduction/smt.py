@@ -219,7 +219,8 @@ def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdic
             local = {d: i for i, d in enumerate(comp)}
             comp_steps = [(kind, [g for g in groups if g and g[0] in local]) for kind, groups in steps]
             signature = (tuple((kind, tuple(tuple(local[d] for d in g) for g in groups)) for kind, groups in comp_steps),
-                         tuple(tuple(sorted(local.get(c, -1 - c) for c in goal_of[d])) for d in comp))
+                         tuple((tuple(sorted(local[c] for c in goal_of[d] if c in local)),
+                                sum(c not in local for c in goal_of[d])) for d in comp))
             if signature not in seen:
                 proved += 1
                 result, vio = _verify_component(z3, comp, comp_steps, k, goal_of, int(timeout * 1000))

@@ -19,7 +19,8 @@ from .dsl import Instruction, Program
 from .hierarchy import SynthesisHierarchy
 from .semantics import Semantics, State, Violation
 
-__all__ = ["Candidate", "candidates", "hierarchy_semantics", "synthesize", "DEFAULT_MAX_SIZE"]
+__all__ = ["Candidate", "Synthesized", "candidates", "hierarchy_semantics", "synthesize", "synthesize_traced",
+           "DEFAULT_MAX_SIZE"]
 
 DEFAULT_MAX_SIZE = 5
 COLLECTIVE_ORDER = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
@@ -55,14 +56,28 @@ def hierarchy_semantics(hierarchy: SynthesisHierarchy) -> tuple[Semantics, State
     return sem, sem.initial(range(n)), tuple(sem.every_row(goal_row) for _ in range(n))
 
 
+@dataclass(frozen=True)
+class Synthesized:
+    """A program with, per step, its candidate index and the chunks each group's first member holds."""
+
+    program: Program
+    candidates: tuple[int, ...]
+    held: tuple[tuple[int, ...], ...]
+
+
 def synthesize(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) -> list[Program]:
     """Every valid program of at most ``max_size`` steps, shortest first, then in candidate order."""
+    return [s.program for s in synthesize_traced(hierarchy, max_size)]
+
+
+def synthesize_traced(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) -> list[Synthesized]:
+    """:func:`synthesize`, keeping what costing needs: candidates and chunks held per step."""
     sem, initial, goal = hierarchy_semantics(hierarchy)
     cands = candidates(hierarchy)
-    found: list[tuple[int, ...]] = []
+    found: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = []
     dead: dict[tuple[int, ...], int] = {}  # state -> largest budget known to reach nothing
 
-    def search(state: State, path: list[int], budget: int) -> bool:
+    def search(state: State, path: list[int], held: list[tuple[int, ...]], budget: int) -> bool:
         if dead.get(state.bits, -1) >= budget:
             return False
         any_found = False
@@ -70,10 +85,11 @@ def synthesize(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) 
             nxt = sem.apply(state, cand.instruction.collective, cand.groups)
             if isinstance(nxt, Violation) or nxt.bits == state.bits:
                 continue
+            h = tuple(bin(state.rows[g[0]]).count("1") for g in cand.groups)
             if nxt.bits == goal:
-                found.append(tuple(path + [n]))
+                found.append((tuple(path + [n]), tuple(held + [h])))
                 any_found = True
-            elif budget > 1 and search(nxt, path + [n], budget - 1):
+            elif budget > 1 and search(nxt, path + [n], held + [h], budget - 1):
                 any_found = True
         if not any_found:
             dead[state.bits] = max(dead.get(state.bits, -1), budget)
@@ -81,9 +97,9 @@ def synthesize(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) 
 
     if initial.bits == goal:
         return []
-    search(initial, [], max_size)
-    found.sort(key=lambda p: (len(p), p))
-    return [tuple(cands[i].instruction for i in p) for p in found]
+    search(initial, [], [], max_size)
+    found.sort(key=lambda f: (len(f[0]), f[0]))
+    return [Synthesized(tuple(cands[i].instruction for i in p), p, h) for p, h in found]
 
 
 def lower_program(hierarchy: SynthesisHierarchy, program: Program) -> list[tuple[Collective, list[tuple[int, ...]]]]:
