@@ -166,3 +166,14 @@ def test_verify_at_scale_proves_one_component_per_distinct_pattern():
     program = parse_program("AllReduce(root, InsideGroup)")
     verdict = verify_z3(low, system_steps(low, program))
     assert verdict.valid and "1 distinct" in verdict.detail
+
+
+def test_a_z3_time_out_is_unknown_never_invalid(monkeypatch):
+    import z3
+    low = Lowering(ParallelismMatrix.of([[2, 1], [1, 4]]), (2, 4), ("node", "gpu"), [0])
+    monkeypatch.setattr(z3.Solver, "check", lambda self, *a: z3.unknown)
+    for program in ("AllReduce(root, InsideGroup)", "AllGather(root, InsideGroup)"):  # valid, invalid
+        verdict = verify_z3(low, system_steps(low, parse_program(program)))
+        assert verdict.status == "unknown" and verdict.violation is None
+    programs, status = synthesize_z3(low.hierarchy, 2)
+    assert status == "unknown" and programs == []

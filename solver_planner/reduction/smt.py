@@ -223,7 +223,7 @@ def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdic
                                 sum(c not in local for c in goal_of[d])) for d in comp))
             if signature not in seen:
                 proved += 1
-                result, vio = _verify_component(z3, comp, comp_steps, k, goal_of, int(timeout * 1000))
+                result, vio = _verify_component(z3, comp, comp_steps, k, goal_of, max(1, int(timeout * 1000)))
                 seen[signature] = (result, vio, comp)
             result, vio, proto = seen[signature]
             if result == "invalid":
@@ -257,7 +257,7 @@ def synthesize_z3(hierarchy: SynthesisHierarchy, max_size: int = 5, bound: float
     n = hierarchy.size
     stop = len(cands)
     solver = z3.Solver()
-    solver.set("timeout", int(timeout * 1000))
+    solver.set("timeout", max(1, int(timeout * 1000)))
     S = [[z3.BitVecVal(1 << d, n) for _ in range(n)] for d in range(n)]
     goal = z3.BitVecVal((1 << n) - 1, n)
     sel = [z3.Int(f"sel{t}") for t in range(max_size)]
