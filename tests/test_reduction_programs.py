@@ -119,7 +119,7 @@ def test_z3_and_the_semantics_agree_on_enumerated_and_mutated_programs(levels, n
     programs = synthesize(low.hierarchy, 3)
     cands = candidates(low.hierarchy)
     checked = invalid = 0
-    for p in programs + [m for p in programs[:6] for m in mutations(p, cands)]:
+    for p in programs + [m for q in programs[:6] for m in mutations(q, cands)]:
         steps = system_steps(low, p)
         concrete, proved = verify_steps(low, steps), verify_z3(low, steps)
         assert proved.status in ("valid", "invalid")

@@ -160,3 +160,13 @@ def test_engine_matches_the_naive_reference_scheduler(tasks):
     assert tl.overlaps() == []
     for r, t in zip(tl.records, tasks):
         assert r.start >= max([t["release"]] + [tl[d].end for d in t["deps"]])
+
+
+def test_per_resource_views():
+    sim = Simulation()
+    a = sim.add("a", 2.0, ["nic"])
+    sim.add("b", 1.0, ["link"])
+    c = sim.add("c", 3.0, ["nic", "link"])
+    tl = sim.run()
+    assert [r.id for r in tl.on("nic")] == [a, c]
+    assert tl.busy_time("nic") == 5.0 and tl.busy_time("link") == 4.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import SpecError
 from ..solve import SolveResult, Status, Stopwatch
 from ..spec.model import ModelSpec
 from ..topology import Topology

@@ -19,7 +19,6 @@ rule is a formula.  Two uses:
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Sequence
 
 from ..cost import Collective, CostModel
 from ..solve import Stopwatch

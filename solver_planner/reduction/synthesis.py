@@ -124,14 +124,3 @@ def states_along(hierarchy: SynthesisHierarchy, program: Program) -> list[State]
         states.append(nxt)
         state = nxt
     return states
-
-
-def dedupe(programs: Sequence[Program], hierarchy: SynthesisHierarchy) -> list[Program]:
-    """Keep the first of programs whose group sequences are identical."""
-    seen, out = set(), []
-    for p in programs:
-        key = tuple((k, tuple(g)) for k, g in lower_program(hierarchy, p))
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out

@@ -60,15 +60,6 @@ class Source:
         """A :class:`SpecError` located at ``path`` in this file."""
         return SpecError(self.issue(path, message))
 
-    def has(self, path: tuple[Any, ...] | list[Any]) -> bool:
-        node = self.root
-        for part in path:
-            found = _child(node, part) if node is not None else None
-            if found is None:
-                return False
-            node = found[1]
-        return True
-
 
 def _child(node: yaml.Node, part: Any) -> tuple[yaml.Node | None, yaml.Node] | None:
     """(key node or None, value node) of ``part`` under ``node``."""
