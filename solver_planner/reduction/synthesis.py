@@ -12,7 +12,6 @@ within the remaining budget prunes dead prefixes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..cost import Collective
 from .dsl import Instruction, Program
