@@ -28,6 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
 # -- validate ---------------------------------------------------------------------------
 @app.command()
 @handles_errors

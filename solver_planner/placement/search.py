@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..errors import PlannerError
 from ..solve import SolveResult, Status, Stopwatch
 from ..spec.model import ModelSpec
 from ..topology import Topology
@@ -67,7 +68,13 @@ def find_placements(axis_sizes: Sequence[int], level_counts: Sequence[int], rule
         method = "cp-sat" if model_size(axis_sizes, level_counts) <= AUTO_THRESHOLD else "enumerate"
     if method == "cp-sat":
         result = cpsat_matrices(axis_sizes, level_counts, rules, weights, time_limit)
-        result.solutions = [m for m in result.solutions if all(r.allows(m.rows) for r in rules)]
+        for m in result.solutions + ([result.solution] if result.solution else []):
+            try:  # every solver output is checked (DESIGN.md): Eq. 1-2 and the rules
+                m.check(axis_sizes, level_counts)
+            except ValueError as exc:
+                raise PlannerError(f"the CP-SAT model returned an invalid matrix: {exc}") from None
+            if not all(r.allows(m.rows) for r in rules):
+                raise PlannerError(f"the CP-SAT model returned {m}, which breaks a placement rule")
         return result
     with Stopwatch() as sw:
         solutions = enumerate_matrices(axis_sizes, level_counts, rules)

@@ -24,11 +24,8 @@ def compute_resource(device: int) -> Resource:
 def add_collective(sim: Simulation, cost: CostModel, kind: str, groups: Sequence[Sequence[int]],
                    nbytes: float | Sequence[float],
                    algorithm: str = "ring", deps: Iterable[int] = (), name: str | None = None, **kw) -> int:
-    """One step in which every group runs ``kind`` at once (a P² reduction step).
-
-    ``costed=`` passes a :class:`CollectiveCost` already computed for these arguments.
-    """
-    c = kw.pop("costed", None) or cost.collective(kind, groups, nbytes, algorithm)
+    """One step in which every group runs ``kind`` at once (a P² reduction step)."""
+    c = cost.collective(kind, groups, nbytes, algorithm)
     devices = sorted(d for g in groups for d in g)
     return sim.add(name or f"{c.collective} {len(c.group_times)}x{c.group_size}", c.time, sorted(c.resources), deps,
                    devices=devices, stream=kw.pop("stream", "comm"), category=kw.pop("category", c.collective),
