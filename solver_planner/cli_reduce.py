@@ -113,7 +113,11 @@ def place(
                         f" columns {', '.join(topo.level_names)}), found by {result.method}")
     for col in ("#", "matrix", "reduction", "AllReduce", "best program", "best", "speedup", "programs"):
         table.add_column(col)
+    if not spec.reductions:
+        table.caption = "the model requests no reduction, so the placements are not ranked"
     for rank, rep in enumerate(shown, 1):
+        if not rep.reductions:
+            table.add_row(str(rank), str(rep.matrix), "-", "-", "-", "-", "-", "-")
         for n, red in enumerate(rep.reductions):
             table.add_row(str(rank) if n == 0 else "", str(rep.matrix) if n == 0 else "", red.name,
                           units.format_time(red.allreduce.time), red.best.text, units.format_time(red.best.time),

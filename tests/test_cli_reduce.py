@@ -71,3 +71,11 @@ def test_reduce_verify_unknown_exits_3(monkeypatch):
     result = CliRunner().invoke(app, ["reduce", "verify", str(V100), str(DP16),
                                       str(ROOT / "examples" / "hierarchical-allreduce-2x8.yaml")])
     assert result.exit_code == 3 and ": unknown" in result.output
+
+
+def test_place_lists_placements_even_without_reductions(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text("name: nored\nparallelism:\n  axes:\n    - {name: data, size: 4}\n    - {name: model, size: 8}\n")
+    result = run_cli("place", CLUSTERS / "p2-a100-2x16.yaml", model)
+    assert result.returncode == 0
+    assert "[[1,4],[2,4]]" in result.stdout and "[[2,2],[1,8]]" in result.stdout and "not ranked" in result.stdout
