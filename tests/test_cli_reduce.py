@@ -79,3 +79,11 @@ def test_place_lists_placements_even_without_reductions(tmp_path):
     result = run_cli("place", CLUSTERS / "p2-a100-2x16.yaml", model)
     assert result.returncode == 0
     assert "[[1,4],[2,4]]" in result.stdout and "[[2,2],[1,8]]" in result.stdout and "not ranked" in result.stdout
+
+
+def test_place_with_impossible_constraints_exits_1(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nparallelism:\n  axes:\n    - {name: data, size: 4}\n    - {name: model, size: 8}\n"
+                     "  constraints:\n    - {axis: model, inside: node}\n    - {axis: data, inside: node}\n")
+    result = run_cli("place", CLUSTERS / "p2-a100-2x16.yaml", model)
+    assert result.returncode == 1 and "no placement satisfies" in result.stderr
