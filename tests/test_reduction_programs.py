@@ -177,3 +177,28 @@ def test_a_z3_time_out_is_unknown_never_invalid(monkeypatch):
         assert verdict.status == "unknown" and verdict.violation is None
     programs, status = synthesize_z3(low.hierarchy, 2)
     assert status == "unknown" and programs == []
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+SMALL = [
+    Lowering(ParallelismMatrix.of([[2, 2]]), (2, 2), ("node", "gpu"), [0]),
+    Lowering(ParallelismMatrix.of([[2, 1], [1, 4]]), (2, 4), ("node", "gpu"), [1]),
+    Lowering(ParallelismMatrix.of([[2, 1, 2], [1, 2, 1]]), (2, 2, 2), ("node", "cpu", "gpu"), [0]),
+    Lowering(ParallelismMatrix.of([[1, 2, 2], [2, 1, 1]]), (2, 2, 2), ("node", "cpu", "gpu"), [0]),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(range(len(SMALL))), st.lists(st.integers(0, 10_000), min_size=1, max_size=4))
+def test_programs_the_rules_accept_compute_exact_sums(which, picks):
+    low = SMALL[which]
+    cands = candidates(low.hierarchy)
+    program = tuple(cands[p % len(cands)].instruction for p in picks)
+    steps = system_steps(low, program)
+    verdict = verify_steps(low, steps)
+    result = execute(low.num_devices, low.hierarchy.size, steps, low.reduction_groups())
+    if verdict.valid:
+        assert result.ok, f"{program}: accepted by the rules but {result.message}"
+    if not result.ok:
+        assert not verdict.valid
