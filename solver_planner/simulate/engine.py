@@ -115,7 +115,7 @@ class Simulation:
         prio_of = [t.priority for t in tasks]
         duration = [t.duration for t in tasks]
         events: list[tuple[float, int, int]] = []  # (time, kind 0=finish 1=release, task)
-        # Candidates to try now: (priority, id, queue it was pulled from or None).  A free
+        # Candidates to try now: (priority, id, queue it was pulled from or FRESH).  A free
         # resource with parked tasks always has exactly one of them here, so when that one
         # does not take the resource, the turn passes to the next in its queue.
         ready: list[tuple[float, int, int]] = []
@@ -131,8 +131,9 @@ class Simulation:
             """The busy resource of task i that frees last (-1 if all are free)."""
             blocker, until = -1, -1.0
             for r in needs[i]:
-                if busy[r] > until:
-                    blocker, until = r, busy[r]
+                b = busy[r]
+                if b > until:
+                    blocker, until = r, b
             return blocker
 
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -143,11 +144,7 @@ class Simulation:
             queue = parked[res]
             while queue and busy[res] < 0:
                 entry = heappop(queue)
-                blocker, until = -1, -1.0  # blocker_of, inlined: this loop is the hot spot
-                for r in needs[entry[1]]:
-                    b = busy[r]
-                    if b > until:
-                        blocker, until = r, b
+                blocker = blocker_of(entry[1])
                 if blocker >= 0:
                     heappush(parked[blocker], entry)
                 else:
@@ -169,7 +166,7 @@ class Simulation:
                 # Park on the busy resource that frees last: retrying earlier is futile.
                 blocker = blocker_of(i)
                 if blocker >= 0:
-                    heapq.heappush(parked[blocker], (prio, i))
+                    heappush(parked[blocker], (prio, i))
                     if origin != FRESH:
                         pass_turn(origin)
                     continue
