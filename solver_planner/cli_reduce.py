@@ -11,11 +11,11 @@ from rich.table import Table
 from . import units
 from .cost import CostModel
 from .placement import ParallelismMatrix
-from .reduction import Lowering, parse_program
+from .reduction import parse_program
 from .reduction.explicit import load_explicit_program
-from .reduction.ranking import rank_placements, reduce_on_placement
+from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
 from .reduction.verify import system_steps, verify_steps
-from .spec import check_fits, load_model_spec
+from .spec import load_model_spec
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 
 reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True)
@@ -49,9 +49,7 @@ def _progress(label: str):
 def _load(cluster: Path, model: Path):
     topo = topology_of(cluster)
     spec = load_model_spec(model)
-    check_fits(spec, topo.num_devices, topo.name)
-    if spec.parallelism is None:
-        raise spec.source.error(("parallelism",), "this command needs 'parallelism.axes'")
+    check_placeable(topo, spec)
     return topo, spec
 
 
@@ -182,8 +180,7 @@ def verify(
     topo, spec = _load(cluster, model)
     red = _reduction(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
-    axes = [spec.axis_names.index(a) for a in red.axes]
-    lowering = Lowering(chosen, [lv.count for lv in topo.levels], topo.level_names, axes)
+    lowering = lowering_for(topo, spec, chosen, red)
     path = Path(program)
     if path.suffix in (".yaml", ".yml") or (path.exists() and path.is_file()):
         steps = load_explicit_program(path, topo.num_devices)

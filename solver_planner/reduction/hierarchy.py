@@ -118,9 +118,9 @@ class Lowering:
         self.hierarchy = SynthesisHierarchy.of(matrix, level_names, self.reduction_axes)
         others = [i for i in range(matrix.num_axes) if i not in self.reduction_axes]
         self._device: dict[tuple[tuple[int, ...], int], int] = {}
-        self.position: list[int] = []
-        self.key: list[tuple[int, ...]] = []
-        for d in range(prod(level_counts)):
+        self.num_devices = prod(level_counts)
+        keys: set[tuple[int, ...]] = set()
+        for d in range(self.num_devices):
             digits = matrix.digits(level_counts, d)
             pos = 0
             for j in range(matrix.num_levels):
@@ -130,13 +130,8 @@ class Lowering:
                 pos = pos * self.hierarchy.counts[j + 1] + r
             key = tuple(digits[i][j] for i in others for j in range(matrix.num_levels))
             self._device[(key, pos)] = d
-            self.position.append(pos)
-            self.key.append(key)
-        self.keys = sorted(set(self.key))
-
-    @property
-    def num_devices(self) -> int:
-        return len(self.position)
+            keys.add(key)
+        self.keys = sorted(keys)
 
     def device(self, key: tuple[int, ...], position: int) -> int:
         return self._device[(key, position)]
@@ -148,3 +143,7 @@ class Lowering:
     def reduction_groups(self) -> list[list[int]]:
         """The devices that reduce together (all positions, per non-reduction coordinate)."""
         return self.lower([tuple(range(self.hierarchy.size))])
+
+    def group_of(self) -> dict[int, tuple[int, ...]]:
+        """Each device's reduction group: the columns it must end with (seed 000 §3.5)."""
+        return {d: tuple(group) for group in self.reduction_groups() for d in group}

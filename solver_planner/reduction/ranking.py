@@ -19,14 +19,15 @@ from ..cost import Collective, CollectiveCost, CostModel
 from ..errors import PlannerError
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
 from ..simulate import Simulation, add_collective
-from ..spec.model import ModelSpec, ReductionSpec
+from ..spec.model import ModelSpec, ReductionSpec, check_fits
 from ..topology import Topology
 from .dsl import Instruction, Program, format_program
 from .hierarchy import INSIDE, Lowering, SynthesisHierarchy
-from .synthesis import DEFAULT_MAX_SIZE, states_along, synthesize_traced
+from .synthesis import DEFAULT_MAX_SIZE, held_chunks, states_along, synthesize_traced
 
 __all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementReport", "cost_program",
-           "replay", "allreduce_program", "rank_placements", "reduce_on_placement"]
+           "replay", "allreduce_program", "rank_placements", "reduce_on_placement", "check_placeable",
+           "lowering_for"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class StepCoster:
         """Cost ``program``; ``held`` (from :func:`synthesize_traced`) saves re-running the semantics."""
         if held is None:
             states = states_along(self.lowering.hierarchy, program)
-            held = [tuple(bin(st.rows[g[0]]).count("1") for g in self._groups(ins)) for st, ins in zip(states, program)]
+            held = [held_chunks(st, self._groups(ins)) for st, ins in zip(states, program)]
         parts = [self.step(ins, h) for ins, h in zip(program, held)]
         times = [c.time for _, c in parts]
         return CostedProgram(program, sum(times), [s for s, _ in parts], times, [c for _, c in parts])
@@ -162,13 +163,26 @@ class PlacementReport:
                 "reductions": [r.as_dict() for r in self.reductions]}
 
 
+def check_placeable(topology: Topology, model: ModelSpec) -> None:
+    """Refuse a model without parallelism axes, or whose axes do not fill the cluster."""
+    if model.parallelism is None:
+        raise model.source.error(("parallelism",), "placing needs 'parallelism.axes'")
+    check_fits(model, topology.num_devices, topology.name)
+
+
+def lowering_for(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix,
+                 reduction: ReductionSpec) -> Lowering:
+    """The synthesis hierarchy and lowering of ``reduction`` on the placement ``matrix``."""
+    axes = [model.axis_names.index(a) for a in reduction.axes]
+    return Lowering(matrix, [lv.count for lv in topology.levels], topology.level_names, axes)
+
+
 def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix, reduction: ReductionSpec,
                         max_size: int = DEFAULT_MAX_SIZE, algorithm: str = "ring", cost: CostModel | None = None,
                         cache: dict | None = None, check: bool = True) -> ReductionReport:
     """Synthesize, cost and rank the programs of one reduction on one placement."""
     cost = cost or CostModel(topology)
-    axes = [model.axis_names.index(a) for a in reduction.axes]
-    lowering = Lowering(matrix, [lv.count for lv in topology.levels], topology.level_names, axes)
+    lowering = lowering_for(topology, model, matrix, reduction)
     key = (lowering.hierarchy, max_size)
     if cache is not None and key in cache:
         programs = cache[key]
@@ -197,11 +211,7 @@ def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", 
     Returns ``(reports, placement_result)``; the ranking key is the weighted sum of the
     best program times of all reductions.
     """
-    from ..spec.model import check_fits
-
-    check_fits(model, topology.num_devices, topology.name)
-    if model.parallelism is None:
-        raise model.source.error(("parallelism",), "placing needs 'parallelism.axes'")
+    check_placeable(topology, model)
     counts = [lv.count for lv in topology.levels]
     result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
                              traffic_weights(model, topology), method)

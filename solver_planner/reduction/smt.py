@@ -206,10 +206,7 @@ def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdic
     z3 = _z3()
     with Stopwatch() as sw:
         k = lowering.hierarchy.size
-        goal_of: dict[int, tuple[int, ...]] = {}
-        for group in lowering.reduction_groups():
-            for d in group:
-                goal_of[d] = tuple(group)
+        goal_of = lowering.group_of()
         comps = components(lowering.num_devices, steps)
         seen: dict[tuple, tuple[str, Violation | None, list[int]]] = {}
         status, violation, proved = "valid", None, 0

@@ -12,13 +12,14 @@ within the remaining budget prunes dead prefixes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..cost import Collective
 from .dsl import Instruction, Program
 from .hierarchy import SynthesisHierarchy
 from .semantics import Semantics, State, Violation
 
-__all__ = ["Candidate", "Synthesized", "candidates", "hierarchy_semantics", "synthesize", "synthesize_traced",
+__all__ = ["Candidate", "Synthesized", "candidates", "held_chunks", "hierarchy_semantics", "synthesize", "synthesize_traced",
            "DEFAULT_MAX_SIZE"]
 
 DEFAULT_MAX_SIZE = 5
@@ -30,6 +31,11 @@ COLLECTIVE_ORDER = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.A
 class Candidate:
     instruction: Instruction
     groups: tuple[tuple[int, ...], ...]
+
+
+def held_chunks(state: State, groups: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """How many chunks the first member of each group holds: the share of the data a step moves."""
+    return tuple(bin(state.rows[g[0]]).count("1") for g in groups)
 
 
 def candidates(hierarchy: SynthesisHierarchy) -> list[Candidate]:
@@ -84,7 +90,7 @@ def synthesize_traced(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX
             nxt = sem.apply(state, cand.instruction.collective, cand.groups)
             if isinstance(nxt, Violation) or nxt.bits == state.bits:
                 continue
-            h = tuple(bin(state.rows[g[0]]).count("1") for g in cand.groups)
+            h = held_chunks(state, cand.groups)
             if nxt.bits == goal:
                 found.append((tuple(path + [n]), tuple(held + [h])))
                 any_found = True

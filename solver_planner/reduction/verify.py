@@ -57,9 +57,7 @@ def verify_steps(lowering: Lowering, steps: Steps) -> Verdict:
     with Stopwatch() as sw:
         n, k = lowering.num_devices, lowering.hierarchy.size
         sem = Semantics(k, n)
-        goal = [()] * n
-        for group in lowering.reduction_groups():
-            for d in group:
-                goal[d] = tuple(group)
+        group_of = lowering.group_of()
+        goal = [group_of[d] for d in range(n)]
         _, violation = sem.run(sem.initial(range(n)), steps, sem.goal_bits(goal))
     return Verdict("invalid" if violation else "valid", "semantics", violation, sw.seconds)
