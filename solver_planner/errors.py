@@ -48,7 +48,8 @@ class SpecError(PlannerError):
     """
 
     def __init__(self, issues: list[SpecIssue] | SpecIssue):
-        self.issues = [issues] if isinstance(issues, SpecIssue) else list(issues)
+        # In file order, so the message names the first problem a reader meets.
+        self.issues = sorted([issues] if isinstance(issues, SpecIssue) else issues, key=lambda i: (i.line or 0, i.path))
         if not self.issues:
             raise ValueError("SpecError needs at least one issue")
         first = str(self.issues[0])

@@ -18,7 +18,11 @@ from .. import units
 from ..errors import SpecError, SpecIssue
 from .source import Source, format_path
 
-__all__ = ["SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "validate"]
+__all__ = ["NAME_PATTERN", "SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "validate"]
+
+
+# Names of levels, axes, interconnects and reductions: an identifier, dots and dashes allowed.
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 
 
 def _quantity(kind: str):
@@ -143,5 +147,4 @@ def validate(model: type[M], data: Any, source: Source) -> M:
                 loc = loc + (err["ctx"]["key"],)
             path = _clean_loc(data, loc)
             issues.append(SpecIssue(source.file, source.line(path), format_path(path), _message(err)))
-        issues.sort(key=lambda i: (i.line or 0, i.path))
         raise SpecError(issues) from None

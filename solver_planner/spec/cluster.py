@@ -30,18 +30,15 @@ from typing import Literal
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
-from .base import Bandwidth, Bytes, Duration, FlopRate, SpecModel, validate
+from .base import NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, SpecModel, validate
 from .source import Source, load_yaml
 
 __all__ = ["LevelSpec", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
 
-_NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
-
-
 class LevelSpec(SpecModel):
     """One level of the hardware hierarchy and how many instances each parent holds."""
 
-    name: str = Field(pattern=_NAME, description="level name, e.g. 'node' or 'gpu'")
+    name: str = Field(pattern=NAME_PATTERN, description="level name, e.g. 'node' or 'gpu'")
     count: int = Field(ge=1, description="instances of this level inside one instance of the level above")
 
 
@@ -56,7 +53,7 @@ class DeviceSpec(SpecModel):
 class InterconnectSpec(SpecModel):
     """A link technology and the transfers it carries."""
 
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     level: str | None = Field(
         default=None,
         description="the level whose transfers it carries: devices whose coordinates first differ at this "
@@ -162,7 +159,6 @@ def _check(spec: ClusterSpec, source: Source) -> None:
                                        f"level '{level.name}' has {level.count} instances but no interconnect serves it;"
                                        f" add one with 'level: {level.name}'"))
     if issues:
-        issues.sort(key=lambda x: (x.line or 0, x.path))
         raise SpecError(issues)
 
 

@@ -18,18 +18,15 @@ from pathlib import Path
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
-from .base import Bytes, SpecModel, validate
+from .base import NAME_PATTERN, Bytes, SpecModel, validate
 from .source import Source, load_yaml
 
 __all__ = ["AxisSpec", "PlacementRuleSpec", "ParallelismSpec", "ReductionSpec", "ModelSpec", "load_model_spec", "check_fits"]
 
-_NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
-
-
 class AxisSpec(SpecModel):
     """One parallelism axis (seed 000 §3.1: the rows of a parallelism matrix)."""
 
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     size: int = Field(ge=1)
 
 
@@ -54,7 +51,7 @@ class ParallelismSpec(SpecModel):
 class ReductionSpec(SpecModel):
     """A reduction the user asks for: sum over the named axes, ``bytes`` held by each device."""
 
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     axes: list[str] = Field(min_length=1, description="the reduction axes")
     bytes: Bytes = Field(gt=0, description="size of the buffer each device reduces")
     weight: float = Field(default=1.0, gt=0, description="how often it runs per iteration (ranking weight)")
@@ -114,7 +111,6 @@ def _check(spec: ModelSpec, source: Source) -> None:
             elif axis in red.axes[:a]:
                 issues.append(source.issue(("reductions", r, "axes", a), f"axis '{axis}' is listed twice"))
     if issues:
-        issues.sort(key=lambda x: (x.line or 0, x.path))
         raise SpecError(issues)
 
 
