@@ -1,12 +1,14 @@
 """YAML specs -> validated, typed objects whose errors carry file, line and key path."""
 
 from .cluster import ClusterSpec, DeviceSpec, InterconnectSpec, LevelSpec, load_cluster_spec
-from .model import AxisSpec, ModelSpec, ParallelismSpec, ReductionSpec, check_fits, load_model_spec
+from .model import (AxisSpec, MeshSpec, ModelSpec, ParallelismSpec, ReductionSpec, ReshardingSpec, check_fits,
+                    check_meshes, load_model_spec)
 from .schema import spec_kind, json_schema
 from .source import Source, format_path, load_yaml
 
 __all__ = [
     "ClusterSpec", "DeviceSpec", "InterconnectSpec", "LevelSpec", "load_cluster_spec",
-    "AxisSpec", "ModelSpec", "ParallelismSpec", "ReductionSpec", "check_fits", "load_model_spec",
+    "AxisSpec", "MeshSpec", "ModelSpec", "ParallelismSpec", "ReductionSpec", "ReshardingSpec", "check_fits",
+    "check_meshes", "load_model_spec",
     "spec_kind", "json_schema", "Source", "format_path", "load_yaml",
 ]

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
 from .base import NAME_PATTERN, Bytes, SpecModel, validate
 from .source import Source, load_yaml
 
-__all__ = ["AxisSpec", "PlacementRuleSpec", "ParallelismSpec", "ReductionSpec", "ModelSpec", "load_model_spec", "check_fits"]
+__all__ = ["AxisSpec", "PlacementRuleSpec", "ParallelismSpec", "ReductionSpec", "MeshSpec", "ReshardingSpec",
+           "ModelSpec", "load_model_spec", "check_fits", "check_meshes", "DTYPE_BYTES"]
+
+# Bytes per element of the dtypes a resharding tensor may have.
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1,
+               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 class AxisSpec(SpecModel):
     """One parallelism axis (seed 000 §3.1: the rows of a parallelism matrix)."""
@@ -57,6 +64,28 @@ class ReductionSpec(SpecModel):
     weight: float = Field(default=1.0, gt=0, description="how often it runs per iteration (ranking weight)")
 
 
+class MeshSpec(SpecModel):
+    """A device mesh (seed 002 §2.2): ``devices_per_host`` devices, starting at local index
+    ``first_device``, on each of ``hosts``; mesh dimension 0 runs over hosts, 1 over devices.
+    ``spec`` gives each tensor dimension's sharding (GSPMD/Alpa notation)."""
+
+    hosts: list[int] = Field(min_length=1, description="cluster host indices, one per mesh row")
+    devices_per_host: int = Field(ge=1, description="mesh columns")
+    first_device: int = Field(default=0, ge=0, description="local index of the first device used on each host")
+    spec: list[Literal["R", "S0", "S1", "S01"]] = Field(
+        min_length=1, description="per tensor dimension: R (replicated), S0/S1 (sharded along mesh dim 0/1), S01 (both)")
+
+
+class ReshardingSpec(SpecModel):
+    """One cross-mesh resharding task: a tensor moves from ``src`` to ``dst`` (seed 002 §2.2)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    shape: list[int] = Field(min_length=1, description="tensor shape")
+    dtype: Literal[tuple(DTYPE_BYTES)] = Field(default="float32", description="element type")  # type: ignore[valid-type]
+    src: MeshSpec
+    dst: MeshSpec
+
+
 class ModelSpec(SpecModel):
     """A whole model spec file."""
 
@@ -64,6 +93,7 @@ class ModelSpec(SpecModel):
     description: str = ""
     parallelism: ParallelismSpec | None = None
     reductions: list[ReductionSpec] = Field(default_factory=list)
+    resharding: list[ReshardingSpec] = Field(default_factory=list)
 
     _source: Source = PrivateAttr(default=Source("<memory>", None))
 
@@ -110,6 +140,69 @@ def _check(spec: ModelSpec, source: Source) -> None:
                                            f"no axis named '{axis}'; expected one of: {', '.join(names)}"))
             elif axis in red.axes[:a]:
                 issues.append(source.issue(("reductions", r, "axes", a), f"axis '{axis}' is listed twice"))
+    issues += _resharding_issues(spec, source)
+    if issues:
+        raise SpecError(issues)
+
+
+def _mesh_devices(mesh: MeshSpec) -> set[tuple[int, int]]:
+    return {(h, mesh.first_device + j) for h in mesh.hosts for j in range(mesh.devices_per_host)}
+
+
+def _resharding_issues(spec: ModelSpec, source: Source) -> list:
+    issues = []
+    seen: set[str] = set()
+    for r, task in enumerate(spec.resharding):
+        at = ("resharding", r)
+        if task.name in seen:
+            issues.append(source.issue(at + ("name",), f"resharding '{task.name}' is named twice"))
+        seen.add(task.name)
+        for i, n in enumerate(task.shape):
+            if n < 1:
+                issues.append(source.issue(at + ("shape", i), f"expected a dimension >= 1, got {n}"))
+        for side in ("src", "dst"):
+            mesh = getattr(task, side)
+            if len(mesh.spec) != len(task.shape):
+                issues.append(source.issue(at + (side, "spec"), f"the spec has {len(mesh.spec)} entries but the tensor"
+                                           f" has rank {len(task.shape)}; give one entry per dimension"))
+            used: dict[str, int] = {}
+            for d, entry in enumerate(mesh.spec):
+                for axis in entry[1:]:  # "S01" shards over mesh axes 0 and 1
+                    if axis in used:
+                        issues.append(source.issue(at + (side, "spec", d), f"mesh axis {axis} is used twice (by"
+                                                   f" dimensions {used[axis]} and {d}); each mesh axis shards at most"
+                                                   " one dimension"))
+                    used[axis] = d
+            for i, h in enumerate(mesh.hosts):
+                if h < 0:
+                    issues.append(source.issue(at + (side, "hosts", i), f"expected a host index >= 0, got {h}"))
+                elif h in mesh.hosts[:i]:
+                    issues.append(source.issue(at + (side, "hosts", i), f"host {h} is listed twice"))
+        shared = sorted(_mesh_devices(task.src) & _mesh_devices(task.dst))
+        if shared:
+            h, j = shared[0]
+            issues.append(source.issue(at + ("dst",), f"the source and destination meshes overlap ({len(shared)} devices,"
+                                       f" e.g. host {h} device {j}); seed 002 §2.2 moves data between disjoint meshes"))
+    return issues
+
+
+def check_meshes(model: ModelSpec, num_hosts: int, devices_per_host: int, cluster_name: str) -> None:
+    """Refuse meshes that do not fit in the cluster: hosts beyond its count or devices
+    beyond a host's."""
+    issues = []
+    for r, task in enumerate(model.resharding):
+        for side in ("src", "dst"):
+            mesh = getattr(task, side)
+            for i, h in enumerate(mesh.hosts):
+                if h >= num_hosts:
+                    issues.append(model.source.issue(("resharding", r, side, "hosts", i),
+                                                     f"host {h} does not exist: cluster '{cluster_name}' has"
+                                                     f" {num_hosts} hosts (0-{num_hosts - 1})"))
+            last = mesh.first_device + mesh.devices_per_host
+            if last > devices_per_host:
+                issues.append(model.source.issue(("resharding", r, side, "devices_per_host"),
+                                                 f"devices {mesh.first_device}-{last - 1} per host do not fit: cluster"
+                                                 f" '{cluster_name}' has {devices_per_host} devices per host"))
     if issues:
         raise SpecError(issues)
 

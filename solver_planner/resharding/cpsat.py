@@ -1,0 +1,102 @@
+"""The CP-SAT model of seed 002 §3.2, Eq. 1-3.
+
+One start variable per task; per candidate sender a presence literal and an optional
+interval of that candidate's duration (exactly one present: Eq. 2); per resource a
+no-overlap over the intervals that hold it (Eq. 3); the makespan is at least every
+present interval's end (Eq. 1).  Interchangeable tasks start in index order (symmetry
+breaking), the makespan is at least the combinatorial lower bound, and the search is
+warm-started from the best heuristic schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from .schedule import Instance, Schedule
+
+__all__ = ["CpSatOutcome", "solve_cpsat"]
+
+
+@dataclass
+class CpSatOutcome:
+    schedule: Schedule | None
+    bound: int
+    optimal: bool
+    status: str
+
+
+def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: float = 10.0,
+                workers: int = 1, seed: int = 0) -> CpSatOutcome:
+    """Minimise the makespan; ``hint`` is a feasible schedule, which also caps the horizon."""
+    m = cp_model.CpModel()
+    horizon = hint.makespan
+    makespan = m.new_int_var(lower_bound, horizon, "makespan")
+    starts, present = [], []
+    by_resource: dict[int, list] = {}
+    for i, cands in enumerate(inst.candidates):
+        latest = horizon - min(c.duration for c in cands)
+        s = m.new_int_var(0, max(0, latest), f"s{i}")
+        lits = []
+        for k, c in enumerate(cands):
+            if len(cands) == 1:
+                iv = m.new_fixed_size_interval_var(s, c.duration, f"t{i}")
+                m.add(makespan >= s + c.duration)
+            else:
+                lit = m.new_bool_var(f"x{i}_{k}")
+                iv = m.new_optional_fixed_size_interval_var(s, c.duration, lit, f"t{i}_{k}")
+                m.add(makespan >= s + c.duration).only_enforce_if(lit)
+                lits.append(lit)
+            for r in c.resources:
+                by_resource.setdefault(r, []).append(iv)
+        if len(cands) > 1:
+            m.add_exactly_one(lits)
+        starts.append(s)
+        present.append(lits)
+    for r in sorted(by_resource):
+        if len(by_resource[r]) > 1:
+            m.add_no_overlap(by_resource[r])
+    last_of: dict[tuple, int] = {}
+    for i in range(len(inst)):
+        sig = inst.signature(i)
+        if sig in last_of:
+            m.add(starts[last_of[sig]] <= starts[i])
+        last_of[sig] = i
+    # The hint must respect the symmetry breaking: give interchangeable tasks its start
+    # times in index order (a relabelling of the same schedule).
+    hint_start, hint_choice = _relabel(inst, hint)
+    for i in range(len(inst)):
+        m.add_hint(starts[i], hint_start[i])
+        if len(present[i]) > 1:
+            for k, lit in enumerate(present[i]):
+                m.add_hint(lit, k == hint_choice[i])
+    m.add_hint(makespan, horizon)
+    m.minimize(makespan)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    code = solver.solve(m)
+    name = solver.status_name(code)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return CpSatOutcome(None, lower_bound, False, name)
+    choice = tuple(next(k for k, lit in enumerate(present[i]) if solver.boolean_value(lit)) if len(present[i]) > 1
+                   else 0 for i in range(len(inst)))
+    start = tuple(solver.value(s) for s in starts)
+    end = tuple(start[i] + inst.candidates[i][choice[i]].duration for i in range(len(inst)))
+    bound = max(lower_bound, int(round(solver.best_objective_bound)))
+    return CpSatOutcome(Schedule(choice, start, end), bound, code == cp_model.OPTIMAL, name)
+
+
+def _relabel(inst: Instance, hint: Schedule) -> tuple[list[int], list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(inst)):
+        groups.setdefault(inst.signature(i), []).append(i)
+    start, choice = list(hint.start), list(hint.choice)
+    for members in groups.values():
+        slots = sorted((hint.start[i], hint.choice[i]) for i in members)
+        for i, (s, k) in zip(members, slots):
+            start[i], choice[i] = s, k
+    return start, choice

@@ -1,0 +1,189 @@
+"""The scheduling algorithms of seed 002 §3.2 other than the solver model.
+
+* :func:`naive`: every task from its lowest-indexed host, in one fixed global order.
+* :func:`load_balance`: Eq. 4 solved greedily, largest task first to the least-loaded
+  sender host; tasks run in that order.
+* :func:`randomized_greedy`: rounds; each picks, over several random task orders, the
+  largest set of tasks that share no resource, and appends it to the order (seeded).
+* :func:`dfs`: depth-first branch and bound over sender choices and task orders, pruned
+  by a lower bound, under a time budget.
+* :func:`brute_force`: every order and sender choice; for tests on tiny instances.
+
+Each returns a :class:`Schedule` built by list scheduling, so it is left-shifted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from typing import Sequence
+
+from .schedule import Instance, Schedule
+
+__all__ = ["naive", "load_balance", "randomized_greedy", "dfs", "brute_force", "DfsResult"]
+
+
+def naive(inst: Instance) -> Schedule:
+    """Seed 002 §3.2 "Naive algorithm": lowest-indexed sender host, tasks in index order."""
+    return inst.list_schedule(range(len(inst)), [0] * len(inst))
+
+
+def load_balance(inst: Instance) -> Schedule:
+    """Seed 002 Eq. 4: sort by duration, descending; each to the currently lightest host."""
+    order = sorted(range(len(inst)), key=lambda i: (-inst.min_duration(i), i))
+    load: dict[int, int] = {}
+    choice = [0] * len(inst)
+    for i in order:
+        cands = inst.candidates[i]
+        k = min(range(len(cands)), key=lambda k: (load.get(cands[k].host, 0) + cands[k].duration, cands[k].host))
+        choice[i] = k
+        load[cands[k].host] = load.get(cands[k].host, 0) + cands[k].duration
+    return inst.list_schedule(order, choice)
+
+
+def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8, scan: int | None = None) -> Schedule:
+    """Seed 002 §3.2 "Greedy Search with Randomization".
+
+    Each round tries ``restarts`` random orders of the remaining tasks, takes each task whose
+    resources (with some candidate sender, lightest host first) are still free, and keeps
+    the set covering the most resources.  ``scan`` caps how many tasks of each random order
+    are examined (by default enough to fill every resource several times over), which keeps
+    a round's cost independent of the number of tasks.
+    """
+    rng = random.Random(seed)
+    remaining = list(range(len(inst)))
+    if scan is None:
+        scan = max(64, 4 * len(inst.resources))
+    load: dict[int, int] = {}
+    order: list[int] = []
+    choice = [0] * len(inst)
+    while remaining:
+        best: tuple[tuple[int, int], list[tuple[int, int]]] | None = None
+        for _ in range(restarts):
+            picked = rng.sample(remaining, min(scan, len(remaining)))
+            used: set[int] = set()
+            chosen: list[tuple[int, int]] = []
+            for i in picked:
+                cands = inst.candidates[i]
+                for k in sorted(range(len(cands)), key=lambda k: (load.get(cands[k].host, 0), cands[k].host)):
+                    rs = cands[k].resources
+                    if used.isdisjoint(rs):
+                        used.update(rs)
+                        chosen.append((i, k))
+                        break
+            score = (len(used), sum(inst.candidates[i][k].duration for i, k in chosen))
+            if best is None or score > best[0]:
+                best = (score, chosen)
+        assert best is not None
+        chosen = sorted(best[1])
+        taken = set()
+        for i, k in chosen:
+            order.append(i)
+            choice[i] = k
+            taken.add(i)
+            c = inst.candidates[i][k]
+            load[c.host] = load.get(c.host, 0) + c.duration
+        remaining = [i for i in remaining if i not in taken]
+    return inst.list_schedule(order, choice)
+
+
+class DfsResult:
+    """The best schedule found and whether the search space was exhausted."""
+
+    def __init__(self, schedule: Schedule, complete: bool, nodes: int):
+        self.schedule, self.complete, self.nodes = schedule, complete, nodes
+
+
+def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 1.0,
+        bound: int = 0) -> DfsResult:
+    """Seed 002 §3.2 "DFS with pruning": branch on the next task to start and its sender.
+
+    Only *active* schedules are generated (a task is branched on only if it can start
+    before the earliest time any remaining task could finish: Giffler and Thompson), and of
+    several interchangeable tasks only the first is tried.  A branch is cut when its lower
+    bound (the latest a resource is busy plus the work every remaining task must still put
+    on it) reaches the best makespan found.  Stops at ``bound`` or after ``time_budget``.
+    """
+    n = len(inst)
+    best = incumbent or load_balance(inst)
+    best_span = best.makespan
+    deadline = time.perf_counter() + time_budget
+    sig_of = {}
+    classes = [sig_of.setdefault(inst.signature(i), len(sig_of)) for i in range(n)]
+    must: list[list[int]] = []  # per task: resources every candidate holds
+    for i in range(n):
+        must.append(sorted(set.intersection(*(set(c.resources) for c in inst.candidates[i]))))
+    need = [0] * len(inst.resources)
+    for i in range(n):
+        for r in must[i]:
+            need[r] += inst.min_duration(i)
+    free = [0] * len(inst.resources)
+    start = [0] * n
+    choice = [0] * n
+    done = [False] * n
+    nodes = 0
+    complete = True
+
+    def branches() -> list[tuple[int, int, int]]:
+        first_of_class: dict[int, int] = {}
+        for i in range(n):
+            if not done[i] and classes[i] not in first_of_class:
+                first_of_class[classes[i]] = i
+        options = []
+        for i in first_of_class.values():
+            for k, c in enumerate(inst.candidates[i]):
+                options.append((max((free[r] for r in c.resources), default=0), i, k))
+        horizon = min(s + inst.candidates[i][k].duration for s, i, k in options)
+        return sorted(o for o in options if o[0] < horizon or inst.candidates[o[1]][o[2]].duration == 0)
+
+    def search(depth: int, span: int) -> None:
+        nonlocal best, best_span, nodes, complete
+        nodes += 1
+        if nodes % 256 == 0 and time.perf_counter() > deadline:
+            complete = False
+            return
+        if depth == n:
+            if span < best_span:
+                best_span = span
+                best = Schedule(tuple(choice), tuple(start),
+                                tuple(start[i] + inst.candidates[i][choice[i]].duration for i in range(n)))
+            return
+        for s, i, k in branches():
+            c = inst.candidates[i][k]
+            e = s + c.duration
+            saved = [free[r] for r in c.resources]
+            for r in c.resources:
+                free[r] = e
+            for r in must[i]:
+                need[r] -= inst.min_duration(i)
+            done[i], start[i], choice[i] = True, s, k
+            lb = max(span, e, max((free[r] + need[r] for r in range(len(free))), default=0))
+            if lb < best_span:
+                search(depth + 1, max(span, e))
+            done[i] = False
+            for r in must[i]:
+                need[r] += inst.min_duration(i)
+            for r, v in zip(c.resources, saved):
+                free[r] = v
+            if best_span <= bound or not complete:
+                return
+
+    if best_span > bound and n:
+        search(0, 0)
+    return DfsResult(best, complete, nodes)
+
+
+def brute_force(inst: Instance) -> Schedule:
+    """The optimum by trying every task order and sender choice (tiny instances only)."""
+    n = len(inst)
+    if n > 7:
+        raise ValueError(f"brute force over {n} tasks is too large; it is for tests on up to 7")
+    best: Schedule | None = None
+    for choice in itertools.product(*(range(len(c)) for c in inst.candidates)):
+        for order in itertools.permutations(range(n)):
+            s = inst.list_schedule(order, choice)
+            if best is None or s.makespan < best.makespan:
+                best = s
+    assert best is not None
+    return best

@@ -1,0 +1,85 @@
+"""Ways to carry out one unit task, each timed by the shared cost model (seed 002 §3.1).
+
+* ``send-recv``: the sender sends the whole slice to each receiver device, one after
+  another (time grows with the number of receiver devices).
+* ``local-allgather``: each receiver host gets one copy, split over its receiver devices,
+  which then all-gather it over the fast intra-host links (time grows with the number
+  of receiver hosts; what Alpa and Megatron-LM do).
+* ``global-allgather``: the slice is split over every receiver device, which then run one
+  ring all-gather across hosts.
+* ``broadcast``: a pipelined chain from the sender through every receiver
+  (:meth:`CostModel.pipelined_broadcast`): about one copy's time over the slowest link,
+  whatever the number of receivers.  The default.
+
+Each strategy also lists its transfers, so a plan can say how many bytes cross between
+the meshes and between hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+from ..cost import CostModel
+from ..topology import Resource
+
+__all__ = ["Strategy", "UnitCost", "unit_cost"]
+
+
+class Strategy(str, Enum):
+    BROADCAST = "broadcast"
+    SEND_RECV = "send-recv"
+    LOCAL_ALLGATHER = "local-allgather"
+    GLOBAL_ALLGATHER = "global-allgather"
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """Time of one unit task under one strategy, the ports it holds, and its transfers."""
+
+    strategy: str
+    time: float
+    resources: frozenset[Resource]
+    transfers: tuple[tuple[int, int, float], ...]  # (src, dst, bytes)
+
+
+def unit_cost(cost: CostModel, strategy: Strategy | str, sender: int, receivers: Sequence[int],
+              nbytes: float) -> UnitCost:
+    """Cost of sending ``nbytes`` from ``sender`` to every device in ``receivers``."""
+    strategy = Strategy(strategy)
+    receivers = sorted(r for r in set(receivers) if r != sender)
+    if not receivers or nbytes <= 0:
+        return UnitCost(strategy.value, 0.0, frozenset(), ())
+    if strategy is Strategy.BROADCAST:
+        b = cost.pipelined_broadcast(sender, receivers, nbytes)
+        hops = tuple((a, c, float(nbytes)) for a, c in zip(b.chain, b.chain[1:]))
+        return UnitCost(strategy.value, b.time, b.resources, hops)
+    if strategy is Strategy.SEND_RECV:
+        time = sum(cost.transfer_time(sender, r, nbytes) for r in receivers)
+        return UnitCost(strategy.value, time, _ports(cost, [(sender, r) for r in receivers]),
+                        tuple((sender, r, float(nbytes)) for r in receivers))
+    topo = cost.topology
+    if strategy is Strategy.LOCAL_ALLGATHER:
+        by_host: dict[int, list[int]] = {}
+        for r in receivers:
+            by_host.setdefault(topo.host(r), []).append(r)
+        groups = list(by_host.values())
+        # Host by host (seed 002 Fig. 3b): one copy per host, a 1/m part to each of its m devices.
+        scatter = sum(cost.transfers_time([(sender, r) for r in g], nbytes / len(g)) for g in groups)
+        gather = cost.collective("allgather", groups, nbytes)
+        sends = [(sender, r, nbytes / len(g)) for g in groups for r in g]
+    else:
+        groups = [receivers]
+        scatter = cost.transfers_time([(sender, r) for r in receivers], nbytes / len(receivers))
+        gather = cost.collective("allgather", groups, nbytes)
+        sends = [(sender, r, nbytes / len(receivers)) for r in receivers]
+    ring = [(e.src, e.dst, nbytes * (len(g) - 1) / len(g)) for g in groups
+            for e in cost.edges("allgather", g)]
+    return UnitCost(strategy.value, scatter + gather.time,
+                    _ports(cost, [(a, c) for a, c, _ in sends]) | gather.resources, tuple(sends + ring))
+
+
+def _ports(cost: CostModel, pairs: Sequence[tuple[int, int]]) -> frozenset[Resource]:
+    return frozenset(res for a, b in pairs for res in cost.route(a, b).resources)
+

@@ -1,0 +1,95 @@
+"""A cross-mesh resharding task and its unit communication tasks (seed 002 §2.2).
+
+Every destination tile must be assembled from the source tiles it intersects.  Each
+non-empty intersection of a source tile and a destination tile is one *unit task*: a
+unique data slice, the source devices holding a replica of it, and the destination
+devices that need it.  Source tiles partition the tensor and so do destination tiles,
+so the slices partition it too: the bytes sent across at least equal the tensor's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+from ..spec.model import DTYPE_BYTES, ReshardingSpec
+from ..topology import Topology
+from .mesh import Box, DeviceMesh, Layout, ShardingSpec, box_size, format_box
+
+__all__ = ["UnitTask", "ReshardingProblem"]
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    """Send ``slice`` (``nbytes``) from one of ``holders`` to every device in ``receivers``."""
+
+    index: int
+    slice: Box
+    nbytes: int
+    holders: tuple[int, ...]
+    receivers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReshardingProblem:
+    """A tensor of ``shape`` and ``dtype`` moving from layout ``src`` to layout ``dst``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    src: Layout
+    dst: Layout
+
+    def __post_init__(self) -> None:
+        shared = set(self.src.mesh.flat) & set(self.dst.mesh.flat)
+        if shared:
+            raise ValueError(f"source and destination meshes share devices {sorted(shared)}; seed 002 §2.2 needs"
+                             " disjoint meshes")
+
+    @classmethod
+    def build(cls, name: str, shape: Sequence[int], dtype: str, topology: Topology,
+              src: tuple[Sequence[int], int, Sequence[str] | str], dst: tuple[Sequence[int], int, Sequence[str] | str],
+              first_device: tuple[int, int] = (0, 0)) -> ReshardingProblem:
+        """From plain values: ``src`` and ``dst`` are ``(hosts, devices_per_host, spec)``."""
+        layouts = []
+        for (hosts, per_host, spec), first in zip((src, dst), first_device):
+            layouts.append(Layout(tuple(shape), DeviceMesh.on(topology, hosts, per_host, first), ShardingSpec.parse(spec)))
+        return cls(name, tuple(shape), dtype, layouts[0], layouts[1])
+
+    @classmethod
+    def from_spec(cls, spec: ReshardingSpec, topology: Topology) -> ReshardingProblem:
+        """From a model spec's ``resharding`` entry (already checked against the cluster)."""
+        return cls.build(spec.name, spec.shape, spec.dtype, topology,
+                         (spec.src.hosts, spec.src.devices_per_host, spec.src.spec),
+                         (spec.dst.hosts, spec.dst.devices_per_host, spec.dst.spec),
+                         (spec.src.first_device, spec.dst.first_device))
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.itemsize
+
+    def unit_tasks(self) -> list[UnitTask]:
+        """Every non-empty (source tile) ∩ (destination tile), ordered by slice."""
+        found = []
+        src_tiles = self.src.holders()
+        for dst_box, receivers in self.dst.holders().items():
+            for src_box, holders in src_tiles.items():
+                part = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(src_box, dst_box))
+                n = box_size(part)
+                if n:
+                    found.append((part, n * self.itemsize, tuple(holders), tuple(receivers)))
+        found.sort()
+        return [UnitTask(i, *t) for i, t in enumerate(found)]
+
+    def describe_slice(self, box: Box) -> str:
+        return format_box(box, self.shape)
+
+    def padding_notes(self) -> list[str]:
+        """Which side pads which dimension (seed 002 §5.1.1); empty when every split is even."""
+        return [f"{side}: {note}" for side, layout in (("src", self.src), ("dst", self.dst))
+                for note in layout.padding_notes()]
