@@ -15,6 +15,7 @@ from rich.table import Table
 from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .cli_reduce import place, reduce_app
+from .cli_reshard import reshard
 from .cost import Algorithm, Collective, CostModel
 from .errors import SpecError
 from .spec import check_fits, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
@@ -190,6 +191,7 @@ def schema(
 
 app.command()(handles_errors(place))
 app.add_typer(reduce_app, name="reduce")
+app.command()(reshard)
 
 
 def main() -> None:

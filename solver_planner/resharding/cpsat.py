@@ -57,6 +57,18 @@ def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: fl
     for r in sorted(by_resource):
         if len(by_resource[r]) > 1:
             m.add_no_overlap(by_resource[r])
+    # Eq. 4 as a redundant linear constraint: the work a resource is given fits in the
+    # makespan.  It is implied by the no-overlap, but it lets the LP see load balance.
+    load: dict[int, list] = {}
+    for i, cands in enumerate(inst.candidates):
+        for k, c in enumerate(cands):
+            for r in c.resources:
+                load.setdefault(r, []).append((c.duration, present[i][k] if present[i] else None))
+    for r in sorted(load):
+        fixed = sum(d for d, lit in load[r] if lit is None)
+        terms = [d * lit for d, lit in load[r] if lit is not None]
+        if terms:
+            m.add(fixed + sum(terms) <= makespan)
     last_of: dict[tuple, int] = {}
     for i in range(len(inst)):
         sig = inst.signature(i)
@@ -75,7 +87,10 @@ def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: fl
     m.minimize(makespan)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
+    # Deterministic time (CP-SAT's own work measure, about seconds) makes one worker give
+    # the same answer on every run; wall time is only a safety net.
+    solver.parameters.max_deterministic_time = time_limit
+    solver.parameters.max_time_in_seconds = 2 * time_limit + 1
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     code = solver.solve(m)

@@ -96,7 +96,7 @@ class DfsResult:
 
 
 def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 1.0,
-        bound: int = 0) -> DfsResult:
+        bound: int = 0, node_limit: int | None = None) -> DfsResult:
     """Seed 002 §3.2 "DFS with pruning": branch on the next task to start and its sender.
 
     Only *active* schedules are generated (a task is branched on only if it can start
@@ -118,6 +118,8 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     for i in range(n):
         for r in must[i]:
             need[r] += inst.min_duration(i)
+    anchors = _sender_anchors(inst)
+    work = sum(inst.min_duration(i) for i in range(n))
     free = [0] * len(inst.resources)
     start = [0] * n
     choice = [0] * n
@@ -135,12 +137,13 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
             for k, c in enumerate(inst.candidates[i]):
                 options.append((max((free[r] for r in c.resources), default=0), i, k))
         horizon = min(s + inst.candidates[i][k].duration for s, i, k in options)
-        return sorted(o for o in options if o[0] < horizon or inst.candidates[o[1]][o[2]].duration == 0)
+        keep = [o for o in options if o[0] < horizon or inst.candidates[o[1]][o[2]].duration == 0]
+        return sorted(keep, key=lambda o: (o[0], -inst.candidates[o[1]][o[2]].duration, o[1], o[2]))
 
     def search(depth: int, span: int) -> None:
-        nonlocal best, best_span, nodes, complete
+        nonlocal best, best_span, nodes, complete, work
         nodes += 1
-        if nodes % 256 == 0 and time.perf_counter() > deadline:
+        if (node_limit is not None and nodes > node_limit) or (nodes % 256 == 0 and time.perf_counter() > deadline):
             complete = False
             return
         if depth == n:
@@ -158,9 +161,13 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
             for r in must[i]:
                 need[r] -= inst.min_duration(i)
             done[i], start[i], choice[i] = True, s, k
+            work -= inst.min_duration(i)
             lb = max(span, e, max((free[r] + need[r] for r in range(len(free))), default=0))
+            if anchors:  # the remaining work shared by the senders, after each is free (Eq. 4)
+                lb = max(lb, -(-(sum(free[r] for r in anchors) + work) // len(anchors)))
             if lb < best_span:
                 search(depth + 1, max(span, e))
+            work += inst.min_duration(i)
             done[i] = False
             for r in must[i]:
                 need[r] += inst.min_duration(i)
@@ -172,6 +179,18 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     if best_span > bound and n:
         search(0, 0)
     return DfsResult(best, complete, nodes)
+
+
+def _sender_anchors(inst: Instance) -> list[int]:
+    """One resource per sender host that every candidate on that host holds (its NIC's
+    sending side), if every host has one; else an empty list."""
+    common: dict[int, set[int]] = {}
+    for cands in inst.candidates:
+        for c in cands:
+            common[c.host] = common[c.host] & set(c.resources) if c.host in common else set(c.resources)
+    if not common or not all(common.values()):
+        return []
+    return [min(rs) for _, rs in sorted(common.items())]
 
 
 def brute_force(inst: Instance) -> Schedule:

@@ -23,11 +23,13 @@ from .strategies import Strategy, UnitCost, unit_cost
 from .tasks import ReshardingProblem, UnitTask
 
 __all__ = ["METHODS", "AUTO_EXACT_TASKS", "ReshardingPlan", "build_instance", "plan_resharding", "replay", "check",
-           "baselines"]
+           "baselines", "report"]
 
 METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy")
 # Above this many unit tasks, method="auto" uses the best heuristic instead of CP-SAT.
 AUTO_EXACT_TASKS = 256
+# Nodes of DFS that improve CP-SAT's starting schedule.
+HINT_DFS_NODES = 2000
 
 
 @dataclass
@@ -143,6 +145,8 @@ def plan_resharding(problem: ReshardingProblem, cost: CostModel, method: str = "
                 sched, proven = res.schedule, res.complete
                 info["dfs_nodes"] = res.nodes
             else:
+                # Warm start: the best heuristic, improved by a short deterministic DFS.
+                start = heuristics.dfs(inst, start, time_limit, bound, node_limit=HINT_DFS_NODES).schedule
                 out = solve_cpsat(inst, start, bound, time_limit, workers, seed)
                 info["cp_sat_status"] = out.status
                 sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
@@ -158,28 +162,35 @@ def plan_resharding(problem: ReshardingProblem, cost: CostModel, method: str = "
     return SolveResult(status, used, plan, plan.makespan, bound * TIME_UNIT, sw.seconds, [plan], info)
 
 
-def replay(plan: ReshardingPlan, cost: CostModel) -> Timeline:
+def replay(plan: ReshardingPlan, cost: CostModel, sim: Simulation | None = None, release: float = 0.0
+           ) -> Timeline | None:
     """Run the plan in the simulator: each unit task is one task whose duration the cost
     model computes afresh, holding the ports it crosses, after the tasks before it on each
-    of them (the per-resource order is the plan's; start times are the simulator's)."""
-    sim = Simulation()
+    of them (the per-resource order is the plan's; start times are the simulator's).
+
+    With ``sim`` the tasks are added to it (none starting before ``release``) and nothing
+    runs; otherwise a fresh simulation runs and its timeline is returned.
+    """
+    own = sim is None
+    sim = Simulation() if sim is None else sim
     last: dict[Resource, int] = {}
     for i in plan.schedule.order():
         t, c = plan.tasks[i], plan.sender(i)
         uc = unit_cost(cost, plan.strategy, c.device, t.receivers, t.nbytes)
         deps = sorted({last[r] for r in uc.resources if r in last})
-        sid = sim.add(f"{plan.problem.describe_slice(t.slice)} {c.device}->{len(t.receivers)}", uc.time,
-                      sorted(uc.resources), deps, devices=(c.device,) + t.receivers, stream="comm",
+        sid = sim.add(f"{plan.problem.name} {plan.problem.describe_slice(t.slice)}", uc.time,
+                      sorted(uc.resources), deps, release=release, devices=(c.device,) + t.receivers, stream="comm",
                       category=plan.strategy, args={"task": i, "bytes": t.nbytes, "sender_host": c.host})
         for r in uc.resources:
             last[r] = sid
-    return sim.run()
+    return sim.run() if own else None
 
 
 def check(plan: ReshardingPlan, cost: CostModel) -> Timeline:
     """Replay ``plan`` and fail loudly unless the simulated makespan is the plan's (within
     the rounding of each task to ``TIME_UNIT``) and no resource is used twice at once."""
     timeline = replay(plan, cost)
+    assert timeline is not None
     overlaps = timeline.overlaps()
     if overlaps:
         res, a, b = overlaps[0]
@@ -196,4 +207,30 @@ def baselines(problem: ReshardingProblem, cost: CostModel) -> dict[str, float]:
     out = {"naive": plan_resharding(problem, cost, "naive").objective}
     for name, strategy in (("send_recv", Strategy.SEND_RECV), ("local_allgather", Strategy.LOCAL_ALLGATHER)):
         out[name] = plan_resharding(problem, cost, "load-balance", strategy).objective
+    return out
+
+
+def report(result: SolveResult[ReshardingPlan], cost: CostModel, compare: bool = True) -> dict[str, Any]:
+    """Everything a user asks of a plan, JSON-ready: the schedule, makespan, lower bound,
+    status, bytes moved and, with ``compare``, the baselines and the speedup over them."""
+    plan = result.solution
+    assert plan is not None
+    prob = plan.problem
+    out: dict[str, Any] = {
+        "name": prob.name, "tasks": len(plan.tasks), "makespan": result.objective, "lower_bound": result.bound,
+        "gap": result.gap, "status": result.status.value, "method": result.method, "strategy": plan.strategy,
+        "solve_time": result.wall_time,
+        "tensor": {"shape": list(prob.shape), "dtype": prob.dtype, "bytes": prob.nbytes},
+    }
+    for side, layout in (("src", prob.src), ("dst", prob.dst)):
+        out[side] = {"hosts": list(layout.mesh.hosts), "mesh": list(layout.mesh.shape),
+                     "devices": list(layout.mesh.flat), "spec": list(layout.spec.entries)}
+    out["padding"] = prob.padding_notes()
+    out["bytes"] = plan.bytes_moved(cost.topology)
+    if compare:
+        base = baselines(prob, cost)
+        out["baselines"] = base
+        out["speedup"] = {k: v / plan.makespan if plan.makespan > 0 else None for k, v in base.items()}
+    out["schedule"] = plan.rows(cost.topology)
+    out.update({k: v for k, v in result.info.items() if k != "tasks"})
     return out

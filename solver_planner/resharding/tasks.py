@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from math import prod
 from typing import Sequence
 
-from ..spec.model import DTYPE_BYTES, ReshardingSpec
+from ..spec.model import DTYPE_BYTES, ModelSpec, ReshardingSpec, check_meshes
 from ..topology import Topology
 from .mesh import Box, DeviceMesh, Layout, ShardingSpec, box_size, format_box
 
-__all__ = ["UnitTask", "ReshardingProblem"]
+__all__ = ["UnitTask", "ReshardingProblem", "problems_from_model"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,20 @@ class ReshardingProblem:
         """Which side pads which dimension (seed 002 §5.1.1); empty when every split is even."""
         return [f"{side}: {note}" for side, layout in (("src", self.src), ("dst", self.dst))
                 for note in layout.padding_notes()]
+
+
+def problems_from_model(model: ModelSpec, topology: Topology, name: str | None = None) -> list[ReshardingProblem]:
+    """The model's ``resharding`` entries (or the one called ``name``) on ``topology``.
+
+    Raises :class:`SpecError` (located in the model file) when there is none, when no
+    entry has that name, or when a mesh does not fit the cluster.
+    """
+    if not model.resharding:
+        raise model.source.error(("resharding",), "the model spec asks for no resharding; add a 'resharding:' list")
+    per_host = topology.num_devices // topology.num_hosts
+    check_meshes(model, topology.num_hosts, per_host, topology.name)
+    chosen = [r for r in model.resharding if name is None or r.name == name]
+    if not chosen:
+        names = ", ".join(r.name for r in model.resharding)
+        raise model.source.error(("resharding",), f"no resharding named {name!r}; the model has: {names}")
+    return [ReshardingProblem.from_spec(r, topology) for r in chosen]
