@@ -22,8 +22,8 @@ from .schedule import TIME_UNIT, Candidate, Instance, Schedule, to_units
 from .strategies import Strategy, UnitCost, unit_cost
 from .tasks import ReshardingProblem, UnitTask
 
-__all__ = ["METHODS", "AUTO_EXACT_TASKS", "ReshardingPlan", "build_instance", "plan_resharding", "replay", "check",
-           "baselines", "report"]
+__all__ = ["METHODS", "AUTO_EXACT_TASKS", "ReshardingPlan", "Scheduled", "build_instance", "schedule_instance",
+           "plan_resharding", "replay", "check", "baselines", "report"]
 
 METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy")
 # Above this many unit tasks, method="auto" uses the best heuristic instead of CP-SAT.
@@ -109,6 +109,61 @@ def _best(*schedules: Schedule) -> Schedule:
     return min(schedules, key=lambda s: s.makespan)
 
 
+@dataclass
+class Scheduled:
+    """What :func:`schedule_instance` found: a schedule, a lower bound, how it was found."""
+
+    schedule: Schedule
+    bound: int
+    method: str
+    info: dict[str, Any]
+
+    @property
+    def optimal(self) -> bool:
+        return self.schedule.makespan <= self.bound
+
+
+def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 10.0, seed: int = 0,
+                      workers: int = 1) -> Scheduled:
+    """Schedule ``inst`` with ``method`` (see :data:`METHODS`); the bound is always valid."""
+    if method not in METHODS:
+        raise PlannerError(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}")
+    bound = inst.lower_bound()
+    info: dict[str, Any] = {}
+    used = method
+    if method == "auto":
+        used = "cp-sat" if len(inst) <= AUTO_EXACT_TASKS else "greedy"
+    proven = False
+    if used == "naive":
+        sched = heuristics.naive(inst)
+    elif used == "load-balance":
+        sched = heuristics.load_balance(inst)
+    elif used == "greedy":
+        sched = heuristics.randomized_greedy(inst, seed)
+        if method == "auto":  # "the best fallback": the greedy or plain load balance
+            sched = _best(sched, heuristics.load_balance(inst))
+    else:
+        start = _best(heuristics.load_balance(inst), heuristics.randomized_greedy(inst, seed))
+        if used == "dfs":
+            res = heuristics.dfs(inst, start, time_limit, bound)
+            sched, proven = res.schedule, res.complete
+            info["dfs_nodes"] = res.nodes
+        else:
+            # Warm start: the best heuristic, improved by a short deterministic DFS.
+            start = heuristics.dfs(inst, start, time_limit, bound, node_limit=HINT_DFS_NODES).schedule
+            out = solve_cpsat(inst, start, bound, time_limit, workers, seed)
+            info["cp_sat_status"] = out.status
+            sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
+            bound = max(bound, out.bound)
+            proven = out.optimal
+    if proven:
+        bound = max(bound, sched.makespan)
+    problems = inst.violations(sched)
+    if problems:
+        raise PlannerError(f"{used} produced an infeasible schedule: {problems[0]}")
+    return Scheduled(sched, bound, used, info)
+
+
 def plan_resharding(problem: ReshardingProblem, cost: CostModel, method: str = "auto",
                     strategy: Strategy | str = "broadcast", time_limit: float = 10.0, seed: int = 0,
                     workers: int = 1, progress: Callable[[str], None] | None = None) -> SolveResult[ReshardingPlan]:
@@ -123,43 +178,12 @@ def plan_resharding(problem: ReshardingProblem, cost: CostModel, method: str = "
     with Stopwatch() as sw:
         say(f"{problem.name}: costing unit tasks")
         tasks, inst, costs = build_instance(problem, cost, strategy)
-        bound = inst.lower_bound()
-        info: dict[str, Any] = {"tasks": len(tasks)}
-        used = method
-        if method == "auto":
-            used = "cp-sat" if len(tasks) <= AUTO_EXACT_TASKS else "greedy"
-        proven = False
-        say(f"{problem.name}: scheduling {len(tasks)} unit tasks with {used}")
-        if used == "naive":
-            sched = heuristics.naive(inst)
-        elif used == "load-balance":
-            sched = heuristics.load_balance(inst)
-        elif used == "greedy":
-            sched = heuristics.randomized_greedy(inst, seed)
-            if method == "auto":  # "the best fallback": the greedy or plain load balance
-                sched = _best(sched, heuristics.load_balance(inst))
-        else:
-            start = _best(heuristics.load_balance(inst), heuristics.randomized_greedy(inst, seed))
-            if used == "dfs":
-                res = heuristics.dfs(inst, start, time_limit, bound)
-                sched, proven = res.schedule, res.complete
-                info["dfs_nodes"] = res.nodes
-            else:
-                # Warm start: the best heuristic, improved by a short deterministic DFS.
-                start = heuristics.dfs(inst, start, time_limit, bound, node_limit=HINT_DFS_NODES).schedule
-                out = solve_cpsat(inst, start, bound, time_limit, workers, seed)
-                info["cp_sat_status"] = out.status
-                sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
-                bound = max(bound, out.bound)
-                proven = out.optimal
-        if proven:
-            bound = max(bound, sched.makespan)
-    problems = inst.violations(sched)
-    if problems:
-        raise PlannerError(f"{used} produced an infeasible schedule: {problems[0]}")
-    plan = ReshardingPlan(problem, Strategy(strategy).value, tasks, inst, sched, costs)
-    status = Status.OPTIMAL if sched.makespan <= bound else Status.FEASIBLE
-    return SolveResult(status, used, plan, plan.makespan, bound * TIME_UNIT, sw.seconds, [plan], info)
+        say(f"{problem.name}: scheduling {len(tasks)} unit tasks ({method})")
+        found = schedule_instance(inst, method, time_limit, seed, workers)
+    plan = ReshardingPlan(problem, Strategy(strategy).value, tasks, inst, found.schedule, costs)
+    status = Status.OPTIMAL if found.optimal else Status.FEASIBLE
+    return SolveResult(status, found.method, plan, plan.makespan, found.bound * TIME_UNIT, sw.seconds, [plan],
+                       {"tasks": len(tasks), **found.info})
 
 
 def replay(plan: ReshardingPlan, cost: CostModel, sim: Simulation | None = None, release: float = 0.0
