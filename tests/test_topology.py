@@ -12,6 +12,7 @@ EXPECTED = {  # file: (devices, hosts, levels)
     "p2-v100-4x8.yaml": (32, 4, ("node", "gpu")),
     "aws-p3.8xlarge-2.yaml": (8, 2, ("host", "gpu")),
     "aws-p3.8xlarge-3.yaml": (12, 3, ("host", "gpu")),
+    "aws-p3.8xlarge-4.yaml": (16, 4, ("host", "gpu")),
     "aws-p3.8xlarge-5.yaml": (20, 5, ("host", "gpu")),
     "dgx-h100-4x8.yaml": (32, 4, ("node", "gpu")),
 }
