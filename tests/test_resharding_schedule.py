@@ -12,6 +12,7 @@ from conftest import CLUSTERS, SPECS
 from solver_planner.cost import CostModel
 from solver_planner.resharding import (METHODS, Candidate, Instance, ReshardingProblem, check, heuristics,
                                        plan_resharding, problems_from_model, schedule_instance)
+from solver_planner.resharding.cpsat import solve_cpsat
 from solver_planner.spec import load_model_spec
 from solver_planner.topology import load_topology
 
@@ -56,6 +57,11 @@ def test_every_method_is_feasible_and_cp_sat_is_optimal(inst):
         assert best <= f.schedule.makespan and f.bound <= best, m
         assert inst.left_shift(f.schedule).makespan <= f.schedule.makespan
     assert found["cp-sat"].schedule.makespan == best and found["cp-sat"].optimal
+    # The CP-SAT model alone (the method skips it when a heuristic meets the bound): from
+    # the naive schedule, with no bound given, it proves the brute-force optimum.
+    alone = solve_cpsat(inst, heuristics.naive(inst), 0, time_limit=5)
+    assert alone.optimal and inst.violations(alone.schedule) == []
+    assert alone.schedule.makespan == best == alone.bound
     assert found["dfs"].schedule.makespan == best and found["dfs"].optimal  # the DFS finished: exact
     assert all(found["cp-sat"].schedule.makespan <= found[m].schedule.makespan for m in FALLBACKS)
 

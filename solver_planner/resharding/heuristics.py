@@ -21,6 +21,9 @@ from typing import Sequence
 
 from .schedule import Instance, Schedule
 
+# The DFS recurses once per task; beyond this many it returns its incumbent untouched.
+DFS_MAX_TASKS = 800
+
 __all__ = ["naive", "load_balance", "randomized_greedy", "dfs", "brute_force", "DfsResult"]
 
 
@@ -42,49 +45,53 @@ def load_balance(inst: Instance) -> Schedule:
     return inst.list_schedule(order, choice)
 
 
-def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8, scan: int | None = None) -> Schedule:
+def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8) -> Schedule:
     """Seed 002 §3.2 "Greedy Search with Randomization".
 
     Each round tries ``restarts`` random orders of the remaining tasks, takes each task whose
     resources (with some candidate sender, lightest host first) are still free, and keeps
-    the set covering the most resources.  ``scan`` caps how many tasks of each random order
-    are examined (by default enough to fill every resource several times over), which keeps
-    a round's cost independent of the number of tasks.
+    the set covering the most resources.  Interchangeable tasks (seed 002: "many unit
+    communication tasks are identical") are scanned once per class, so a round costs the
+    number of classes, not of tasks; a restart that leaves no resource idle ends the round.
     """
     rng = random.Random(seed)
-    remaining = list(range(len(inst)))
-    if scan is None:
-        scan = max(64, 4 * len(inst.resources))
+    classes: dict[tuple, list[int]] = {}
+    for i in range(len(inst)):
+        classes.setdefault(inst.signature(i), []).append(i)
+    pending = [list(reversed(members)) for members in classes.values()]  # pop() gives the lowest index
+    live = [c for c in range(len(pending)) if pending[c]]
+    everything = len(inst.resources)
     load: dict[int, int] = {}
     order: list[int] = []
     choice = [0] * len(inst)
-    while remaining:
-        best: tuple[tuple[int, int], list[tuple[int, int]]] | None = None
+    while live:
+        best: tuple[tuple[int, int], list[tuple[int, int, int]]] | None = None
         for _ in range(restarts):
-            picked = rng.sample(remaining, min(scan, len(remaining)))
             used: set[int] = set()
-            chosen: list[tuple[int, int]] = []
-            for i in picked:
+            chosen: list[tuple[int, int, int]] = []
+            for c in rng.sample(live, len(live)):
+                i = pending[c][-1]
                 cands = inst.candidates[i]
                 for k in sorted(range(len(cands)), key=lambda k: (load.get(cands[k].host, 0), cands[k].host)):
-                    rs = cands[k].resources
-                    if used.isdisjoint(rs):
-                        used.update(rs)
-                        chosen.append((i, k))
+                    if used.isdisjoint(cands[k].resources):
+                        used.update(cands[k].resources)
+                        chosen.append((i, k, c))
                         break
-            score = (len(used), sum(inst.candidates[i][k].duration for i, k in chosen))
+                if len(used) == everything:
+                    break
+            score = (len(used), sum(inst.candidates[i][k].duration for i, k, _ in chosen))
             if best is None or score > best[0]:
                 best = (score, chosen)
+            if len(used) == everything:
+                break
         assert best is not None
-        chosen = sorted(best[1])
-        taken = set()
-        for i, k in chosen:
+        for i, k, c in sorted(best[1]):
             order.append(i)
             choice[i] = k
-            taken.add(i)
-            c = inst.candidates[i][k]
-            load[c.host] = load.get(c.host, 0) + c.duration
-        remaining = [i for i in remaining if i not in taken]
+            pending[c].pop()
+            cand = inst.candidates[i][k]
+            load[cand.host] = load.get(cand.host, 0) + cand.duration
+        live = [c for c in live if pending[c]]
     return inst.list_schedule(order, choice)
 
 
@@ -176,6 +183,8 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
             if best_span <= bound or not complete:
                 return
 
+    if n > DFS_MAX_TASKS:  # seed 002 §3.2: the DFS does not scale; keep the incumbent
+        return DfsResult(best, best_span <= bound, 0)
     if best_span > bound and n:
         search(0, 0)
     return DfsResult(best, complete, nodes)

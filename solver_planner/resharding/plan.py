@@ -151,11 +151,15 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
         else:
             # Warm start: the best heuristic, improved by a short deterministic DFS.
             start = heuristics.dfs(inst, start, time_limit, bound, node_limit=HINT_DFS_NODES).schedule
-            out = solve_cpsat(inst, start, bound, time_limit, workers, seed)
-            info["cp_sat_status"] = out.status
-            sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
-            bound = max(bound, out.bound)
-            proven = out.optimal
+            if start.makespan <= bound:  # the warm start meets the lower bound: nothing to search
+                sched, proven = start, True
+                info["cp_sat_status"] = "NOT RUN (warm start meets the lower bound)"
+            else:
+                out = solve_cpsat(inst, start, bound, time_limit, workers, seed)
+                info["cp_sat_status"] = out.status
+                sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
+                bound = max(bound, out.bound)
+                proven = out.optimal
     if proven:
         bound = max(bound, sched.makespan)
     problems = inst.violations(sched)
