@@ -18,7 +18,8 @@ from .cli_reduce import place, reduce_app
 from .cli_reshard import reshard
 from .cost import Algorithm, Collective, CostModel
 from .errors import SpecError
-from .spec import check_fits, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
+from .topology import Topology
+from .spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 
 app = typer.Typer(
     name="solver-planner",
@@ -58,14 +59,17 @@ def validate(
                 mspec = load_model_spec(path)
                 models.append((mspec, entry))
                 axes = " x ".join(f"{a.name}={a.size}" for a in mspec.parallelism.axes) if mspec.parallelism else "no axes"
-                entry["summary"] = f"model '{mspec.name}': {axes}, {len(mspec.reductions)} reduction(s)"
+                entry["summary"] = (f"model '{mspec.name}': {axes}, {len(mspec.reductions)} reduction(s),"
+                                    f" {len(mspec.resharding)} resharding(s)")
             entry["ok"] = True
         except SpecError as exc:
             entry["errors"] = [str(i) for i in exc.issues]
     if len(clusters) == 1:
+        topo = Topology(clusters[0])
         for mspec, entry in models:
             try:
-                check_fits(mspec, clusters[0].num_devices, clusters[0].name)
+                check_fits(mspec, topo.num_devices, topo.name)
+                check_meshes(mspec, topo.num_hosts, topo.num_devices // topo.num_hosts, topo.name)
             except SpecError as exc:
                 entry["ok"] = False
                 entry["errors"] = [str(i) for i in exc.issues]

@@ -70,3 +70,11 @@ def test_reshard_bad_input_exits_2_with_the_line(tmp_path):
     assert result.returncode == 2 and "unknown method" in result.stderr
     result = run_cli("reshard", P3X4, SPECS / "models" / "dp16.yaml")
     assert result.returncode == 2 and "no resharding" in result.stderr
+
+
+def test_validate_checks_meshes_against_the_one_cluster_given():
+    ok = run_cli("validate", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml")
+    assert ok.returncode == 0 and "2 resharding(s)" in ok.stdout
+    small = run_cli("validate", CLUSTERS / "aws-p3.8xlarge-3.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml")
+    assert small.returncode == 2
+    assert "reshard-2x4-to-3x4.yaml:12: resharding[0].dst.hosts[1]: host 3 does not exist" in small.stderr
