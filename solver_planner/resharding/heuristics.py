@@ -118,14 +118,14 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     deadline = time.perf_counter() + time_budget
     sig_of = {}
     classes = [sig_of.setdefault(inst.signature(i), len(sig_of)) for i in range(n)]
-    must: list[list[int]] = []  # per task: resources every candidate holds
-    for i in range(n):
-        must.append(sorted(set.intersection(*(set(c.resources) for c in inst.candidates[i]))))
+    must = [sorted(inst.mandatory(i)) for i in range(n)]
     need = [0] * len(inst.resources)
     for i in range(n):
         for r in must[i]:
             need[r] += inst.min_duration(i)
-    anchors = _sender_anchors(inst)
+    # One resource per sender host that all its candidates hold, if every host has one.
+    common = inst.host_common(range(n))
+    anchors = [min(rs) for _, rs in sorted(common.items())] if common and all(common.values()) else []
     work = sum(inst.min_duration(i) for i in range(n))
     free = [0] * len(inst.resources)
     start = [0] * n
@@ -188,18 +188,6 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     if best_span > bound and n:
         search(0, 0)
     return DfsResult(best, complete, nodes)
-
-
-def _sender_anchors(inst: Instance) -> list[int]:
-    """One resource per sender host that every candidate on that host holds (its NIC's
-    sending side), if every host has one; else an empty list."""
-    common: dict[int, set[int]] = {}
-    for cands in inst.candidates:
-        for c in cands:
-            common[c.host] = common[c.host] & set(c.resources) if c.host in common else set(c.resources)
-    if not common or not all(common.values()):
-        return []
-    return [min(rs) for _, rs in sorted(common.items())]
 
 
 def brute_force(inst: Instance) -> Schedule:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..topology import Resource
 
@@ -122,6 +122,15 @@ class Instance:
         return out
 
     # -- bounds ------------------------------------------------------------------------------
+    def mandatory(self, i: int) -> set[int]:
+        """Resources task ``i`` holds whichever sender it gets."""
+        return set.intersection(*(set(c.resources) for c in self.candidates[i]))
+
+    def host_common(self, tasks: Iterable[int]) -> dict[int, set[int]]:
+        """Per sender host, the resources every candidate of ``tasks`` on that host holds
+        (its NIC's sending side, when the tasks leave the host)."""
+        return _meet({c.host: set(c.resources)} for i in tasks for c in self.candidates[i])
+
     def lower_bound(self) -> int:
         """A makespan no schedule beats: the longest task; each resource every candidate of a
         task needs, loaded with those tasks; and the sender load balance (Eq. 4) over every
@@ -130,29 +139,26 @@ class Instance:
         must: dict[int, int] = defaultdict(int)
         groups: dict[frozenset[int], list[int]] = defaultdict(list)
         for i, cands in enumerate(self.candidates):
-            d = self.min_duration(i)
-            for r in set.intersection(*(set(c.resources) for c in cands)):
-                must[r] += d
+            for r in self.mandatory(i):
+                must[r] += self.min_duration(i)
             groups[frozenset(c.host for c in cands)].append(i)
         bound = max(bound, max(must.values(), default=0))
         # Tasks whose senders all lie in hosts S share |S| "send" resources when, on each host
-        # of S, every candidate there holds a common resource (its NIC's tx side).
-        anchors: dict[frozenset[int], dict[int, set[int]]] = {}
-        for hosts, tasks in groups.items():
-            per_host: dict[int, set[int]] = {}
-            for i in tasks:
-                for c in self.candidates[i]:
-                    rs = set(c.resources)
-                    per_host[c.host] = per_host[c.host] & rs if c.host in per_host else rs
-            anchors[hosts] = per_host
+        # of S, every candidate there holds a common resource.
+        anchors = {hosts: self.host_common(tasks) for hosts, tasks in groups.items()}
         work = {hosts: sum(self.min_duration(i) for i in tasks) for hosts, tasks in groups.items()}
         for hosts in groups:
-            inside = [h for h in groups if h <= hosts]
-            common: dict[int, set[int]] = {}
-            for g in inside:
-                for h, rs in anchors[g].items():
-                    common[h] = common[h] & rs if h in common else set(rs)
+            inside = [g for g in groups if g <= hosts]
+            common = _meet(anchors[g] for g in inside)
             if all(common.get(h) for h in hosts):
-                total = sum(work[g] for g in inside)
-                bound = max(bound, -(-total // len(hosts)))
+                bound = max(bound, -(-sum(work[g] for g in inside) // len(hosts)))
         return bound
+
+
+def _meet(maps: Iterable[dict[int, set[int]]]) -> dict[int, set[int]]:
+    """Key by key intersection of several ``{host: resources}`` maps."""
+    out: dict[int, set[int]] = {}
+    for m in maps:
+        for k, rs in m.items():
+            out[k] = out[k] & rs if k in out else set(rs)
+    return out
