@@ -16,6 +16,7 @@ from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .cli_reduce import place, reduce_app
 from .cli_reshard import reshard
+from .cli_stages import stages
 from .cost import Algorithm, Collective, CostModel
 from .errors import SpecError
 from .topology import Topology
@@ -61,6 +62,10 @@ def validate(
                 axes = " x ".join(f"{a.name}={a.size}" for a in mspec.parallelism.axes) if mspec.parallelism else "no axes"
                 entry["summary"] = (f"model '{mspec.name}': {axes}, {len(mspec.reductions)} reduction(s),"
                                     f" {len(mspec.resharding)} resharding(s)")
+                if mspec.layers or mspec.transformer is not None:
+                    n = sum(x.repeat for x in mspec.layers) if mspec.layers else mspec.transformer.layers + 2
+                    entry["summary"] += f", {n} layers"
+
             entry["ok"] = True
         except SpecError as exc:
             entry["errors"] = [str(i) for i in exc.issues]
@@ -196,6 +201,7 @@ def schema(
 app.command()(handles_errors(place))
 app.add_typer(reduce_app, name="reduce")
 app.command()(reshard)
+app.command()(stages)
 
 
 def main() -> None:

@@ -160,6 +160,10 @@ class Topology:
     def num_hosts(self) -> int:
         return self.num_devices // self._stride[self.host_level]
 
+    @property
+    def devices_per_host(self) -> int:
+        return self._stride[self.host_level]
+
     def host_devices(self, h: int) -> list[int]:
         n = self._stride[self.host_level]
         return list(range(h * n, (h + 1) * n))

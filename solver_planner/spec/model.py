@@ -21,6 +21,7 @@ from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
 from .base import NAME_PATTERN, Bytes, SpecModel, validate
+from .layers import LayerSpec, TrainingSpec, TransformerSpec
 from .source import Source, load_yaml
 
 __all__ = ["AxisSpec", "PlacementRuleSpec", "ParallelismSpec", "ReductionSpec", "MeshSpec", "ReshardingSpec",
@@ -94,6 +95,9 @@ class ModelSpec(SpecModel):
     parallelism: ParallelismSpec | None = None
     reductions: list[ReductionSpec] = Field(default_factory=list)
     resharding: list[ReshardingSpec] = Field(default_factory=list)
+    layers: list[LayerSpec] = Field(default_factory=list, description="the layer model, in execution order")
+    transformer: TransformerSpec | None = Field(default=None, description="a GPT-style decoder instead of 'layers'")
+    training: TrainingSpec | None = None
 
     _source: Source = PrivateAttr(default=Source("<memory>", None))
 
@@ -141,8 +145,39 @@ def _check(spec: ModelSpec, source: Source) -> None:
             elif axis in red.axes[:a]:
                 issues.append(source.issue(("reductions", r, "axes", a), f"axis '{axis}' is listed twice"))
     issues += _resharding_issues(spec, source)
+    issues += _layer_issues(spec, source)
     if issues:
         raise SpecError(issues)
+
+
+def _layer_issues(spec: ModelSpec, source: Source) -> list:
+    issues = []
+    if spec.layers and spec.transformer is not None:
+        issues.append(source.issue(("transformer",), "give either 'layers' or 'transformer', not both"))
+    if (spec.layers or spec.transformer is not None) and spec.training is None:
+        issues.append(source.issue((), "a layer model needs a 'training' section (global_batch, ...)"))
+    counts: dict[str, int] = {}
+    for layer in spec.layers:
+        counts[layer.name] = counts.get(layer.name, 0) + layer.repeat
+    order = [layer.name for layer in spec.layers]
+    for i, layer in enumerate(spec.layers):
+        for j, target in enumerate(layer.skip_to):
+            at = ("layers", i, "skip_to", j)
+            if target not in counts:
+                issues.append(source.issue(at, f"no layer named '{target}'"))
+            elif counts[target] != 1:
+                issues.append(source.issue(at, f"layer '{target}' appears {counts[target]} times; skips need a unique name"))
+            elif order.index(target) <= i:
+                issues.append(source.issue(at, f"layer '{target}' does not come after '{layer.name}'"))
+        if layer.skip_to and layer.repeat > 1:
+            issues.append(source.issue(("layers", i, "repeat"), "a layer with skip_to cannot be repeated"))
+    training = spec.training
+    if training is not None and isinstance(training.microbatches, int):
+        if training.microbatches < 1 or training.global_batch % training.microbatches:
+            issues.append(source.issue(("training", "microbatches"),
+                                       f"{training.microbatches} micro-batches do not divide the global batch"
+                                       f" of {training.global_batch}"))
+    return issues
 
 
 def _mesh_devices(mesh: MeshSpec) -> set[tuple[int, int]]:

@@ -1,0 +1,71 @@
+"""Model spec sections for stage partitioning: ``layers`` (or ``transformer``) and ``training``.
+
+Every per-layer quantity is *per sample* (one sequence, one image), so it scales with the
+micro-batch size::
+
+    layers:
+      - {name: embed, flops: 0.2 GFLOP, params: 100 MiB, activations: 24 MiB}
+      - {name: block, repeat: 96, flops: 7.4 TFLOP, params: 3.5 GiB, activations: 48 MiB}
+    training: {global_batch: 1536, microbatches: auto, dtype: bfloat16, optimizer: adam}
+
+or, for a GPT-style decoder, the generator of :func:`solver_planner.stages.layers.transformer_layers`::
+
+    transformer: {layers: 96, hidden: 12288, heads: 96, sequence: 2048, vocab: 51200}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import NAME_PATTERN, Bytes, Flops, SpecModel
+
+__all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS"]
+
+FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+OPTIMIZERS = ("adam", "sgd")
+
+
+class LayerSpec(SpecModel):
+    """One layer (or ``repeat`` identical consecutive layers); quantities per sample."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    repeat: int = Field(default=1, ge=1, description="identical consecutive copies of this layer")
+    flops: Flops = Field(ge=0, description="forward FLOPs per sample")
+    backward_flops: Flops | None = Field(default=None, ge=0, description="backward FLOPs per sample (default 2 x flops)")
+    params: Bytes = Field(default=0.0, ge=0, description="parameter bytes in the training dtype")
+    optimizer_state: Bytes | None = Field(
+        default=None, ge=0, description="optimizer bytes (default from training.optimizer and dtype)")
+    activations: Bytes = Field(ge=0, description="output activation bytes per sample, sent to the next layer")
+    saved: Bytes | None = Field(
+        default=None, ge=0, description="bytes per sample kept for backward, split by the tensor degree "
+        "(default: the output activations)")
+    saved_replicated: Bytes = Field(
+        default=0.0, ge=0, description="bytes per sample kept for backward on every tensor-parallel device")
+    allreduces: int = Field(
+        default=2, ge=0, description="all-reduces of the output activation per pass when tensor-parallel "
+        "(2 for a Megatron transformer block)")
+    skip_to: list[str] = Field(
+        default_factory=list, description="later layers that also read this layer's output (long skip "
+        "connections, e.g. a U-Net); names of layers that are not repeated")
+
+
+class TransformerSpec(SpecModel):
+    """A GPT-style decoder: embedding, ``layers`` blocks, and the logits layer."""
+
+    layers: int = Field(ge=1, description="transformer blocks")
+    hidden: int = Field(ge=1, description="hidden size h")
+    heads: int = Field(ge=1, description="attention heads a")
+    sequence: int = Field(ge=1, description="sequence length s")
+    vocab: int = Field(ge=1, description="vocabulary size V")
+
+
+class TrainingSpec(SpecModel):
+    """How one iteration runs: the global batch, its split into micro-batches, dtype, optimizer."""
+
+    global_batch: int = Field(ge=1, description="samples per iteration")
+    microbatches: int | Literal["auto"] = Field(
+        default="auto", description="micro-batches per iteration, or 'auto' to search the divisors of global_batch")
+    dtype: Literal[tuple(FLOAT_DTYPES)] = Field(default="bfloat16", description="parameter and activation type")  # type: ignore[valid-type]
+    optimizer: Literal[OPTIMIZERS] = Field(default="adam", description="adam or sgd (plain, no momentum)")  # type: ignore[valid-type]
