@@ -99,6 +99,18 @@ def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
     return out
 
 
+RANK_HOSTS = 4         # hosts on which P² programs are ranked
+KEEP_PROGRAMS = 3      # best programs then costed on the stage's real mesh
+_SYNTH: dict = {}      # synthesis hierarchy -> programs (synthesis depends on nothing else)
+
+
+def _split(costed) -> tuple[float, float]:
+    """(seconds at 0 bytes, seconds per byte) of a program costed at ``_PROBE`` bytes:
+    every step is latency + bytes / bandwidth."""
+    lat = sum(c.latency_term for c in costed.costs)
+    return lat, (costed.time - lat) / _PROBE
+
+
 def _affine(f) -> tuple[float, float]:
     """(value at 0 bytes, seconds per byte) of a time that is affine in bytes."""
     a = f(0.0)
@@ -172,16 +184,38 @@ class CostTables:
         flat = _affine(lambda x: self.cost.collective_time("allreduce", groups, x))
         out = [(flat[0], flat[1], "AllReduce")]
         levels = [lv.count for lv in self.topology.levels]
-        if self.synthesize and self.shape.hosts > 1 and len(levels) == 2 and self.topology.host_level == 0 and self.data > self.shape.hosts:
-            # replicas span hosts and share hosts: a 2-level reduction, P²'s synthesis applies
-            counts = [self.shape.hosts, levels[1]]
-            matrix = ParallelismMatrix.of([[self.shape.hosts, levels[1] // self.tensor], [1, self.tensor]])
-            lowering = Lowering(matrix, counts, self.topology.level_names, [0])
-            for prog in synthesize_traced(lowering.hierarchy):
-                a = StepCoster(self.cost, lowering, 0.0).program(prog.program, prog.held).time
-                b = StepCoster(self.cost, lowering, _PROBE).program(prog.program, prog.held).time
-                out.append((a, (b - a) / _PROBE, format_program(prog.program)))
+        if self.synthesize and self.shape.hosts > 1 and len(levels) == 2 and self.topology.host_level == 0 \
+                and self.data > self.shape.hosts:
+            # Replicas span hosts and share hosts: a 2-level reduction, P²'s synthesis
+            # applies.  Programs are ranked on at most RANK_HOSTS hosts (costing every
+            # program on hundreds of hosts takes minutes) and the best few are costed on
+            # the real mesh.
+            small = min(self.shape.hosts, RANK_HOSTS)
+            ranked = sorted(self._programs(small), key=lambda e: (e[0] + e[1] * _PROBE, e[2]))
+            keep = [prog for _, _, _, prog in ranked[:KEEP_PROGRAMS]]
+            if small != self.shape.hosts:
+                lowering = self._lowering(self.shape.hosts)
+                coster = StepCoster(self.cost, lowering, _PROBE)
+                keep_costed = []
+                for prog in keep:
+                    keep_costed.append(_split(coster.program(prog.program)) + (format_program(prog.program),))
+                out += keep_costed
+            else:
+                out += [(a, b, text) for a, b, text, _ in ranked[:KEEP_PROGRAMS]]
         return out
+
+    def _lowering(self, hosts: int) -> Lowering:
+        levels = [lv.count for lv in self.topology.levels]
+        matrix = ParallelismMatrix.of([[hosts, levels[1] // self.tensor], [1, self.tensor]])
+        return Lowering(matrix, [hosts, levels[1]], self.topology.level_names, [0])
+
+    def _programs(self, hosts: int) -> list[tuple[float, float, str, object]]:
+        lowering = self._lowering(hosts)
+        key = (lowering.hierarchy,)
+        if key not in _SYNTH:
+            _SYNTH[key] = synthesize_traced(lowering.hierarchy)
+        coster = StepCoster(self.cost, lowering, _PROBE)
+        return [_split(coster.program(p.program, p.held)) + (format_program(p.program), p) for p in _SYNTH[key]]
 
     def gradient_time(self, nbytes: np.ndarray | float) -> np.ndarray:
         x = np.asarray(nbytes, dtype=float)
@@ -213,6 +247,7 @@ class StageCosts:
         self.device_memory = self.topology.device.memory
         n = self.model.num_layers
         self.valid = np.triu(np.ones((n, n), dtype=bool))
+        self._compute: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.degrees = [t for t in divisors(self.shape.devices_per_host)
                         if self.micro_size % (self.shape.size // t) == 0 and t in self.tables]
 
@@ -232,6 +267,11 @@ class StageCosts:
 
     def compute(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward task times (compute + tensor all-reduces), ``[k, i]``."""
+        if t not in self._compute:
+            self._compute[t] = self._compute_times(t)
+        return self._compute[t]
+
+    def _compute_times(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         s, rate = self._sums, self.topology.device.flops
         per_device = self.samples(t) / t / rate
         fwd, bwd = s["forward"] * per_device, s["backward"] * per_device

@@ -28,8 +28,9 @@ def solve_cpsat(problem: PartitionProblem, time_limit: float = 10.0, seed: int =
     S, L, degs = problem.S, problem.L, problem.degrees
     m = cp_model.CpModel()
     x: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
-    for p, j, k, i in zip(*np.nonzero(ok)):
-        x[int(p), int(k), int(i), int(j)] = m.new_bool_var(f"x{p}_{k}_{i}_{j}")
+    for p in range(S):
+        for j, k, i in zip(*np.nonzero(ok[p])):
+            x[p, int(k), int(i), int(j)] = m.new_bool_var(f"x{p}_{k}_{i}_{j}")
     if not x:
         return Status.INFEASIBLE, None, math.inf
     by_stage: dict[int, list] = {p: [] for p in range(S)}
@@ -47,12 +48,12 @@ def solve_cpsat(problem: PartitionProblem, time_limit: float = 10.0, seed: int =
         for b in range(L):
             m.add(sum(ends.get((p, b - 1), [])) == sum(starts.get((p + 1, b), [])))
     ns = lambda s: int(round(s / TIME_UNIT))
-    top = max(ns(float(time[ok].max())), 1)
+    top = max(max(ns(float(tp[op].max())) for tp, op in zip(time, ok) if op.any()), 1)
     mx = m.new_int_var(0, top, "max_stage_time")
     for p in range(S):
-        m.add(mx >= sum(ns(float(time[p, j, k, i])) * v for (q, k, i, j), v in x.items() if q == p))
+        m.add(mx >= sum(ns(float(time[p][j, k, i])) * v for (q, k, i, j), v in x.items() if q == p))
     B = problem.costs.microbatches
-    m.minimize(sum(ns(float(cost[p, j, k, i])) * v for (p, k, i, j), v in x.items()) + (B - 1) * mx)
+    m.minimize(sum(ns(float(cost[p][j, k, i])) * v for (p, k, i, j), v in x.items()) + (B - 1) * mx)
     if hint:
         index = {t: j for j, t in enumerate(degs)}
         chosen = {(p, s.first, s.last, index[s.tensor]) for p, s in enumerate(hint)}

@@ -114,6 +114,7 @@ class LayerModel:
     microbatches: int | None          # None: search
     dtype: str = "bfloat16"
     arrays: dict[str, np.ndarray] = field(init=False, repr=False)
+    _cache: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -141,12 +142,19 @@ class LayerModel:
         return out
 
     def range_sums(self, key: str) -> np.ndarray:
-        """``M[k, i]`` = sum of ``key`` over layers k..i (inclusive); NaN-free, 0 below the diagonal."""
-        p = self.arrays[key]
-        m = p[None, 1:] - p[:-1, None]
-        return np.triu(m)
+        """``M[k, i]`` = sum of ``key`` over layers k..i (inclusive), 0 below the diagonal.
+        Cached: every (mesh, micro-batch) problem reads the same matrices."""
+        if key not in self._cache:
+            p = self.arrays[key]
+            self._cache[key] = np.triu(p[None, 1:] - p[:-1, None])
+        return self._cache[key]
 
     def boundary_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        if "boundary" not in self._cache:
+            self._cache["boundary"] = self._boundary_bytes()
+        return self._cache["boundary"]
+
+    def _boundary_bytes(self) -> tuple[np.ndarray, np.ndarray]:
         """Per sample, for a stage of layers k..i: bytes it sends forward (to later stages)
         and bytes of gradients it sends backward (to earlier stages)."""
         n = self.num_layers

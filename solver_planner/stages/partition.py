@@ -25,7 +25,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .costs import StageCosts
+from .costs import StageCosts, in_flight
 
 __all__ = ["StagePlan", "Partition", "PartitionProblem", "balanced_greedy", "brute_force"]
 
@@ -77,33 +77,46 @@ class PartitionProblem:
         return bool(self.degrees) and self.S <= self.L
 
     @cached_property
-    def _stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """TIME[p, t, k, i], COST (time + first stage's gradient), OK (fits memory)."""
+    def _stacked(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Per stage p: TIME[t, k, i], COST (time + the first stage's gradient), OK (fits)."""
+        time, ok = self._base
+        first = time[0].copy()
+        for j, t in enumerate(self.degrees):
+            first[j, 0, :] += self.costs.gradient(t)[0, :]
+        return time, [first] + time[1:], ok
+
+    @cached_property
+    def _base(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per stage p: TIME[t, k, i] (shared between stages with the same boundaries) and
+        OK (fits in memory, leaves a layer for every other stage)."""
         c = self.costs
-        S, T, L = self.S, len(self.degrees), self.L
-        time = np.empty((S, T, L, L))
-        ok = np.empty((S, T, L, L), dtype=bool)
+        S, L = self.S, self.L
+        caps = []
+        for t in self.degrees:
+            act, static = c.activation_memory(t), c.static_memory(t)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                # micro-batches in flight a device can hold: memory(p) fits iff in_flight(p) <= cap
+                caps.append(np.where(act > 0, (c.device_memory - static) / act,
+                                     np.where(static <= c.device_memory, np.inf, -1.0)))
+        cap = np.stack(caps)
         cache: dict[tuple, np.ndarray] = {}
-        for j, t in enumerate(self.degrees):
-            tab = c.tables[t]
-            for p in range(S):
-                key = (t, p > 0 and tab.boundary_crosses_hosts(p), p + 1 < S and tab.boundary_crosses_hosts(p + 1),
-                       p == 0, p == S - 1)
-                if key not in cache:
-                    cache[key] = c.time(p, t)
-                time[p, j] = cache[key]
-                ok[p, j] = c.memory(p, t) <= c.device_memory
-        cost = time.copy()
-        for j, t in enumerate(self.degrees):
-            cost[0, j, 0, :] += c.gradient(t)[0, :]
-        # stage p must leave one layer for each later stage and start after one per earlier stage
+        time, ok = [], []
         for p in range(S):
-            ok[p, :, :p, :] = False
-            ok[p, :, :, self.L - (S - p) + 1:] = False
-        ok[0, :, 1:, :] = False
-        ok[S - 1, :, :, :L - 1] = False
-        ok &= np.isfinite(time)
-        return time, cost, ok
+            key = tuple((c.tables[t].boundary_crosses_hosts(p) if p > 0 else None,
+                         c.tables[t].boundary_crosses_hosts(p + 1) if p + 1 < S else None) for t in self.degrees)
+            if key not in cache:
+                cache[key] = np.stack([c.time(p, t) for t in self.degrees])
+            time.append(cache[key])
+            fits = cap >= in_flight(c.schedule, S, p, c.microbatches)
+            # stage p starts at layer >= p and leaves one layer for each later stage
+            fits[:, :p, :] = False
+            fits[:, :, L - (S - p) + 1:] = False
+            if p == 0:
+                fits[:, 1:, :] = False
+            if p == S - 1:
+                fits[:, :, :L - 1] = False
+            ok.append(fits & np.isfinite(time[p]))
+        return time, ok
 
     # -- costing a given plan ------------------------------------------------------------
     def evaluate(self, stages: list[StagePlan]) -> Partition:
@@ -122,8 +135,12 @@ class PartitionProblem:
         return Partition(c, list(stages), times, memory, grads, objective)
 
     # -- exact dynamic program -----------------------------------------------------------
-    def _dp(self, tmax: float) -> tuple[float, list[StagePlan] | None]:
-        time, cost, ok = self._stacked
+    def _dp(self, tmax: float, gradient: bool = True) -> tuple[float, list[StagePlan] | None]:
+        if gradient:
+            time, cost, ok = self._stacked
+        else:
+            time, ok = self._base
+            cost = time
         S, L = self.S, self.L
         nxt = np.full(L + 1, np.inf)
         nxt[L] = 0.0
@@ -147,8 +164,8 @@ class PartitionProblem:
         return float(nxt[0]), stages
 
     def thresholds(self) -> np.ndarray:
-        time, _, ok = self._stacked
-        return np.unique(time[ok])
+        time, ok = self._base
+        return np.unique(np.concatenate([tp[op] for tp, op in zip(time, ok)]))
 
     def solve_dp(self, incumbent: float = math.inf) -> tuple[Partition | None, int]:
         """Exact optimum (or None if nothing fits or nothing beats ``incumbent``); DP runs used."""
@@ -185,7 +202,7 @@ class PartitionProblem:
         """No plan beats ``G + (B - 1) G / S`` with ``G`` the least sum of stage times."""
         if not self.possible:
             return math.inf
-        g, _ = self._dp(math.inf)
+        g, _ = self._dp(math.inf, gradient=False)      # gradients only add: still a bound
         return g + (self.costs.microbatches - 1) * g / self.S if math.isfinite(g) else math.inf
 
     # -- degrees for given cuts ----------------------------------------------------------
@@ -194,9 +211,9 @@ class PartitionProblem:
         time, cost, ok = self._stacked
         out = []
         for p, (k, i) in enumerate(cuts):
-            fits = [j for j in range(len(self.degrees)) if ok[p, j, k, i]]
+            fits = [j for j in range(len(self.degrees)) if ok[p][j, k, i]]
             if fits:
-                j = min(fits, key=lambda j: (cost[p, j, k, i], j))
+                j = min(fits, key=lambda j: (cost[p][j, k, i], j))
             else:
                 j = min(range(len(self.degrees)), key=lambda j: (self.costs.memory(p, self.degrees[j])[k, i], j))
             out.append(StagePlan(k, i, self.degrees[j]))

@@ -157,8 +157,10 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
                 [prev[p]], stream="compute", category="gradient-reduction",
                 devices=(c.tables[st.tensor].stage_devices(p)[0],))
     timeline = sim.run()
-    busy = [timeline.busy_time(Resource("stage", p, "exec")) - (partition.gradient[p] if c.comm else 0.0)
-            for p in range(S)]
+    busy = [0.0] * S
+    for r in timeline.records:
+        if r.category in ("forward", "backward"):
+            busy[r.resources[0].instance] += r.duration
     peaks, counts = [], []
     for p, st in enumerate(partition.stages):
         live = peak = 0
