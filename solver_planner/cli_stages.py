@@ -35,6 +35,8 @@ def stages(
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01,
                                      help="CP-SAT seconds per (mesh shape, micro-batch count) pair."),
     seed: int = typer.Option(0, "--seed", help="CP-SAT seed."),
+    num_stages: Optional[int] = typer.Option(None, "--stages", min=1,
+                                             help="Only plans with this many stages (default: search all)."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
     as_json: bool = JSON_OPT,
@@ -52,7 +54,8 @@ def stages(
         fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
     topo = topology_of(cluster)
     spec = load_model_spec(model)
-    rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, progress=_progress)
+    rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
+                      progress=_progress)
     if trace is not None:
         path = write_chrome_trace(rep.run.timeline, trace, topo)
         typer.echo(f"wrote {path}", err=True)

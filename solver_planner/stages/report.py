@@ -78,10 +78,10 @@ class StagesReport:
 
 
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
-                time_limit: float = 10.0, seed: int = 0, comm: bool = True,
+                time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> StagesReport:
     """Partition ``model``'s layers on ``topology`` and simulate the iteration under ``schedule``."""
     search = StageSearch(layer_model(model), topology, schedule, comm)
-    result = plan_partition(search, method, time_limit, seed, progress=progress)
+    result = plan_partition(search, method, time_limit, seed, stages=stages, progress=progress)
     run, base = simulate_pipeline(result.solution, search.cost, schedule)
     return StagesReport(result, run, base, schedule)

@@ -57,10 +57,11 @@ class StageSearch:
             return [self.model.microbatches]
         return divisors(self.model.global_batch)
 
-    def problems(self, shapes: list[MeshShape] | None = None) -> list[PartitionProblem]:
+    def problems(self, shapes: list[MeshShape] | None = None, stages: int | None = None) -> list[PartitionProblem]:
         out = []
         for shape in shapes or mesh_shapes(self.topology.num_hosts, self.topology.devices_per_host):
-            if self.topology.num_devices // shape.size > self.model.num_layers:
+            S = self.topology.num_devices // shape.size
+            if S > self.model.num_layers or (stages is not None and S != stages):
                 continue
             for B in self.microbatch_options():
                 costs = StageCosts(self.model, self.topology, shape, B, self.schedule, self.comm, self.tables(shape))
@@ -75,13 +76,19 @@ def _cells(p: PartitionProblem) -> int:
 
 
 def plan_partition(search: StageSearch, method: str = "auto", time_limit: float = 10.0, seed: int = 0,
-                   shapes: list[MeshShape] | None = None,
+                   shapes: list[MeshShape] | None = None, stages: int | None = None,
                    progress: Callable[[int, int], None] | None = None) -> SolveResult[Partition]:
     """The best partition over all mesh shapes and micro-batch counts."""
     if method not in METHODS:
         raise PlannerError(f"unknown method '{method}'; expected one of: {', '.join(METHODS)}")
     with Stopwatch() as sw:
-        problems = search.problems(shapes)
+        problems = search.problems(shapes, stages)
+        if not problems and stages is not None:
+            sizes = sorted({search.topology.num_devices // s.size for s in mesh_shapes(
+                search.topology.num_hosts, search.topology.devices_per_host)})
+            raise PlannerError(f"{stages} stages are not possible on '{search.topology.name}' with"
+                               f" {search.model.num_layers} layers; stage counts of its mesh shapes:"
+                               f" {', '.join(map(str, sizes))}")
         if not problems:
             raise InfeasibleError(
                 f"no stage plan exists: {search.model.num_layers} layers cannot fill the stages of any mesh shape of"
