@@ -29,6 +29,7 @@ __all__ = ["METHODS", "plan_partition", "StageSearch"]
 METHODS = ("auto", "dp", "cpsat", "greedy", "brute-force")
 AUTO_CPSAT_CELLS = 20_000        # (stage, degree, first, last) cells over all pairs for CP-SAT
 AUTO_DP_CELLS = 40_000_000       # beyond this the DP's arrays get large: greedy
+CPSAT_MAX_CELLS = 400_000        # one Boolean per cell: larger pairs are refused
 
 
 @dataclass
@@ -99,6 +100,10 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
             total = sum(_cells(p) for p in problems)
             chosen = "cpsat" if total <= AUTO_CPSAT_CELLS else "dp" if max(map(_cells, problems)) <= AUTO_DP_CELLS \
                 else "greedy"
+        if chosen == "cpsat" and max(map(_cells, problems)) > CPSAT_MAX_CELLS:
+            raise PlannerError(f"the CP-SAT model would have up to {max(map(_cells, problems)):,} Booleans per"
+                               f" (mesh, micro-batch) pair (limit {CPSAT_MAX_CELLS:,}); use --method dp (exact) or"
+                               f" --stages to narrow the search")
         bounds = {id(p): p.lower_bound() for p in problems}
         order = sorted(problems, key=lambda p: (bounds[id(p)], p.costs.shape, p.costs.microbatches))
         best: Partition | None = None
