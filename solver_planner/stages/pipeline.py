@@ -96,16 +96,17 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
         fwd_t.append(float(f[st.first, st.last]))
         bwd_t.append(float(b[st.first, st.last]))
     ids: dict[tuple[str, int, int], int] = {}
-    sends: dict[tuple[str, int, int, int], tuple[float, list]] = {}
+    sends: dict[tuple[str, int, int], tuple[float, list]] = {}
     for (p, q), per_sample in comm.items():
         for kind, src, dst in (("act", p, q), ("grad", q, p)):
             lanes = c.tables[partition.stages[src].tensor].lane_pairs(src, dst)
             nbytes = per_sample * c.samples(partition.stages[src].tensor)
             duration = cost.transfers_time(lanes, nbytes) if c.comm else 0.0
             res = sorted({r for a, d in lanes for r in cost.route(a, d).resources})
-            sends[kind, src, dst, 0] = (duration, res)
+            sends[kind, src, dst] = (duration, res)
     orders = [stage_order(schedule, S, p, B, eagerness) for p in range(S)]
-    # tasks are added stage by stage in dependency-respecting waves: iterate until all placed
+    # the engine takes a task after its dependencies: add each stage's tasks in order, in
+    # rounds, as far as the tasks they wait for on other stages exist
     pos = [0] * S
     prev: list[int | None] = [None] * S
     transfer_ids: dict[tuple[str, int, int, int], int] = {}
@@ -119,8 +120,6 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
                     need = [(q, "act") for (q, r) in comm if r == p]
                 else:
                     need = [(r, "grad") for (q, r) in comm if q == p]
-                    if ("F", p, m) not in ids:
-                        break
                 deps = []
                 ok = True
                 for other, kind in need:
@@ -130,11 +129,11 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
                         break
                     key = (kind, other, p, m)
                     if key not in transfer_ids:
-                        duration, res = sends[kind, other, p, 0]
+                        duration, res = sends[kind, other, p]
                         transfer_ids[key] = sim.add(
                             f"{kind} {other}->{p} mb{m}", duration, res, [src_task], stream="comm",
                             category="activation" if kind == "act" else "gradient",
-                            devices=(c.tables[partition.stages[other].tensor].stage_devices(other)[0],))
+                            devices=(other * c.shape.size,))
                     deps.append(transfer_ids[key])
                 if not ok:
                     break
@@ -144,7 +143,7 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
                     deps.append(prev[p])
                 tid = sim.add(f"{op}{p} mb{m}", fwd_t[p] if op == "F" else bwd_t[p], [Resource("stage", p, "exec")],
                               deps, stream="compute", category="forward" if op == "F" else "backward",
-                              devices=(c.tables[partition.stages[p].tensor].stage_devices(p)[0],))
+                              devices=(p * c.shape.size,))
                 ids[op, p, m] = tid
                 prev[p] = tid
                 pos[p] += 1
@@ -152,10 +151,9 @@ def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")  # an order bug, never a user error
-    for p, st in enumerate(partition.stages):
-        sim.add(f"grad-sync {p}", partition.gradient[p] if c.comm else 0.0, [Resource("stage", p, "exec")],
-                [prev[p]], stream="compute", category="gradient-reduction",
-                devices=(c.tables[st.tensor].stage_devices(p)[0],))
+    for p in range(S):
+        sim.add(f"grad-sync {p}", partition.gradient[p], [Resource("stage", p, "exec")], [prev[p]],
+                stream="compute", category="gradient-reduction", devices=(p * c.shape.size,))
     timeline = sim.run()
     busy = [0.0] * S
     for r in timeline.records:

@@ -107,48 +107,42 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         bounds = {id(p): p.lower_bound() for p in problems}
         order = sorted(problems, key=lambda p: (bounds[id(p)], p.costs.shape, p.costs.microbatches))
         best: Partition | None = None
-        proven = True
-        bound = math.inf
+        proven = chosen != "greedy"
+        bound = math.inf                 # min over pairs of a lower bound on the pair's optimum
         runs = solved = 0
         for n, prob in enumerate(order):
             if progress is not None:
                 progress(n, len(order))
             lb = bounds[id(prob)]
-            if best is not None and lb >= best.objective:
+            incumbent = best.objective if best is not None else math.inf
+            if lb >= incumbent:
                 bound = min(bound, lb)
                 continue
             solved += 1
             if chosen == "dp":
-                cand, r = prob.solve_dp(best.objective if best else math.inf)
+                cand, r = prob.solve_dp(incumbent)
                 runs += r
-                sub_bound = cand.objective if cand else lb if best is None else max(lb, best.objective)
-            elif chosen == "greedy":
-                cand = balanced_greedy(prob)
-                sub_bound = lb
-                proven = False
+                # the DP stops once nothing beats the incumbent: the pair's optimum is at least this
+                pair_bound = min(cand.objective, incumbent) if cand else math.inf
             elif chosen == "brute-force":
                 cand = brute_force(prob)
-                sub_bound = cand.objective if cand else math.inf
+                pair_bound = cand.objective if cand else math.inf
+            elif chosen == "greedy":
+                cand, pair_bound = balanced_greedy(prob), lb
             else:
                 hint = balanced_greedy(prob)
-                status, stages, sub_bound = solve_cpsat(prob, time_limit, seed, hint.stages if hint else None)
+                status, stages, solver_bound = solve_cpsat(prob, time_limit, seed, hint.stages if hint else None)
                 cand = prob.evaluate(stages) if stages else None
-                if status not in (Status.OPTIMAL, Status.INFEASIBLE):
-                    proven = False
-                sub_bound = max(sub_bound, lb) if status is not Status.INFEASIBLE else math.inf
-            if cand is not None and cand.feasible:
-                bound = min(bound, sub_bound)
-                if best is None or cand.objective < best.objective:
-                    best = cand
-            elif cand is None or not cand.feasible:
-                bound = min(bound, sub_bound if chosen != "greedy" else lb)
+                proven &= status in (Status.OPTIMAL, Status.INFEASIBLE)
+                pair_bound = math.inf if status is Status.INFEASIBLE else max(solver_bound, lb)
+            bound = min(bound, pair_bound)
+            if cand is not None and cand.feasible and cand.objective < incumbent:
+                best = cand
     info = {"pairs": len(problems), "solved_pairs": solved, "dp_runs": runs, "solver": chosen}
     if best is None:
         raise InfeasibleError(_shortfall_message(search, problems))
-    bound = min(bound, best.objective)
-    status = Status.OPTIMAL if proven and chosen != "greedy" else Status.FEASIBLE
-    if status is Status.OPTIMAL:
-        bound = best.objective
+    status = Status.OPTIMAL if proven else Status.FEASIBLE
+    bound = best.objective if proven else min(bound, best.objective)
     return SolveResult(status, chosen if method == "auto" else method, best, best.objective, bound, sw.seconds,
                        info=info)
 
