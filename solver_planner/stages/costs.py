@@ -126,7 +126,6 @@ class CostTables:
     shape: MeshShape
     tensor: int
     synthesize: bool = True
-    reduction_program: str = field(init=False, default="")
 
     @property
     def data(self) -> int:
@@ -192,16 +191,11 @@ class CostTables:
             # the real mesh.
             small = min(self.shape.hosts, RANK_HOSTS)
             ranked = sorted(self._programs(small), key=lambda e: (e[0] + e[1] * _PROBE, e[2]))
-            keep = [prog for _, _, _, prog in ranked[:KEEP_PROGRAMS]]
-            if small != self.shape.hosts:
-                lowering = self._lowering(self.shape.hosts)
-                coster = StepCoster(self.cost, lowering, _PROBE)
-                keep_costed = []
-                for prog in keep:
-                    keep_costed.append(_split(coster.program(prog.program)) + (format_program(prog.program),))
-                out += keep_costed
-            else:
+            if small == self.shape.hosts:
                 out += [(a, b, text) for a, b, text, _ in ranked[:KEEP_PROGRAMS]]
+            else:
+                coster = StepCoster(self.cost, self._lowering(self.shape.hosts), _PROBE)
+                out += [_split(coster.program(prog.program)) + (text,) for _, _, text, prog in ranked[:KEEP_PROGRAMS]]
         return out
 
     def _lowering(self, hosts: int) -> Lowering:
