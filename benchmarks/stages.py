@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from solver_planner.spec.cluster import ClusterSpec  # noqa: E402
 from solver_planner.spec.layers import TransformerSpec  # noqa: E402
-from solver_planner.stages import LayerModel, StageCosts, StageSearch, in_flight, mesh_shapes, plan_partition  # noqa: E402
+from solver_planner.stages import LayerModel, StageCosts, StageSearch, mesh_shapes, plan_partition  # noqa: E402
 from solver_planner.stages import transformer_layers  # noqa: E402
 from solver_planner.topology import Topology  # noqa: E402
 

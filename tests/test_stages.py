@@ -1,7 +1,6 @@
 """Stage partitioning and pipeline schedules: solvers agree, simulation matches the objective."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ from solver_planner.errors import InfeasibleError, SpecError
 from solver_planner.spec import load_model_spec
 from solver_planner.spec.cluster import load_cluster_spec
 from solver_planner.spec.layers import TransformerSpec
-from solver_planner.stages import (Layer, LayerModel, MeshShape, PartitionProblem, StageCosts, StageSearch,
+from solver_planner.stages import (Layer, LayerModel, MeshShape, StageSearch,
                                    balanced_greedy, brute_force, in_flight, plan_partition, simulate_pipeline,
                                    simulate_schedule, stage_order, transformer_layers)
 from solver_planner.stages.report import plan_stages
@@ -218,9 +217,7 @@ def test_cli_infeasible_exits_1_with_the_shortfall(tmp_path):
 # -- gradient reduction ----------------------------------------------------------------------
 def test_gradient_reduction_uses_the_best_p2_program_across_hosts():
     topo = load_topology(CLUSTERS / "p2-a100-4x16.yaml")
-    costs = StageCosts(balanced_model(4, 64), topo, MeshShape(4, 16), 1)
-    from solver_planner.stages.search import StageSearch as _S
-    tab = _S(costs.model, topo).tables(MeshShape(4, 16))[1]
+    tab = StageSearch(balanced_model(4, 64), topo).tables(MeshShape(4, 16))[1]
     flat = tab.gradient_programs[0]
     nbytes = 2**30
     assert flat[2] == "AllReduce"

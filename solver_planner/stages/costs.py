@@ -250,15 +250,6 @@ class StageCosts:
         """Samples of a micro-batch each replica processes."""
         return self.micro_size / (self.shape.size // t)
 
-    @cached_property
-    def _sums(self) -> dict[str, np.ndarray]:
-        m = self.model
-        keys = ("forward", "backward", "params", "optimizer", "saved", "saved_replicated", "allreduces",
-                "allreduce_bytes")
-        out = {k: m.range_sums(k) for k in keys}
-        out["send"], out["recv"] = m.boundary_bytes()
-        return out
-
     def compute(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward task times (compute + tensor all-reduces), ``[k, i]``."""
         if t not in self._compute:
@@ -266,18 +257,19 @@ class StageCosts:
         return self._compute[t]
 
     def _compute_times(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        s, rate = self._sums, self.topology.device.flops
-        per_device = self.samples(t) / t / rate
-        fwd, bwd = s["forward"] * per_device, s["backward"] * per_device
+        s = self.model.range_sums
+        per_device = self.samples(t) / t / self.topology.device.flops
+        fwd, bwd = s("forward") * per_device, s("backward") * per_device
         if self.comm and t > 1:
             a, b = self.tables[t].tensor_allreduce
-            ar = a * s["allreduces"] + b * s["allreduce_bytes"] * self.samples(t)
+            ar = a * s("allreduces") + b * s("allreduce_bytes") * self.samples(t)
             fwd, bwd = fwd + ar, bwd + ar
         return fwd, bwd
 
     def transfer_bytes(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Bytes each replica lane carries forward and backward, ``[k, i]``."""
-        return self._sums["send"] * self.samples(t), self._sums["recv"] * self.samples(t)
+        send, recv = self.model.boundary_bytes()
+        return send * self.samples(t), recv * self.samples(t)
 
     def transfers(self, p: int, t: int) -> np.ndarray:
         """Send times of stage ``p``: activations to later stages, gradients to earlier ones."""
@@ -302,17 +294,17 @@ class StageCosts:
         """Once-per-iteration gradient reduction time of the stage, ``[k, i]``."""
         if not self.comm:
             return np.zeros_like(self.valid, dtype=float)
-        return self.tables[t].gradient_time(self._sums["params"] / t)
+        return self.tables[t].gradient_time(self.model.range_sums("params") / t)
 
     def static_memory(self, t: int) -> np.ndarray:
         """Parameters, gradients and optimizer state per device, ``[k, i]``."""
-        s = self._sums
-        return (2 * s["params"] + s["optimizer"]) / t
+        s = self.model.range_sums
+        return (2 * s("params") + s("optimizer")) / t
 
     def activation_memory(self, t: int) -> np.ndarray:
         """Activations one micro-batch keeps for backward per device, ``[k, i]``."""
-        s = self._sums
-        return self.samples(t) * (s["saved"] / t + s["saved_replicated"])
+        s = self.model.range_sums
+        return self.samples(t) * (s("saved") / t + s("saved_replicated"))
 
     def memory(self, p: int, t: int, live: int | None = None) -> np.ndarray:
         """Peak bytes per device of stage ``p`` holding layers k..i with ``live`` micro-batches

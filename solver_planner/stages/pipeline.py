@@ -20,7 +20,7 @@ stage times, 1F1B takes exactly ``(S + B - 1) t`` = Alpa's ``sum t_i + (B - 1) m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..cost import CostModel
 from ..simulate import Simulation
@@ -188,7 +188,4 @@ def simulate_pipeline(partition: Partition, cost: CostModel, schedule: str = "1f
         run = simulate_schedule(partition, cost, "eager-1f1b", e)
         if run.iteration_time < best.iteration_time - 1e-12:
             best = run
-    if best is base:
-        best = PipelineRun("eager-1f1b", 0, base.timeline, base.iteration_time, base.busy, base.peak_memory,
-                           base.in_flight, base.transfer_time)
-    return best, base
+    return (replace(base, schedule="eager-1f1b") if best is base else best), base

@@ -34,7 +34,7 @@ class StagesReport:
         for i, st in enumerate(p.stages):
             tab = c.tables[st.tensor]
             names = [c.model.layers[st.first].name, c.model.layers[st.last].name]
-            params = float(c._sums["params"][st.first, st.last])
+            params = float(c.model.range_sums("params")[st.first, st.last])
             rows.append({
                 "layers": [st.first, st.last],
                 "layer_names": names,

@@ -20,7 +20,7 @@ from ..errors import InfeasibleError, PlannerError
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
 from .costs import SCHEDULES, CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
-from .cpsat import TIME_UNIT, solve_cpsat
+from .cpsat import solve_cpsat
 from .layers import LayerModel
 from .partition import Partition, PartitionProblem, balanced_greedy, brute_force
 
