@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .errors import InfeasibleError, PlannerError, SpecError
+from .errors import InfeasibleError, MissingDependencyError, PlannerError, SpecError
 from .spec import load_cluster_spec
 from .topology import Topology
 
@@ -51,7 +51,7 @@ def handles_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except SpecError as exc:
+        except (SpecError, MissingDependencyError) as exc:
             fail(str(exc), 2)
         except InfeasibleError as exc:
             fail(f"infeasible: {exc}", 1)

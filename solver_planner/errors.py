@@ -2,14 +2,16 @@
 
 Every error the library raises on purpose derives from :class:`PlannerError`, so a caller
 (the CLI in particular) can tell a user mistake from a bug.  The CLI maps them to exit
-codes: :class:`SpecError` exits 2, :class:`InfeasibleError` exits 1.
+codes: :class:`SpecError` and :class:`MissingDependencyError` exit 2, :class:`InfeasibleError`
+and the others exit 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PlannerError", "SpecError", "SpecIssue", "InfeasibleError", "UnitError"]
+__all__ = ["PlannerError", "SpecError", "SpecIssue", "InfeasibleError", "UnitError", "LoweringError",
+           "MissingDependencyError"]
 
 
 class PlannerError(Exception):
@@ -59,3 +61,12 @@ class SpecError(PlannerError):
 
 class InfeasibleError(PlannerError):
     """The problem as posed has no solution; the message says why."""
+
+
+class LoweringError(PlannerError):
+    """A program or schedule cannot become torch.distributed calls that match across ranks
+    (the members of a call would hand it buffers of different sizes)."""
+
+
+class MissingDependencyError(PlannerError):
+    """An optional package (torch) is needed; the message says how to install it."""
