@@ -176,24 +176,28 @@ def check(plan, rank, buf, want=None):
     return [index, int(got[tuple(index)]), int(want[tuple(index)])]
 
 
-def main_torchrun(plan):
-    """Entry point of an emitted module under ``torchrun --nproc-per-node WORLD``."""
+def main_torchrun(plans):
+    """Entry point of an emitted module under ``torchrun --nproc-per-node WORLD``: run every
+    plan once, print each rank's verdict, exit 1 if any element is wrong."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != plan["world"]:
-        raise SystemExit(f"this plan needs {plan['world']} ranks, not {world}")
+    if any(plan["world"] != world for plan in plans):
+        raise SystemExit(f"these plans need {plans[0]['world']} ranks, not {world}")
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
-    groups = make_groups(plan)
-    buf = initial(plan, rank, device)
-    dist.barrier()
-    records = run(plan, rank, buf, groups)
-    bad = check(plan, rank, buf)
-    took = max(end for _, _, end in records) - min(start for _, start, _ in records) if records else 0.0
-    if bad is None:
-        print(f"rank {rank}: ok ({took * 1e3:.3f} ms)")
-    else:
-        print(f"rank {rank}: element {bad[0]} is {bad[1]}, expected {bad[2]}")
+    failed = False
+    for plan in plans:
+        groups = make_groups(plan)
+        buf = initial(plan, rank, device)
+        dist.barrier()
+        records = run(plan, rank, buf, groups)
+        bad = check(plan, rank, buf)
+        took = max((r[2] for r in records), default=0.0) - min((r[1] for r in records), default=0.0)
+        if bad is None:
+            print(f"{plan['title']}: rank {rank}: ok ({took * 1e3:.3f} ms)")
+        else:
+            failed = True
+            print(f"{plan['title']}: rank {rank}: element {bad[0]} is {bad[1]}, expected {bad[2]}")
     dist.destroy_process_group()
-    if bad is not None:
+    if failed:
         raise SystemExit(1)

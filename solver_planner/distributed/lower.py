@@ -34,6 +34,7 @@ from typing import Sequence
 
 from ..cost import Collective, CostModel
 from ..errors import LoweringError
+from ..reduction.dsl import COLLECTIVE_NAMES
 from ..resharding.mesh import Box
 from ..resharding.plan import ReshardingPlan
 from ..resharding.schedule import TIME_UNIT
@@ -85,7 +86,7 @@ def lower_reduction(steps: Steps, num_devices: int, chunks: int, reduction_group
         active = [list(g) for g in step_groups if len(g) > 1]
         sizes = [_lower_group(kind, g, s, held, calls, groups, chunk_bytes) for g in active]
         predicted = cost.collective(kind, active, sizes, algorithm).time if cost is not None and active else 0.0
-        label = labels[s] if labels is not None else f"{kind.name.title()} on {[list(g) for g in step_groups]}"
+        label = labels[s] if labels is not None else f"{COLLECTIVE_NAMES[kind]} on {[list(g) for g in step_groups]}"
         ranks = tuple(sorted(d for g in active for d in g))
         plan_steps.append(PlanStep(label, ranks, max(sizes, default=0.0), predicted, clock))
         clock += predicted

@@ -9,7 +9,7 @@ so the slices partition it too: the bytes sent across at least equal the tensor'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Sequence
 
@@ -17,7 +17,7 @@ from ..spec.model import DTYPE_BYTES, ModelSpec, ReshardingSpec, check_meshes
 from ..topology import Topology
 from .mesh import Box, DeviceMesh, Layout, ShardingSpec, box_size, format_box
 
-__all__ = ["UnitTask", "ReshardingProblem", "problems_from_model"]
+__all__ = ["UnitTask", "ReshardingProblem", "problems_from_model", "resize"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,11 @@ def problems_from_model(model: ModelSpec, topology: Topology, name: str | None =
         names = ", ".join(r.name for r in model.resharding)
         raise model.source.error(("resharding",), f"no resharding named {name!r}; the model has: {names}")
     return [ReshardingProblem.from_spec(r, topology) for r in chosen]
+
+
+def resize(problem: ReshardingProblem, shape: Sequence[int]) -> ReshardingProblem:
+    """The same meshes and sharding specs on a tensor of another ``shape`` (same rank)."""
+    shape = tuple(int(n) for n in shape)
+    if len(shape) != len(problem.shape) or any(n < 1 for n in shape):
+        raise ValueError(f"expected {len(problem.shape)} positive sizes, got {list(shape)}")
+    return replace(problem, shape=shape, src=replace(problem.src, shape=shape), dst=replace(problem.dst, shape=shape))

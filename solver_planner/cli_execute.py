@@ -1,0 +1,263 @@
+"""``solver-planner execute reduction|reshard``: run lowered plans on local processes with
+torch.distributed and check them.  Thin: argument parsing and printing only."""
+
+import math
+import shlex
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from . import units
+from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .cli_reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction
+from .cost import CostModel
+from .distributed import lower_reduction, lower_resharding
+from .distributed.emit import module_text
+from .distributed.launch import execute_plans, require_torch
+from .reduction import format_program, parse_program
+from .reduction.explicit import load_explicit_program
+from .reduction.ranking import lowering_for, reduce_on_placement
+from .reduction.verify import system_steps, verify_steps
+from .resharding import METHODS, plan_resharding, problems_from_model
+from .resharding.tasks import resize
+from .spec import load_model_spec
+
+execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
+                          no_args_is_help=True)
+
+# One process per device on this machine: more than this is refused unless asked for.
+MAX_RANKS = 16
+
+BACKEND_OPT = typer.Option("auto", "--backend", help="gloo (CPU), nccl (a GPU per rank) or auto.")
+REPEAT_OPT = typer.Option(3, "--repeat", min=1, help="Timed runs of each plan; times are their medians.")
+WARMUP_OPT = typer.Option(1, "--warmup", min=0, help="Untimed runs before them.")
+TIMEOUT_OPT = typer.Option(300.0, "--timeout", min=1.0, help="Seconds before a hung job is stopped.")
+EMIT_OPT = typer.Option(None, "--emit", help="Write the lowered plans as a Python module runnable with torchrun.")
+DRY_OPT = typer.Option(False, "--dry-run", help="Lower (and --emit, or print) the plans without running them;"
+                                                " needs no torch.")
+MAX_RANKS_OPT = typer.Option(MAX_RANKS, "--max-ranks", min=2, help="Refuse plans needing more local processes.")
+MEMORY_OPT = typer.Option("4GiB", "--memory", help="Refuse plans whose buffers (all ranks) exceed this.")
+
+
+def _status(message: str):
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        return Console(stderr=True).status(message)
+    return nullcontext()
+
+
+def _guard(plans, max_ranks: int, memory: str) -> None:
+    world = max(p.world for p in plans)
+    if world > max_ranks:
+        fail(f"this needs {world} local processes (one per device), more than --max-ranks {max_ranks}; use a"
+             " smaller cluster spec (e.g. one written by 'solver-planner calibrate') or raise --max-ranks", 2)
+    try:
+        limit = units.parse_bytes(memory)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    need = max(2 * p.buffer_bytes() for p in plans)  # the buffers and one copy in flight
+    if need > limit:
+        fail(f"the buffers need about {units.format_bytes(need)}, more than --memory {units.format_bytes(limit)};"
+             " make them smaller (--bytes / --shape) or raise --memory", 2)
+
+
+def _emit(plans, path: Optional[Path]) -> None:
+    if path is None:
+        return
+    command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    path.write_text(module_text(plans, command), encoding="utf-8")
+    typer.echo(f"wrote {path} (run: torchrun --nproc-per-node {plans[0].world} {path})", err=True)
+
+
+def _ms(seconds: float) -> str:
+    return units.format_time(seconds)
+
+
+def _ratio(measured: float, predicted: float) -> str:
+    return f"{measured / predicted:.2f}" if predicted > 0 else "-"
+
+
+def _report(executions, verdicts, as_json: bool, header: str) -> None:
+    failed = [e for e in executions if not e.ok]
+    if as_json:
+        out = []
+        for e, v in zip(executions, verdicts):
+            d = e.as_dict()
+            if v is not None:
+                d["verify"] = v
+            out.append(d)
+        print_json({"ok": not failed, "plans": out})
+    else:
+        con = console()
+        con.print(header)
+        if len(executions) == 1:
+            e = executions[0]
+            table = Table(title=f"{e.plan.title}: {e.plan.world} {e.backend} processes, median of {e.repeat}")
+            for col in ("step", "ranks", "bytes", "predicted", "measured", "measured/predicted"):
+                table.add_column(col)
+            for n, s in enumerate(e.plan.steps):
+                table.add_row(f"{n + 1}: {s.label}", str(len(s.ranks)), units.format_bytes(s.nbytes),
+                              _ms(s.predicted), _ms(e.step_times[n]), _ratio(e.step_times[n], s.predicted))
+            table.add_row("total", "", "", _ms(e.plan.predicted), _ms(e.total), _ratio(e.total, e.plan.predicted))
+            con.print(table)
+        else:
+            table = Table(title=f"{len(executions)} plans on {executions[0].plan.world} {executions[0].backend}"
+                                f" processes, median of {executions[0].repeat}")
+            for col in ("#", "plan", "verify", "check", "predicted", "measured", "measured/predicted"):
+                table.add_column(col)
+            for n, (e, v) in enumerate(zip(executions, verdicts), 1):
+                table.add_row(str(n), e.plan.title, "-" if v is None else v, "ok" if e.ok else "WRONG",
+                              _ms(e.plan.predicted), _ms(e.total), _ratio(e.total, e.plan.predicted))
+            con.print(table)
+        con.print(f"{len(executions) - len(failed)} of {len(executions)} plan(s): every rank holds exactly what it"
+                  " must")
+        for e in failed:
+            con.print(f"WRONG: {e.plan.title}: {len(e.failures)} rank(s) wrong")
+            for f in e.failures:
+                con.print(f"  {f.describe(e.plan)}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@execute_app.command("reduction")
+@handles_errors
+def execute_reduction(
+    cluster: Path = typer.Argument(..., help="Cluster spec (YAML); one local process per device.", show_default=False),
+    model: Path = typer.Argument(..., help="Model spec (YAML).", show_default=False),
+    program: Optional[str] = typer.Argument(None, help="DSL text or a YAML file of explicit steps; default: every"
+                                                       " synthesized program, fastest first.", show_default=False),
+    matrix: Optional[str] = MATRIX_OPT,
+    reduction: Optional[str] = REDUCTION_OPT,
+    max_size: int = MAX_SIZE_OPT,
+    top: Optional[int] = typer.Option(None, "--top", min=1, help="Run only the N fastest synthesized programs."),
+    nbytes: Optional[str] = typer.Option(None, "--bytes", "-b", help="Bytes reduced per device; default: the"
+                                                                     " model spec's."),
+    backend: str = BACKEND_OPT,
+    repeat: int = REPEAT_OPT,
+    warmup: int = WARMUP_OPT,
+    timeout: float = TIMEOUT_OPT,
+    max_ranks: int = MAX_RANKS_OPT,
+    memory: str = MEMORY_OPT,
+    emit: Optional[Path] = EMIT_OPT,
+    dry_run: bool = DRY_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Run reduction programs of a placement on one local process per device and check that
+    every rank ends with the exact sum over its reduction group.
+
+    Prints each step's measured time next to the cost model's prediction for CLUSTER.
+    Exits 1 when a rank holds a wrong element (naming the rank, the step and the element)
+    or when a program cannot be lowered; 2 on bad input or without torch.
+    """
+    topo, spec = _load(cluster, model)
+    red = _reduction(spec, reduction)
+    chosen = _matrix(topo, spec, matrix, "ring")
+    lowering = lowering_for(topo, spec, chosen, red)
+    cost = CostModel(topo)
+    size = red.bytes
+    if nbytes is not None:
+        try:
+            size = units.parse_bytes(nbytes)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    k = lowering.hierarchy.size
+    chunk_elems = max(1, math.ceil(size / 4 / k))  # float32 elements per chunk
+    runs = []  # (title, steps, labels, verdict)
+    if program is None:
+        rep = reduce_on_placement(topo, spec, chosen, red, max_size, "ring", cost)
+        for p in rep.programs[:top] if top else rep.programs:
+            steps = system_steps(lowering, p.program)
+            runs.append((p.text, steps, [str(i) for i in p.program], verify_steps(lowering, steps).status))
+    else:
+        path = Path(program)
+        if path.suffix in (".yaml", ".yml") or path.is_file():
+            steps, labels, title = load_explicit_program(path, topo.num_devices), None, f"explicit steps from {path}"
+        else:
+            try:
+                parsed = parse_program(program)
+                steps = system_steps(lowering, parsed)
+            except ValueError as exc:
+                fail(str(exc), 2)
+            labels, title = [str(i) for i in parsed], format_program(parsed)
+        runs.append((title, steps, labels, verify_steps(lowering, steps).status))
+    plans = [lower_reduction(steps, topo.num_devices, k, lowering.reduction_groups(), chunk_elems, cost,
+                             labels=labels, title=title) for title, steps, labels, _ in runs]
+    header = (f"placement {chosen}, reduction '{red.name}' over {', '.join(red.axes)}:"
+              f" {units.format_bytes(chunk_elems * k * 4)} per rank in {k} chunks")
+    _finish(plans, [v for *_, v in runs], header, backend, repeat, warmup, timeout, max_ranks, memory, emit, dry_run,
+            as_json)
+
+
+def _finish(plans, verdicts, header, backend, repeat, warmup, timeout, max_ranks, memory, emit, dry_run, as_json):
+    _emit(plans, emit)
+    if dry_run:
+        if as_json:
+            print_json({"plans": [p.as_dict() for p in plans]})
+        elif emit is None:
+            typer.echo("\n\n".join(p.format() for p in plans))
+        return
+    require_torch()
+    _guard(plans, max_ranks, memory)
+    executions = []
+    by_world: dict[int, list[int]] = {}
+    for n, p in enumerate(plans):
+        by_world.setdefault(p.world, []).append(n)
+    results = {}
+    for world, indices in by_world.items():
+        with _status(f"running {len(indices)} plan(s) on {world} local processes"):
+            for n, e in zip(indices, execute_plans([plans[i] for i in indices], backend, repeat, warmup, timeout)):
+                results[n] = e
+    executions = [results[n] for n in range(len(plans))]
+    _report(executions, verdicts, as_json, header)
+
+
+@execute_app.command("reshard")
+@handles_errors
+def execute_reshard(
+    cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
+    model: Path = typer.Argument(..., exists=True, dir_okay=False, help="Model spec with a 'resharding:' list."),
+    name: Optional[str] = typer.Option(None, "--name", "-n", help="Run only this resharding of the model."),
+    method: str = typer.Option("auto", "--method", "-m", help=f"Scheduler: {', '.join(METHODS)}."),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01, help="Budget of the scheduler."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="Run on a tensor of this shape instead of the"
+                                                              " spec's, e.g. 64,32,16 (same rank)."),
+    backend: str = BACKEND_OPT,
+    repeat: int = REPEAT_OPT,
+    warmup: int = WARMUP_OPT,
+    timeout: float = TIMEOUT_OPT,
+    max_ranks: int = MAX_RANKS_OPT,
+    memory: str = MEMORY_OPT,
+    emit: Optional[Path] = EMIT_OPT,
+    dry_run: bool = DRY_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Schedule each resharding of MODEL (seed 002 §3), run its broadcasts on one local
+    process per mesh device, and check that every destination rank holds exactly its
+    slice of the tensor.
+
+    Each step is one unit task; its measured span is printed next to the scheduled one.
+    Exits 1 when a rank holds a wrong element; 2 on bad input or without torch.
+    """
+    if method not in METHODS:
+        fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
+    topo = topology_of(cluster)
+    spec = load_model_spec(model)
+    cost = CostModel(topo)
+    problems = problems_from_model(spec, topo, name)
+    if shape is not None:
+        try:
+            dims = tuple(int(x) for x in shape.replace("x", ",").split(","))
+            problems = [resize(p, dims) for p in problems]
+        except ValueError as exc:
+            fail(f"--shape: {exc}", 2)
+    plans = []
+    for prob in problems:
+        result = plan_resharding(prob, cost, method, time_limit=time_limit)
+        plans.append(lower_resharding(result.solution))
+    _finish(plans, [None] * len(plans), f"{spec.name} on {topo.name}", backend, repeat, warmup, timeout, max_ranks,
+            memory, emit, dry_run, as_json)
