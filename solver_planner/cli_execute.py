@@ -1,7 +1,6 @@
 """``solver-planner execute reduction|reshard``: run lowered plans on local processes with
 torch.distributed and check them.  Thin: argument parsing and printing only."""
 
-import math
 import shlex
 import sys
 from contextlib import nullcontext
@@ -14,16 +13,14 @@ from rich.table import Table
 from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .cli_reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction
-from .cost import CostModel
-from .distributed import lower_reduction, lower_resharding
 from .distributed.emit import module_text
+from .distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
 from .distributed.launch import execute_plans, require_torch
 from .reduction import format_program, parse_program
 from .reduction.explicit import load_explicit_program
-from .reduction.ranking import lowering_for, reduce_on_placement
-from .reduction.verify import system_steps, verify_steps
-from .resharding import METHODS, plan_resharding, problems_from_model
-from .resharding.tasks import resize
+from .reduction.ranking import lowering_for
+from .reduction.verify import system_steps
+from .resharding import METHODS
 from .spec import load_model_spec
 
 execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
@@ -51,11 +48,14 @@ def _status(message: str):
     return nullcontext()
 
 
-def _guard(plans, max_ranks: int, memory: str) -> None:
-    world = max(p.world for p in plans)
+def _check_world(world: int, max_ranks: int) -> None:
     if world > max_ranks:
         fail(f"this needs {world} local processes (one per device), more than --max-ranks {max_ranks}; use a"
              " smaller cluster spec (e.g. one written by 'solver-planner calibrate') or raise --max-ranks", 2)
+
+
+def _guard(plans, max_ranks: int, memory: str) -> None:
+    _check_world(max(p.world for p in plans), max_ranks)
     try:
         limit = units.parse_bytes(memory)
     except ValueError as exc:
@@ -108,10 +108,11 @@ def _report(executions, verdicts, as_json: bool, header: str) -> None:
         else:
             table = Table(title=f"{len(executions)} plans on {executions[0].plan.world} {executions[0].backend}"
                                 f" processes, median of {executions[0].repeat}")
-            for col in ("#", "plan", "verify", "check", "predicted", "measured", "measured/predicted"):
+            verified = any(v is not None for v in verdicts)
+            for col in ("#", "plan") + ("verify",) * verified + ("check", "predicted", "measured", "measured/predicted"):
                 table.add_column(col)
             for n, (e, v) in enumerate(zip(executions, verdicts), 1):
-                table.add_row(str(n), e.plan.title, "-" if v is None else v, "ok" if e.ok else "WRONG",
+                table.add_row(str(n), e.plan.title, *([v or "-"] if verified else []), "ok" if e.ok else "WRONG",
                               _ms(e.plan.predicted), _ms(e.total), _ratio(e.total, e.plan.predicted))
             con.print(table)
         con.print(f"{len(executions) - len(failed)} of {len(executions)} plan(s): every rank holds exactly what it"
@@ -155,24 +156,19 @@ def execute_reduction(
     or when a program cannot be lowered; 2 on bad input or without torch.
     """
     topo, spec = _load(cluster, model)
+    if not dry_run:
+        _check_world(topo.num_devices, max_ranks)
     red = _reduction(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
     lowering = lowering_for(topo, spec, chosen, red)
-    cost = CostModel(topo)
     size = red.bytes
     if nbytes is not None:
         try:
             size = units.parse_bytes(nbytes)
         except ValueError as exc:
             fail(str(exc), 2)
-    k = lowering.hierarchy.size
-    chunk_elems = max(1, math.ceil(size / 4 / k))  # float32 elements per chunk
-    runs = []  # (title, steps, labels, verdict)
     if program is None:
-        rep = reduce_on_placement(topo, spec, chosen, red, max_size, "ring", cost)
-        for p in rep.programs[:top] if top else rep.programs:
-            steps = system_steps(lowering, p.program)
-            runs.append((p.text, steps, [str(i) for i in p.program], verify_steps(lowering, steps).status))
+        runs = synthesized_runs(topo, spec, chosen, red, size, max_size, top)
     else:
         path = Path(program)
         if path.suffix in (".yaml", ".yml") or path.is_file():
@@ -184,13 +180,12 @@ def execute_reduction(
             except ValueError as exc:
                 fail(str(exc), 2)
             labels, title = [str(i) for i in parsed], format_program(parsed)
-        runs.append((title, steps, labels, verify_steps(lowering, steps).status))
-    plans = [lower_reduction(steps, topo.num_devices, k, lowering.reduction_groups(), chunk_elems, cost,
-                             labels=labels, title=title) for title, steps, labels, _ in runs]
+        runs = [reduction_run(topo, lowering, steps, size, title, labels)]
+    k = lowering.hierarchy.size
     header = (f"placement {chosen}, reduction '{red.name}' over {', '.join(red.axes)}:"
-              f" {units.format_bytes(chunk_elems * k * 4)} per rank in {k} chunks")
-    _finish(plans, [v for *_, v in runs], header, backend, repeat, warmup, timeout, max_ranks, memory, emit, dry_run,
-            as_json)
+              f" {units.format_bytes(chunk_elems(lowering, size) * k * 4)} per rank in {k} chunks")
+    _finish([r.plan for r in runs], [r.verdict for r in runs], header, backend, repeat, warmup, timeout, max_ranks,
+            memory, emit, dry_run, as_json)
 
 
 def _finish(plans, verdicts, header, backend, repeat, warmup, timeout, max_ranks, memory, emit, dry_run, as_json):
@@ -247,17 +242,73 @@ def execute_reshard(
         fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
     topo = topology_of(cluster)
     spec = load_model_spec(model)
-    cost = CostModel(topo)
-    problems = problems_from_model(spec, topo, name)
+    dims = None
     if shape is not None:
         try:
             dims = tuple(int(x) for x in shape.replace("x", ",").split(","))
-            problems = [resize(p, dims) for p in problems]
-        except ValueError as exc:
-            fail(f"--shape: {exc}", 2)
-    plans = []
-    for prob in problems:
-        result = plan_resharding(prob, cost, method, time_limit=time_limit)
-        plans.append(lower_resharding(result.solution))
+        except ValueError:
+            fail(f"--shape expects sizes such as 64,32,16; got {shape!r}", 2)
+    try:
+        plans = resharding_plans(topo, spec, name, method, time_limit, dims)
+    except ValueError as exc:
+        fail(f"--shape: {exc}", 2)
     _finish(plans, [None] * len(plans), f"{spec.name} on {topo.name}", backend, repeat, warmup, timeout, max_ranks,
             memory, emit, dry_run, as_json)
+
+
+@handles_errors
+def calibrate(
+    backend: str = typer.Option("auto", "--backend", help="gloo (CPU), nccl (a GPU per rank) or auto."),
+    world: int = typer.Option(4, "--world", "-w", min=2, help="Local processes to measure."),
+    levels: Optional[str] = typer.Option(None, "--levels", help="Hierarchy of the spec written, e.g. host=2,proc=2"
+                                                                " (product = --world); default host=1,proc=WORLD."),
+    sizes: str = typer.Option("4KiB,64KiB,1MiB,4MiB", "--sizes", help="Message sizes measured."),
+    repeat: int = typer.Option(10, "--repeat", min=1, help="Timed runs per call and size; the median is kept."),
+    name: Optional[str] = typer.Option(None, "--name", help="Cluster name; default local-BACKEND-WORLD."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the cluster spec here (default:"
+                                                                      " print it)."),
+    timeout: float = TIMEOUT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Measure point-to-point and collective calls on this machine and write a cluster spec
+    whose latency and bandwidth make the cost model fit them.
+
+    Prints every measured call next to the fitted model's prediction.  Local runs
+    ('execute ... local.yaml ...') can then be compared with predictions.
+    """
+    from .distributed.calibrate import calibrate as run_calibration
+    from .distributed.calibrate import cluster_yaml, parse_levels
+
+    require_torch()
+    try:
+        parse_levels(levels, world)
+        byte_sizes = [int(units.parse_bytes(s)) for s in sizes.split(",") if s.strip()]
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if len(byte_sizes) < 2:
+        fail("--sizes needs at least two sizes to tell latency from bandwidth", 2)
+    with _status(f"measuring {world} {backend} processes"):
+        cal = run_calibration(world, backend, levels, byte_sizes, repeat, timeout)
+    command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    text = cluster_yaml(cal, name, command)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+    if as_json:
+        print_json(cal.as_dict())
+        return
+    if output is None:
+        typer.echo(text)
+        return
+    d = cal.as_dict()
+    best = cal.best
+    ports = "one per process" if best.sharing == "device" else "one shared by all processes"
+    table = Table(title=f"{world} {cal.backend} processes: latency {units.format_time(best.latency)}, bandwidth"
+                        f" {units.format_bandwidth(best.bandwidth)}, ports: {ports}"
+                        f" (rms relative error {best.error:.2f})")
+    for col in ("call", "bytes", "measured", "predicted", "measured/predicted"):
+        table.add_column(col)
+    for m in d["measurements"]:
+        table.add_row(m["kind"], units.format_bytes(m["bytes"]), _ms(m["median"]), _ms(m["predicted"]),
+                      _ratio(m["median"], m["predicted"]))
+    console().print(table)

@@ -17,6 +17,8 @@ EXPECTED = {  # file: (devices, hosts, levels)
     "dgx-h100-4x8.yaml": (32, 4, ("node", "gpu")),
     "dgx-a100-8x8.yaml": (64, 8, ("node", "gpu")),
     "dgx-a100-128x8.yaml": (1024, 128, ("node", "gpu")),
+    "local-2x2.yaml": (4, 2, ("host", "proc")),
+    "local-2x4.yaml": (8, 2, ("host", "proc")),
 }
 
 

@@ -8,11 +8,13 @@ the time or the machine: the same plans give the same text.
 
 from __future__ import annotations
 
-import inspect
+from pathlib import Path
 from typing import Sequence
 
-from . import interpreter
 from .plan import DistributedPlan
+
+# Read as text, not imported: emitting needs no torch.
+INTERPRETER = Path(__file__).with_name("interpreter.py")
 
 __all__ = ["module_text"]
 
@@ -33,7 +35,7 @@ def module_text(plans: Sequence[DistributedPlan], command: str = "") -> str:
     for plan in plans:
         body += _plan_literal(plan)
     body.append("]")
-    source = inspect.getsource(interpreter)
+    source = INTERPRETER.read_text(encoding="utf-8")
     source = source[source.index('"""', 3) + 3:].lstrip("\n")  # drop the interpreter's own docstring
     tail = ["", "", 'if __name__ == "__main__":', "    main_torchrun(PLANS)", ""]
     return "\n".join(head + body) + "\n\n" + source.rstrip("\n") + "\n" + "\n".join(tail)

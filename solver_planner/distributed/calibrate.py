@@ -1,0 +1,304 @@
+"""Calibration: measure this machine's torch.distributed calls and write a cluster spec.
+
+Every process of a local job times, at several sizes, a point-to-point transfer, the same
+transfer on every disjoint pair at once, and the five collectives on all ranks (and an
+all-reduce on every pair at once); a call's time is the span from the first rank starting
+to the last finishing, after a barrier; the median over repetitions is kept.
+
+The spec written has the levels the user asks for (e.g. ``host=2,proc=4``, so that
+placements and resharding meshes of a real cluster can be tried locally).  All local
+processes talk over the same loopback, so every level gets the same two numbers,
+``latency`` (alpha) and ``bandwidth`` (B): the innermost level's interconnect carries
+them and every outer one is crossed ``via`` it, so that all transfers share its ports.
+They are fitted by least squares, on relative errors, to the cost model's own formulas
+(:mod:`solver_planner.cost`): for a fixed call the model is ``alpha * a + b / B`` with
+``a`` and ``b`` read off the model itself.  Two port layouts are fitted, one port per
+process and one port shared by all processes (a machine whose cores, not its links,
+bound the throughput), and the one that fits better is written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import units
+from ..cost import CostModel
+from ..errors import PlannerError
+from ..spec.cluster import load_cluster_spec
+from ..topology import Topology
+from .launch import choose_backend, run_workers
+
+__all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "cluster_yaml",
+           "parse_levels", "DEFAULT_SIZES"]
+
+KINDS = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
+DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+MATMUL = 256  # the side of the float32 matrices timed for the device's FLOP/s
+
+
+@dataclass(frozen=True)
+class Measurement:
+    kind: str
+    nbytes: int
+    times: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+@dataclass(frozen=True)
+class Fit:
+    sharing: str
+    latency: float
+    bandwidth: float
+    error: float  # root mean square of (predicted / measured - 1)
+    ratios: dict[str, float]  # per kind: median of measured / predicted
+
+
+@dataclass
+class Calibration:
+    world: int
+    backend: str
+    levels: list[tuple[str, int]]
+    measurements: list[Measurement]
+    flops: float
+    memory: float
+    fits: list[Fit]
+
+    @property
+    def best(self) -> Fit:
+        return min(self.fits, key=lambda f: (f.error, f.sharing))
+
+    def spec(self, name: str | None = None) -> dict[str, Any]:
+        return cluster_dict(name or f"local-{self.backend}-{self.world}", self.levels, self.best, self.flops,
+                            self.memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {"world": self.world, "backend": self.backend, "levels": [list(lv) for lv in self.levels],
+                "flops": self.flops, "memory": self.memory,
+                "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
+                        "rms_relative_error": best.error, "measured_over_predicted": best.ratios},
+                "fits": [{"sharing": f.sharing, "latency": f.latency, "bandwidth": f.bandwidth,
+                          "rms_relative_error": f.error} for f in self.fits],
+                "measurements": [{"kind": m.kind, "bytes": m.nbytes, "median": m.median,
+                                  "predicted": predict(self.topology(best), m), "times": list(m.times)}
+                                 for m in self.measurements]}
+
+    def topology(self, f: Fit) -> Topology:
+        return topology_for(self.levels, f.sharing, f.latency, f.bandwidth)
+
+
+def parse_levels(text: str | None, world: int) -> list[tuple[str, int]]:
+    """``"host=2,proc=4"`` -> ``[("host", 2), ("proc", 4)]``; default one host of ``world`` processes."""
+    if not text:
+        return [("host", 1), ("proc", world)]
+    levels = []
+    for part in text.split(","):
+        name, _, count = part.partition("=")
+        if not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"--levels expects name=count pairs such as host=2,proc=4; got {part!r}")
+        levels.append((name.strip(), int(count)))
+    product = 1
+    for _, c in levels:
+        product *= c
+    if product != world:
+        raise ValueError(f"--levels {text} has {product} devices but --world is {world}")
+    return levels
+
+
+def _pairs(world: int) -> list[list[int]]:
+    return [[2 * i, 2 * i + 1] for i in range(world // 2)]
+
+
+def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int], repeat: int, timeout: float,
+            results) -> None:
+    import time
+    import traceback
+
+    try:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout))
+        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+        pairs = _pairs(world)
+        pair_groups = [dist.new_group(p) for p in pairs]
+        mine = next((g for p, g in zip(pairs, pair_groups) if rank in p), None)
+        pair_rank = next((p for p in pairs if rank in p), None)
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        records = []
+        # All ranks multiply at once: the FLOP/s one process gets while the others work too.
+        a = torch.randn(MATMUL, MATMUL, device=device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(8):
+            a @ a
+        sync()
+        flops = 8 * 2 * MATMUL ** 3 / (time.perf_counter() - t0)
+        for size in sizes:
+            elems = max(world, size // 4 // world * world)  # divisible by world for the scatter and gather
+            full = torch.ones(elems, device=device)
+            part = torch.ones(elems // world, device=device)
+            for kind in KINDS:
+                for rep in range(repeat + 1):  # the first run warms up
+                    dist.barrier()
+                    start = time.perf_counter()
+                    took_part = True
+                    if kind == "p2p":
+                        if rank == 0:
+                            dist.send(full, 1)
+                        elif rank == 1:
+                            dist.recv(full, 0)
+                        else:
+                            took_part = False
+                    elif kind == "p2p-pairs":
+                        if pair_rank is None:
+                            took_part = False
+                        elif rank == pair_rank[0]:
+                            dist.send(full, pair_rank[1])
+                        else:
+                            dist.recv(full, pair_rank[0])
+                    elif kind == "allreduce":
+                        dist.all_reduce(full)
+                    elif kind == "reducescatter":
+                        rs(part, full)
+                    elif kind == "allgather":
+                        ag(full, part)
+                    elif kind == "broadcast":
+                        dist.broadcast(full, src=0)
+                    elif kind == "reduce":
+                        dist.reduce(full, dst=0)
+                    elif kind == "allreduce-pairs":
+                        if mine is None:
+                            took_part = False
+                        else:
+                            dist.all_reduce(full, group=mine)
+                    sync()
+                    if rep and took_part:
+                        records.append((kind, elems * 4, rep, start, time.perf_counter()))
+        dist.barrier()
+        dist.destroy_process_group()
+        results.put((rank, {"records": records, "flops": flops}, None))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, None, traceback.format_exc()))
+
+
+def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SIZES, repeat: int = 10,
+            timeout: float = 300.0) -> tuple[str, list[Measurement], float]:
+    """Run the measurements on ``world`` local processes: (backend used, medians, FLOP/s per process)."""
+    if world < 2:
+        raise PlannerError("calibration needs at least 2 processes")
+    backend = choose_backend(backend, world)
+    with tempfile.TemporaryDirectory(prefix="solver-planner-") as tmp:
+        per_rank = run_workers(_worker, world, (backend, os.path.join(tmp, "store"), list(sizes), repeat, timeout),
+                               timeout)
+    spans: dict[tuple[str, int], dict[int, list[float]]] = {}
+    for result in per_rank:
+        for kind, nbytes, rep, start, end in result["records"]:
+            span = spans.setdefault((kind, nbytes), {}).setdefault(rep, [float("inf"), float("-inf")])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+    out = [Measurement(kind, nbytes, tuple(e - s for _, (s, e) in sorted(reps.items())))
+           for (kind, nbytes), reps in spans.items()]
+    out.sort(key=lambda m: (KINDS.index(m.kind), m.nbytes))
+    return backend, out, statistics.median(r["flops"] for r in per_rank)
+
+
+def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: float, memory: float) -> dict:
+    inner = levels[-1][0]
+    ics = [{"name": "loopback", "level": inner, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
+            "latency": f"{f.latency * 1e6:.6g}us", "sharing": f.sharing}]
+    for lv, _ in levels[:-1]:
+        # Another level of the same machine: the same loopback, so no latency or bandwidth of its own.
+        ics.append({"name": f"{lv}-loopback", "level": lv, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
+                    "latency": "0us", "via": ["loopback"]})
+    return {"name": name, "levels": [{"name": n, "count": c} for n, c in levels],
+            "device": {"name": "cpu-process", "flops": f"{flops / 1e9:.4g} GFLOP/s",
+                       "memory": f"{memory / 2 ** 30:.4g} GiB"},
+            "interconnects": ics}
+
+
+def topology_for(levels: Sequence[tuple[str, int]], sharing: str, latency: float, bandwidth: float) -> Topology:
+    import yaml
+
+    f = Fit(sharing, latency, bandwidth, 0.0, {})
+    text = yaml.safe_dump(cluster_dict("fit", levels, f, 1e9, 2 ** 30), sort_keys=False)
+    return Topology(load_cluster_spec("<calibration>", text))
+
+
+def predict(topo: Topology, m: Measurement) -> float:
+    """The cost model's time for a measured call (ranks = devices)."""
+    cost = CostModel(topo)
+    world = topo.num_devices
+    pairs = _pairs(world)
+    if m.kind == "p2p":
+        return cost.transfer_time(0, 1, m.nbytes)
+    if m.kind == "p2p-pairs":
+        return cost.transfers_time([tuple(p) for p in pairs], m.nbytes)
+    if m.kind == "allreduce-pairs":
+        return cost.collective("allreduce", pairs, m.nbytes).time
+    return cost.collective(m.kind, [list(range(world))], m.nbytes).time
+
+
+def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], world: int) -> list[Fit]:
+    """Least-squares ``latency`` and ``bandwidth`` for each port layout (module docstring)."""
+    fits = []
+    for sharing in ("device", f"{world} devices"):
+        # The model is alpha * a + b / B: read a (B -> infinity) and b (alpha = 0, B = 1) off it.
+        slow_links, no_latency = topology_for(levels, sharing, 1.0, 1e30), topology_for(levels, sharing, 0.0, 1.0)
+        a = np.array([predict(slow_links, m) for m in measurements])
+        b = np.array([predict(no_latency, m) for m in measurements])
+        y = np.array([m.median for m in measurements])
+        rows = np.stack([a / y, b / y], axis=1)
+        (alpha, beta), *_ = np.linalg.lstsq(rows, np.ones(len(y)), rcond=None)
+        if alpha < 0:
+            alpha, beta = 0.0, float(np.dot(rows[:, 1], np.ones(len(y))) / np.dot(rows[:, 1], rows[:, 1]))
+        if beta <= 0:
+            raise PlannerError("the measurements do not grow with the message size; cannot fit a bandwidth")
+        pred = alpha * a + beta * b
+        error = float(np.sqrt(np.mean((pred / y - 1) ** 2)))
+        ratios = {k: float(np.median([y[i] / pred[i] for i, m in enumerate(measurements) if m.kind == k]))
+                  for k in dict.fromkeys(m.kind for m in measurements)}
+        fits.append(Fit(sharing, float(alpha), float(1 / beta), error, ratios))
+    return fits
+
+
+def calibrate(world: int, backend: str = "auto", levels: str | None = None, sizes: Sequence[int] = DEFAULT_SIZES,
+              repeat: int = 10, timeout: float = 300.0) -> Calibration:
+    parsed = parse_levels(levels, world)
+    used, measured, flops = measure(world, backend, sizes, repeat, timeout)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
+    return Calibration(world, used, parsed, measured, flops, memory, fit(parsed, measured, world))
+
+
+def cluster_yaml(cal: Calibration, name: str | None = None, command: str = "") -> str:
+    """The cluster spec as YAML, with comments saying how it was measured and how well it fits."""
+    import yaml
+
+    best = cal.best
+    sizes = sorted({m.nbytes for m in cal.measurements})
+    lines = [f"# Calibrated{' by `' + command + '`' if command else ''} on {socket.gethostname()}"
+             f" ({os.cpu_count()} cores): {cal.world} {cal.backend} processes.",
+             f"# Calls of {units.format_bytes(sizes[0])} to {units.format_bytes(sizes[-1])}, median of"
+             f" {len(cal.measurements[0].times)} runs each, fitted to the cost model's formulas",
+             f"# (least squares on relative error): latency {units.format_time(best.latency)},"
+             f" bandwidth {units.format_bandwidth(best.bandwidth)},",
+             f"# ports: {'one per process' if best.sharing == 'device' else 'one shared by all processes'}"
+             f" (rms relative error {best.error:.2f}; the other layout: "
+             + ", ".join(f"{f.error:.2f}" for f in cal.fits if f is not best) + ").",
+             "# measured / predicted, median per call: "
+             + ", ".join(f"{k} {v:.2f}" for k, v in best.ratios.items()) + ".",
+             "# Every level is the same machine, so outer levels reach each other through the loopback."]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(cal.spec(name), sort_keys=False)
