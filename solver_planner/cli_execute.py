@@ -70,7 +70,11 @@ def _emit(plans, path: Optional[Path]) -> None:
     if path is None:
         return
     command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    path.write_text(module_text(plans, command), encoding="utf-8")
+    try:
+        text = module_text(plans, command)
+    except ValueError as exc:
+        fail(f"--emit: {exc} (choose one with --name)", 2)
+    path.write_text(text, encoding="utf-8")
     typer.echo(f"wrote {path} (run: torchrun --nproc-per-node {plans[0].world} {path})", err=True)
 
 

@@ -23,6 +23,9 @@ def module_text(plans: Sequence[DistributedPlan], command: str = "") -> str:
     if not plans:
         raise ValueError("nothing to emit")
     world = plans[0].world
+    if any(p.world != world for p in plans):
+        sizes = ", ".join(str(n) for n in sorted({p.world for p in plans}))
+        raise ValueError(f"one module runs under one torchrun, but these plans need {sizes} ranks; emit them apart")
     head = [f'"""{len(plans)} plan{"s" * (len(plans) > 1)} lowered to torch.distributed by solver-planner.',
             "", f"Run: torchrun --nproc-per-node {world} <this file>", ]
     if command:
