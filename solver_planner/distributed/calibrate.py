@@ -129,6 +129,8 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
         import torch
         import torch.distributed as dist
 
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
         device = f"cuda:{rank}" if backend == "nccl" else "cpu"

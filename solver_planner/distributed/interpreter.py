@@ -183,6 +183,8 @@ def main_torchrun(plans):
     if any(plan["world"] != world for plan in plans):
         raise SystemExit(f"these plans need {plans[0]['world']} ranks, not {world}")
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    if cuda:
+        torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
     failed = False

@@ -109,10 +109,13 @@ def _worker(rank: int, world: int, backend: str, store: str, plans: list[dict], 
             timeout: float, results) -> None:
     """One process: join the job, run every plan, put ``(rank, per-plan results)`` on ``results``."""
     try:
+        import torch
         import torch.distributed as dist
 
         from . import interpreter as it
 
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # nccl's barrier and collectives use the current device
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
         device = f"cuda:{rank}" if backend == "nccl" else "cpu"
