@@ -84,6 +84,7 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         best = self.best
+        topo = self.topology(best)
         return {"world": self.world, "backend": self.backend, "levels": [list(lv) for lv in self.levels],
                 "flops": self.flops, "memory": self.memory,
                 "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
@@ -91,7 +92,7 @@ class Calibration:
                 "fits": [{"sharing": f.sharing, "latency": f.latency, "bandwidth": f.bandwidth,
                           "rms_relative_error": f.error} for f in self.fits],
                 "measurements": [{"kind": m.kind, "bytes": m.nbytes, "median": m.median,
-                                  "predicted": predict(self.topology(best), m), "times": list(m.times)}
+                                  "predicted": predict(topo, m), "times": list(m.times)}
                                  for m in self.measurements]}
 
     def topology(self, f: Fit) -> Topology:

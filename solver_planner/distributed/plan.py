@@ -28,9 +28,6 @@ from ..spec.model import DTYPE_BYTES
 
 __all__ = ["Call", "PlanStep", "DistributedPlan", "format_rows"]
 
-OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "broadcast")
-
-
 @dataclass(frozen=True)
 class Call:
     """One torch.distributed call made by one rank."""
