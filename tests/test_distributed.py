@@ -311,7 +311,7 @@ def test_cli_refuses_more_processes_than_allowed():
 
 def test_calibrate_writes_a_spec_whose_cost_model_gives_the_reported_predictions(tmp_path):
     out = tmp_path / "local.yaml"
-    r = run_cli("calibrate", "--backend", "gloo", "--world", "2", "--sizes", "4KiB,256KiB", "--repeat", "3",
+    r = run_cli("calibrate", "--backend", "gloo", "--world", "2", "--sizes", "4KiB,4MiB", "--repeat", "3",
                 "-o", out, "--json")
     assert r.returncode == 0, r.stderr
     cal = json.loads(r.stdout)
@@ -330,3 +330,22 @@ def test_calibrate_writes_a_spec_whose_cost_model_gives_the_reported_predictions
             continue
         # The spec is written with 6 significant digits.
         assert predicted == pytest.approx(m["predicted"], rel=1e-4)
+
+
+def test_calibration_fit_recovers_known_parameters_and_survives_noise():
+    from solver_planner.distributed.calibrate import Measurement, fit, predict, topology_for
+
+    levels = [("host", 2), ("proc", 2)]
+    truth = topology_for(levels, "4 devices", 300e-6, 2e9)
+    kinds = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
+    exact = [Measurement(k, n, (predict(truth, Measurement(k, n, (1.0,))),)) for k in kinds for n in (4096, 1 << 22)]
+    fits = {f.sharing: f for f in fit(levels, exact, 4)}
+    shared = fits["4 devices"]
+    assert shared.latency == pytest.approx(300e-6, rel=1e-6) and shared.bandwidth == pytest.approx(2e9, rel=1e-6)
+    assert shared.error < 1e-9 and fits["device"].error > shared.error
+    # Larger messages measured faster (noise): still a positive bandwidth that no measurement contradicts.
+    noisy = [Measurement("p2p", 4096, (1e-3,)), Measurement("p2p", 1 << 18, (0.9e-3,))]
+    for f in fit(levels, noisy, 4):
+        assert f.bandwidth > 0 and f.latency >= 0
+        no_latency = topology_for(levels, f.sharing, 0.0, f.bandwidth)
+        assert all(predict(no_latency, m) <= m.median * (1 + 1e-5) for m in noisy)  # 6 digits in the spec

@@ -269,7 +269,11 @@ def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], 
         if alpha < 0:
             alpha, beta = 0.0, float(np.dot(rows[:, 1], np.ones(len(y))) / np.dot(rows[:, 1], rows[:, 1]))
         if beta <= 0:
-            raise PlannerError("the measurements do not grow with the message size; cannot fit a bandwidth")
+            # Noise hid the growth with size: take the smallest bandwidth no measurement
+            # contradicts (b / B <= measured for all) and fit the latency alone.
+            beta = float(np.min(y / b))
+            rest = 1 - beta * rows[:, 1]
+            alpha = max(0.0, float(np.dot(rows[:, 0], rest) / np.dot(rows[:, 0], rows[:, 0])))
         pred = alpha * a + beta * b
         error = float(np.sqrt(np.mean((pred / y - 1) ** 2)))
         ratios = {k: float(np.median([y[i] / pred[i] for i, m in enumerate(measurements) if m.kind == k]))
