@@ -12,14 +12,11 @@ from rich.table import Table
 
 from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
-from .cli_reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction
+from .cli_reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction, read_program
 from .distributed.emit import module_text
 from .distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
 from .distributed.launch import execute_plans, require_torch
-from .reduction import format_program, parse_program
-from .reduction.explicit import load_explicit_program
 from .reduction.ranking import lowering_for
-from .reduction.verify import system_steps
 from .resharding import METHODS
 from .spec import load_model_spec
 
@@ -174,16 +171,7 @@ def execute_reduction(
     if program is None:
         runs = synthesized_runs(topo, spec, chosen, red, size, max_size, top)
     else:
-        path = Path(program)
-        if path.suffix in (".yaml", ".yml") or path.is_file():
-            steps, labels, title = load_explicit_program(path, topo.num_devices), None, f"explicit steps from {path}"
-        else:
-            try:
-                parsed = parse_program(program)
-                steps = system_steps(lowering, parsed)
-            except ValueError as exc:
-                fail(str(exc), 2)
-            labels, title = [str(i) for i in parsed], format_program(parsed)
+        steps, labels, title = read_program(topo, lowering, program)
         runs = [reduction_run(topo, lowering, steps, size, title, labels)]
     k = lowering.hierarchy.size
     header = (f"placement {chosen}, reduction '{red.name}' over {', '.join(red.axes)}:"

@@ -11,7 +11,7 @@ from rich.table import Table
 from . import units
 from .cost import CostModel
 from .placement import ParallelismMatrix
-from .reduction import parse_program
+from .reduction import format_program, parse_program
 from .reduction.explicit import load_explicit_program
 from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
 from .reduction.verify import system_steps, verify_steps
@@ -76,6 +76,19 @@ def _matrix(topo, spec, text, algorithm):
     except ValueError as exc:
         fail(str(exc), 2)
     return matrix
+
+
+def read_program(topo, lowering, program: str):
+    """PROGRAM as ``(steps, labels, title)``: a YAML file of explicit steps (labels None) or DSL text."""
+    path = Path(program)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return load_explicit_program(path, topo.num_devices), None, f"explicit steps from {path}"
+    try:
+        parsed = parse_program(program)
+        steps = system_steps(lowering, parsed)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    return steps, [str(i) for i in parsed], format_program(parsed)
 
 
 def place(
@@ -181,16 +194,8 @@ def verify(
     red = _reduction(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
     lowering = lowering_for(topo, spec, chosen, red)
-    path = Path(program)
-    if path.suffix in (".yaml", ".yml") or (path.exists() and path.is_file()):
-        steps = load_explicit_program(path, topo.num_devices)
-        form = f"explicit steps from {path}"
-    else:
-        try:
-            steps = system_steps(lowering, parse_program(program))
-        except ValueError as exc:
-            fail(str(exc), 2)
-        form = "DSL program"
+    steps, labels, _ = read_program(topo, lowering, program)
+    form = "DSL program" if labels is not None else f"explicit steps from {program}"
     if engine == "z3":
         from .reduction.smt import verify_z3
 

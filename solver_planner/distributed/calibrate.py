@@ -24,7 +24,6 @@ import socket
 import statistics
 import tempfile
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,7 +33,7 @@ from ..cost import CostModel
 from ..errors import PlannerError
 from ..spec.cluster import load_cluster_spec
 from ..topology import Topology
-from .launch import choose_backend, run_workers
+from .launch import choose_backend, join_job, run_workers
 
 __all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "cluster_yaml",
            "parse_levels", "DEFAULT_SIZES"]
@@ -130,18 +129,15 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
         import torch
         import torch.distributed as dist
 
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout))
-        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        from .interpreter import ALL_GATHER as ag
+        from .interpreter import REDUCE_SCATTER as rs
+
+        device = join_job(rank, world, backend, store, timeout)
         sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
         pairs = _pairs(world)
         pair_groups = [dist.new_group(p) for p in pairs]
         mine = next((g for p, g in zip(pairs, pair_groups) if rank in p), None)
         pair_rank = next((p for p in pairs if rank in p), None)
-        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         records = []
         # All ranks multiply at once: the FLOP/s one process gets while the others work too.
         a = torch.randn(MATMUL, MATMUL, device=device)

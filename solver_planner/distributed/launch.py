@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from ..errors import MissingDependencyError, PlannerError
 from .plan import DistributedPlan
 
-__all__ = ["require_torch", "choose_backend", "Failure", "Execution", "execute_plans", "run_workers",
+__all__ = ["require_torch", "choose_backend", "join_job", "Failure", "Execution", "execute_plans", "run_workers",
            "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'solver-planner[torch]' (or: pip install torch==2.13.0)"
@@ -105,20 +105,27 @@ class Execution:
                               "expected": f.want, "message": f.describe(plan)} for f in self.failures]}
 
 
+def join_job(rank: int, world: int, backend: str, store: str, timeout: float) -> str:
+    """Join the local job through the file ``store``; the device this rank's tensors live on."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # nccl's barrier and collectives use the current device
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
+    return f"cuda:{rank}" if backend == "nccl" else "cpu"
+
+
 def _worker(rank: int, world: int, backend: str, store: str, plans: list[dict], repeat: int, warmup: int,
             timeout: float, results) -> None:
     """One process: join the job, run every plan, put ``(rank, per-plan results)`` on ``results``."""
     try:
-        import torch
         import torch.distributed as dist
 
         from . import interpreter as it
 
-        if backend == "nccl":
-            torch.cuda.set_device(rank)  # nccl's barrier and collectives use the current device
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout))
-        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        device = join_job(rank, world, backend, store, timeout)
         made: dict[tuple, Any] = {}
         for plan in plans:  # the union of the plans' groups, in the same order on every rank
             for g in plan["groups"]:
