@@ -28,7 +28,7 @@ from solver_planner.placement import ParallelismMatrix, enumerate_matrices
 from solver_planner.reduction import Lowering, parse_program
 from solver_planner.reduction.ranking import StepCoster, replay
 from solver_planner.reduction.synthesis import synthesize_traced
-from solver_planner.reduction.smt import verify_z3
+from solver_planner.reduction.proof import verify_z3
 from solver_planner.reduction.verify import system_steps
 from solver_planner.spec import load_cluster_spec
 from solver_planner.topology import Topology

@@ -197,7 +197,7 @@ def verify(
     steps, labels, _ = read_program(topo, lowering, program)
     form = "DSL program" if labels is not None else f"explicit steps from {program}"
     if engine == "z3":
-        from .reduction.smt import verify_z3
+        from .reduction.proof import verify_z3
 
         verdict = verify_z3(lowering, steps, timeout)
     elif engine == "semantics":

@@ -178,6 +178,12 @@ class CostModel:
         """Seconds for ``flops`` on one device at its peak rate."""
         return flops / self.topology.device.flops
 
+    def copy_time(self, nbytes: float) -> float:
+        """A local copy of ``nbytes`` (read once, written once) at the device's memory bandwidth;
+        0 when the cluster spec gives none."""
+        bw = self.topology.device.memory_bandwidth
+        return 2 * nbytes / bw if bw and nbytes > 0 else 0.0
+
     # -- point to point ------------------------------------------------------------------
     def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
         """``latency + S / bandwidth`` of one transfer alone; 0 to itself."""

@@ -43,6 +43,7 @@ class Device:
     name: str
     flops: float
     memory: float
+    memory_bandwidth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Topology:
         self.name = spec.name
         self.levels = tuple(Level(lv.name, lv.count) for lv in spec.levels)
         self.level_names = tuple(lv.name for lv in self.levels)
-        self.device = Device(spec.device.name, spec.device.flops, spec.device.memory)
+        self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth)
         self.num_devices = prod(lv.count for lv in self.levels)
         self.interconnects: dict[str, Interconnect] = {}
         for ic in spec.interconnects:

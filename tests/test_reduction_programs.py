@@ -8,7 +8,8 @@ from solver_planner.placement import ParallelismMatrix, enumerate_matrices
 from solver_planner.reduction import Lowering, parse_program, synthesize
 from solver_planner.reduction.execute import execute
 from solver_planner.reduction.semantics import Semantics
-from solver_planner.reduction.smt import synthesize_z3, verify_z3
+from solver_planner.reduction.proof import verify_z3
+from solver_planner.reduction.smt import synthesize_z3
 from solver_planner.reduction.synthesis import candidates, run_on_hierarchy
 from solver_planner.reduction.verify import system_steps, verify_steps
 

@@ -2,24 +2,25 @@
 
 Both functions are pure: they return a :class:`DistributedPlan` and touch no process.
 
-Reduction programs (seed 000 §3.2).  Every rank starts with ``k`` chunks (the reduction
-group size, as in :func:`~solver_planner.reduction.verify.verify_steps`, so every
-hierarchical scatter divides).  The lowering tracks, rank by rank, which chunks it holds
-and in which order, exactly as the semantics does:
+Reduction programs (seed 000 §3.2) follow the one meaning of :mod:`..reduction.layout`:
+every rank's buffer is ``k`` chunks, chunk ``c`` at row ``c``; a call hands torch each
+member's held chunks in ascending order and writes what comes back at each chunk's own
+row.  :func:`..reduction.layout.buffers` says, member by member, which rows go in and come
+out in the order torch reads and writes them (torch orders a group's ranks ascending, so
+a ReduceScatter whose group is written in another order hands each rank its block of the
+program's order by laying its input out in torch's); the collectives are
 
-* AllReduce -> ``all_reduce`` of the held chunks, in place;
-* ReduceScatter -> ``reduce_scatter_tensor``: the member at position ``n`` of the group
-  keeps the ``n``-th share of its held chunks (R-ReduceScatter);
-* AllGather -> ``all_gather_into_tensor``: everyone ends with the members' chunks;
-* Reduce -> ``reduce`` to the first member (the root, §3.2); the others hold nothing;
+* AllReduce -> ``all_reduce``;  Reduce -> ``reduce`` to the first member (§3.2);
+* ReduceScatter -> ``reduce_scatter_tensor``;  AllGather -> ``all_gather_into_tensor``;
 * Broadcast -> ``broadcast`` from the first member of the root's chunks.
 
-torch orders a group's ranks ascending whatever order ``new_group`` gets, and hands the
-``p``-th part of a ``reduce_scatter_tensor`` to the ``p``-th of them; so each rank lays out
-its input with the share of the member at ascending position ``p`` in part ``p``, which
-gives every member the chunks the semantics says it holds.  Calls whose members would
-hand torch buffers of different sizes cannot run at all: lowering refuses them with
-:class:`~solver_planner.errors.LoweringError` naming the step and the group.
+A group in which nobody holds anything (or a Broadcast whose root holds nothing) issues
+no call.  Where a member's rows are not one contiguous ascending run, the call needs a
+local copy before (pack) or after (unpack) it: the plan lists those ranks with each
+step, and the cost model charges them (:meth:`CostModel.copy_time`).  A call torch cannot
+run (members with buffers of different sizes, a scatter that does not divide, an
+all-gather of overlapping chunks) raises :class:`~solver_planner.errors.LoweringError`
+naming the step and the group.
 
 Cross-mesh resharding (seed 002 §3): every unit task becomes one ``broadcast`` from its
 chosen sender over the group {sender} + receivers, carrying the task's slice: the sender
@@ -35,6 +36,7 @@ from typing import Sequence
 from ..cost import Collective, CostModel
 from ..errors import LoweringError
 from ..reduction.dsl import COLLECTIVE_NAMES
+from ..reduction.layout import buffers, contiguous, copies, trace
 from ..resharding.mesh import Box
 from ..resharding.plan import ReshardingPlan
 from ..resharding.schedule import TIME_UNIT
@@ -48,6 +50,8 @@ __all__ = ["lower_reduction", "lower_resharding", "CHUNK_DTYPE"]
 CHUNK_DTYPE = "float32"
 
 Steps = Sequence[tuple[Collective, Sequence[Sequence[int]]]]
+OPS = {Collective.ALLREDUCE: "all_reduce", Collective.REDUCE: "reduce", Collective.BROADCAST: "broadcast",
+       Collective.REDUCESCATTER: "reduce_scatter_tensor", Collective.ALLGATHER: "all_gather_into_tensor"}
 
 
 class _Groups:
@@ -71,24 +75,46 @@ def lower_reduction(steps: Steps, num_devices: int, chunks: int, reduction_group
 
     ``chunk_elems`` elements of float32 per chunk; with ``cost`` every step carries the
     cost model's prediction for its buffers (NCCL's size convention, as in
-    :class:`~solver_planner.reduction.ranking.StepCoster`).
+    :class:`~solver_planner.reduction.ranking.StepCoster`), local copies included.
     """
     if chunks < 1 or chunk_elems < 1:
         raise ValueError("a buffer needs at least one chunk of one element")
     chunk_bytes = chunk_elems * DTYPE_BYTES[CHUNK_DTYPE]
-    held: list[tuple[int, ...]] = [tuple(range(chunks)) for _ in range(num_devices)]
+    steps = [(Collective.parse(kind), groups) for kind, groups in steps]
+    tr = trace(num_devices, chunks, steps)
+    if tr.problem is not None:
+        raise LoweringError(f"{tr.problem}; torch.distributed cannot run that call")
     calls: list[list[Call]] = [[] for _ in range(num_devices)]
     groups = _Groups()
     plan_steps: list[PlanStep] = []
     clock = 0.0
     for s, (kind, step_groups) in enumerate(steps):
-        kind = Collective.parse(kind)
-        active = [list(g) for g in step_groups if len(g) > 1]
-        sizes = [_lower_group(kind, g, s, held, calls, groups, chunk_bytes) for g in active]
-        predicted = cost.collective(kind, active, sizes, algorithm).time if cost is not None and active else 0.0
+        active, sizes, copying, copied = [], [], [], 0
+        for call in tr.calls[s]:
+            bufs = buffers(call)
+            if not bufs or not call.before[0]:
+                continue  # nothing held, or a broadcast root holding nothing: no call
+            gi, root = groups(call.group), call.group[0]
+            flags = copies(call)
+            for d in call.group:
+                send, recv = bufs[d]
+                if flags[d].pack != (not contiguous(send)) or flags[d].unpack != (not contiguous(recv)):
+                    raise AssertionError(f"step {s + 1}: copies of rank {d} disagree with its buffers")
+                keeps = kind is not Collective.REDUCE or d == root
+                calls[d].append(Call(s, OPS[kind], gi, root if kind in (Collective.REDUCE, Collective.BROADCAST)
+                                     else None, send if send else None, recv if keeps and recv else None))
+                if flags[d].pack or flags[d].unpack:
+                    copying.append(d)
+                    copied = max(copied, flags[d].chunks)
+            active.append(list(call.group))
+            moved = len(bufs[root][1]) if kind is Collective.ALLGATHER else max(len(bufs[root][0]), len(bufs[root][1]))
+            sizes.append(moved * chunk_bytes)  # NCCL's convention: the all-gather's output
+        predicted = 0.0
+        if cost is not None and active:
+            predicted = cost.collective(kind, active, sizes, algorithm).time + cost.copy_time(copied * chunk_bytes)
         label = labels[s] if labels is not None else f"{COLLECTIVE_NAMES[kind]} on {[list(g) for g in step_groups]}"
         ranks = tuple(sorted(d for g in active for d in g))
-        plan_steps.append(PlanStep(label, ranks, max(sizes, default=0.0), predicted, clock))
+        plan_steps.append(PlanStep(label, ranks, max(sizes, default=0.0), predicted, clock, tuple(sorted(copying))))
         clock += predicted
     sum_over: list[list[int] | None] = [None] * num_devices
     for g in reduction_groups:
@@ -100,62 +126,6 @@ def lower_reduction(steps: Steps, num_devices: int, chunks: int, reduction_group
     return DistributedPlan(title, "reduction", "chunks", CHUNK_DTYPE, tuple(range(num_devices)), groups.all(),
                            tuple(plan_steps), tuple(tuple(c) for c in calls),
                            {"chunks": chunks, "chunk_elems": chunk_elems, "sum_over": sum_over}, barriers=True)
-
-
-def _lower_group(kind: Collective, g: list[int], s: int, held: list[tuple[int, ...]], calls: list[list[Call]],
-                 groups: _Groups, chunk_bytes: int) -> float:
-    """Append the calls of one group to its members' lists; return the step's buffer bytes."""
-    gi = groups(g)
-    members = sorted(g)
-    if kind is Collective.BROADCAST:
-        root = g[0]
-        rows = held[root]
-        for d in g:
-            calls[d].append(Call(s, "broadcast", gi, root, rows if d == root else None, None if d == root else rows))
-            held[d] = rows
-        return len(rows) * chunk_bytes
-    sizes = {len(held[d]) for d in g}
-    if len(sizes) > 1:
-        counts = ", ".join(f"rank {d}: {len(held[d])}" for d in g)
-        raise LoweringError(f"step {s + 1}: {kind.value} on group {g}: the members hold different numbers of chunks"
-                            f" ({counts}), so torch.distributed would get buffers of different sizes")
-    n = sizes.pop()
-    if n == 0:
-        return 0.0  # nothing held anywhere: no call at all (on every member alike)
-    if kind is Collective.ALLREDUCE:
-        for d in g:
-            calls[d].append(Call(s, "all_reduce", gi, None, held[d], held[d]))
-        return n * chunk_bytes
-    if kind is Collective.REDUCE:
-        root = g[0]
-        for d in g:
-            calls[d].append(Call(s, "reduce", gi, root, held[d], held[d] if d == root else None))
-        for d in g[1:]:
-            held[d] = ()
-        return n * chunk_bytes
-    if kind is Collective.REDUCESCATTER:
-        if n % len(g):
-            raise LoweringError(f"step {s + 1}: reducescatter on group {g}: {n} chunks do not split evenly over"
-                                f" {len(g)} ranks")
-        per = n // len(g)
-        pos = {d: i for i, d in enumerate(g)}
-        for d in g:
-            mine = held[d]
-            # Part p of torch's input goes to the p-th member in ascending order.
-            send = tuple(r for m in members for r in mine[pos[m] * per:(pos[m] + 1) * per])
-            keep = mine[pos[d] * per:(pos[d] + 1) * per]
-            calls[d].append(Call(s, "reduce_scatter_tensor", gi, None, send, keep))
-        for d in g:
-            held[d] = held[d][pos[d] * per:(pos[d] + 1) * per]
-        return n * chunk_bytes
-    if kind is Collective.ALLGATHER:
-        gathered = tuple(r for m in members for r in held[m])
-        for d in g:
-            calls[d].append(Call(s, "all_gather_into_tensor", gi, None, held[d], gathered))
-        for d in g:
-            held[d] = gathered
-        return len(gathered) * chunk_bytes  # NCCL's convention: the all-gather's output
-    raise ValueError(f"unknown collective {kind}")
 
 
 def lower_resharding(plan: ReshardingPlan, title: str | None = None) -> DistributedPlan:

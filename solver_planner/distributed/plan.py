@@ -59,6 +59,7 @@ class PlanStep:
     nbytes: float
     predicted: float
     start: float = 0.0
+    copies: tuple[int, ...] = ()  # ranks that copy locally around the call (packing / unpacking)
 
     @property
     def end(self) -> float:
@@ -147,7 +148,8 @@ class DistributedPlan:
             for c in calls:
                 by_step.setdefault(c.step, []).append((rank, c))
         for s, step in enumerate(self.steps):
-            lines.append(f"step {s + 1}: {step.label}  (predicted {step.predicted * 1e3:.3f} ms)")
+            copies = f"; local copies on ranks {format_rows(step.copies)}" if step.copies else ""
+            lines.append(f"step {s + 1}: {step.label}  (predicted {step.predicted * 1e3:.3f} ms{copies})")
             for rank, c in sorted(by_step.get(s, []), key=lambda rc: rc[0]):
                 lines.append(f"  rank {rank}: {self.describe_call(c)}")
         return "\n".join(lines)

@@ -4,9 +4,13 @@ A lowered program runs its steps one after another; inside a step every device g
 runs at once and they share links (:meth:`CostModel.collective`).  The buffer of a step is
 the share of the data its members hold then, read off the semantics' state: after a
 ReduceScatter over ``g`` devices each holds ``1/g`` of the chunks, so the next step moves
-``1/g`` of the bytes (NCCL's size convention: the AllGather buffer is its output).  Every
-costed program is replayed by the simulator with the same cost model, and a disagreement
-fails loudly (DESIGN.md, "Every solver output is checked").
+``1/g`` of the bytes (NCCL's size convention: the AllGather buffer is its output).  A group
+whose members hold nothing issues no call: it takes no time and loads no link (the
+lowering skips it too).  A step whose buffers are not contiguous in the library's rank
+order pays the local copies :func:`.layout.copies` names, at the device's memory
+bandwidth, after the collective.  Every costed program is replayed by the simulator with
+the same cost model, and a disagreement fails loudly (DESIGN.md, "Every solver output is
+checked").
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from ..cost import Collective, CollectiveCost, CostModel
 from ..errors import PlannerError
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
 from ..simulate import Simulation, add_collective
+from ..simulate.tasks import compute_resource
 from ..spec.model import ModelSpec, ReductionSpec, check_fits
 from ..topology import Topology
 from .dsl import Instruction, Program, format_program
 from .hierarchy import INSIDE, Lowering, SynthesisHierarchy
-from .synthesis import DEFAULT_MAX_SIZE, held_chunks, states_along, synthesize_traced
+from .layout import call_of, copies, runs_of_mask
+from .synthesis import DEFAULT_MAX_SIZE, states_along, synthesize_traced
 
 __all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementReport", "cost_program",
            "replay", "allreduce_program", "rank_placements", "reduce_on_placement", "check_placeable",
@@ -33,8 +39,9 @@ __all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementR
 @dataclass(frozen=True)
 class Step:
     collective: Collective
-    groups: list[list[int]]  # device groups over the whole system
+    groups: list[list[int]]  # device groups over the whole system that move data
     nbytes: list[float]  # buffer of each group
+    copy_time: float = 0.0  # local packing / unpacking after the collective (layout.copies)
 
 
 @dataclass
@@ -42,7 +49,7 @@ class CostedProgram:
     program: Program
     time: float
     steps: list[Step]
-    step_times: list[float]
+    step_times: list[float]  # collective + local copies
     costs: list[CollectiveCost] = field(default_factory=list)
 
     @property
@@ -56,7 +63,7 @@ def allreduce_program() -> Program:
 
 
 class StepCoster:
-    """Costs steps of programs on one lowering, remembering each (candidate, chunks held).
+    """Costs steps of programs on one lowering, remembering each (instruction, chunks held).
 
     Synthesized programs share most of their steps, so a program costs a few lookups.
     """
@@ -73,24 +80,34 @@ class StepCoster:
             groups = self._instr[instruction] = self.lowering.hierarchy.groups(instruction.slice, instruction.form)
         return groups
 
-    def step(self, instruction: Instruction, held: Sequence[int]) -> tuple[Step, CollectiveCost]:
-        key = (instruction, tuple(held))
+    def step(self, instruction: Instruction, rows: Sequence[int]) -> tuple[Step, CollectiveCost]:
+        """The step ``instruction`` takes when position ``p`` holds the chunks of bit mask ``rows[p]``."""
+        key = (instruction, tuple(rows))
         hit = self._steps.get(key)
         if hit is None:
-            kind, groups = instruction.collective, self._groups(instruction)
-            sizes = [self.nbytes * h * (len(g) if kind is Collective.ALLGATHER else 1) / self.k
-                     for g, h in zip(groups, held)]
-            step = Step(kind, self.lowering.lower(groups), sizes * len(self.lowering.keys))
+            kind, chunk = instruction.collective, self.nbytes / self.k
+            active, sizes, copy = [], [], 0.0
+            for g in self._groups(instruction):
+                held = bin(rows[g[0]]).count("1")
+                if held == 0 or len(g) < 2:
+                    continue  # nothing to move (a broadcast root or reduction members holding nothing)
+                active.append(g)
+                sizes.append(chunk * held * (len(g) if kind is Collective.ALLGATHER else 1))
+                call = call_of(kind, g, [runs_of_mask(rows[p]) for p in g])
+                copied = max((c.chunks for c in copies(call).values()), default=0)
+                copy = max(copy, self.cost.copy_time(copied * chunk))
+            # Every non-reduction coordinate repeats the pattern, so the copies are the same.
+            step = Step(kind, self.lowering.lower(active), sizes * len(self.lowering.keys), copy)
             hit = self._steps[key] = (step, self.cost.collective(kind, step.groups, step.nbytes, self.algorithm))
         return hit
 
     def program(self, program: Program, held: Sequence[Sequence[int]] | None = None) -> CostedProgram:
-        """Cost ``program``; ``held`` (from :func:`synthesize_traced`) saves re-running the semantics."""
+        """Cost ``program``; ``held`` (:attr:`Synthesized.held`, from :func:`synthesize_traced`)
+        saves re-running the semantics."""
         if held is None:
-            states = states_along(self.lowering.hierarchy, program)
-            held = [held_chunks(st, self._groups(ins)) for st, ins in zip(states, program)]
+            held = [st.rows for st in states_along(self.lowering.hierarchy, program)]
         parts = [self.step(ins, h) for ins, h in zip(program, held)]
-        times = [c.time for _, c in parts]
+        times = [c.time + s.copy_time for s, c in parts]
         return CostedProgram(program, sum(times), [s for s, _ in parts], times, [c for _, c in parts])
 
 
@@ -112,6 +129,10 @@ def replay(cost: CostModel, costed: CostedProgram, algorithm: str = "ring", chec
         # of the coster's memo, so the check covers the memo too.
         prev = [add_collective(sim, cost, step.collective.value, step.groups, step.nbytes, algorithm, deps=prev,
                                name=f"step {n + 1}: {costed.program[n]}")]
+        if step.copy_time > 0:
+            devices = sorted(d for g in step.groups for d in g)
+            prev = [sim.add(f"step {n + 1}: local copies", step.copy_time, [compute_resource(d) for d in devices],
+                            prev, devices=devices, stream="compute", category="copy")]
     if check:
         makespan = sim.run().makespan
         if not math.isclose(makespan, costed.time, rel_tol=1e-9, abs_tol=1e-15):

@@ -14,7 +14,8 @@ pre-condition rules out programs that can never reach the final state:
 * R-Reduce: as AllReduce, but only the first member (the root) gets the sum; the others
   end up empty.
 * R-Broadcast: every member's state is below the root's and at least one strictly
-  (information increase); all get the root's state.
+  (information increase); all get the root's state.  A group in which nobody holds any
+  chunk is a no-op, as it is for the reductions (it moves nothing and issues no call).
 
 States are stored bit-packed, one Python integer per device (bit ``r * m + c``), which makes
 a whole-row or whole-matrix test one integer operation.
@@ -69,10 +70,13 @@ class Semantics:
 
     ``column[d]`` says which column device ``d`` contributes (by default its own index);
     ``goal[d]`` is the set of columns device ``d`` must end with (its reduction group).
+    ``strict_broadcast`` takes R-Broadcast verbatim: a group where nobody holds anything
+    violates its information increase (the paper's space, for ``--size-metric paper``).
     """
 
-    def __init__(self, k: int, m: int):
+    def __init__(self, k: int, m: int, strict_broadcast: bool = False):
         self.k, self.m = k, m
+        self.strict_broadcast = strict_broadcast
         self.full_row = (1 << m) - 1
         self.row_mask = [self.full_row << (r * m) for r in range(k)]
         self._rows_cache: dict[int, int] = {}
@@ -203,8 +207,11 @@ class Semantics:
             for d in g:
                 bits[d], rows[d] = acc, seen_rows
             return None
-        # Broadcast from the first member.
+        # Broadcast from the first member.  A group where nobody holds anything moves nothing,
+        # as a reduction over empty members does (it issues no call): a no-op, not a violation.
         root = g[0]
+        if not self.strict_broadcast and not any(rows[d] for d in g):
+            return None
         increase = False
         for d in g[1:]:
             extra = bits[d] & ~bits[root]

@@ -1,19 +1,12 @@
-"""The z3 model of the collectives' pre- and post-conditions (seed 000 §3.2, Fig. 8).
+"""Bounded synthesis with z3 over the Fig. 8 rules (seed 000 §3.2, §3.5).
 
-An independent implementation of the semantics in :mod:`.semantics`: chunk ``r`` of device
-``d`` at step ``t`` is a bit-vector ``S[t][d][r]`` over the contributing devices, and each
-rule is a formula.  Two uses:
-
-* :func:`verify_z3` proves a program valid (every pre-condition holds and the final state
-  is the requested reduction) by showing the negation unsatisfiable, or returns the
-  counterexample: the first pre-condition the (unique) execution breaks.  A time-out is
-  reported as ``unknown``, never as invalid.  Devices that never exchange data are
-  independent, so the system is cut into communication components and each distinct one
-  (up to renaming devices) is proved once: a 1024-device program of 8-device reduction
-  groups is one small proof.
-* :func:`synthesize_z3` finds every valid program of at most ``k`` steps on a synthesis
-  hierarchy (optionally under a cost bound), choosing each step among the same candidate
-  instructions as enumeration and blocking each program found.
+A second implementation of the rules of :mod:`.semantics`, as formulas: chunk ``r`` of
+position ``d`` after step ``t`` is a bit-vector ``S[t][d][r]`` over the contributing
+positions.  :func:`synthesize_z3` finds every valid program of at most ``k`` steps on a
+synthesis hierarchy (optionally under a cost bound), choosing each step among the same
+candidate instructions as enumeration and blocking each program found; the tests check
+it returns exactly the enumerated programs.  (Proving a given program is
+:mod:`.proof`'s job.)
 """
 
 from __future__ import annotations
@@ -21,14 +14,12 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..cost import Collective, CostModel
-from ..solve import Stopwatch
 from .dsl import Program
 from .hierarchy import Lowering, SynthesisHierarchy
 from .semantics import RULES, Violation
 from .synthesis import candidates
-from .verify import Steps, Verdict
 
-__all__ = ["verify_z3", "synthesize_z3", "components"]
+__all__ = ["synthesize_z3"]
 
 
 def _z3():
@@ -121,125 +112,14 @@ def _step(z3, S, kind: Collective, groups, k: int, width: int, step, label=lambd
                     checks.append(_Check(S[d][r] & ~S[root][r] == zero, step, rule, lg, label(d), r,
                                          f"holds a contribution the root {label(root)} lacks: it would be lost",
                                          label(root)))
-            grows = z3.Or([S[d][r] != S[root][r] for d in g[1:] for r in range(k)])
+            # A group where nobody holds anything is a no-op (as in :mod:`.semantics`).
+            grows = z3.Or([S[d][r] != S[root][r] for d in g[1:] for r in range(k)]
+                          + [z3.And([S[d][r] == zero for d in g for r in range(k)])])
             checks.append(_Check(grows, step, rule, lg, label(root), None,
                                  "every member already holds what the root holds: the broadcast adds no information"))
             for d in g[1:]:
                 nxt[d] = list(S[root])
     return checks, nxt
-
-
-def components(num_devices: int, steps: Steps) -> list[list[int]]:
-    """Devices that exchange data directly or indirectly, by union-find over all groups."""
-    parent = list(range(num_devices))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for _, groups in steps:
-        for g in groups:
-            for d in g[1:]:
-                a, b = find(g[0]), find(d)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    comps: dict[int, list[int]] = {}
-    for d in range(num_devices):
-        comps.setdefault(find(d), []).append(d)
-    return list(comps.values())
-
-
-def _verify_component(z3, devices: list[int], steps: Steps, k: int, goal_of: dict[int, tuple[int, ...]],
-                      timeout_ms: int) -> tuple[str, Violation | None]:
-    local = {d: i for i, d in enumerate(devices)}
-    width = len(devices)
-    solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
-    S = [[z3.BitVecVal(1 << i, width) for _ in range(k)] for i in range(width)]
-    all_checks: list[_Check] = []
-    for t, (kind, groups) in enumerate(steps):
-        mine = [[local[d] for d in g] for g in groups if g and g[0] in local]
-        checks, nxt = _step(z3, S, kind, mine, k, width, t, label=lambda i: devices[i])
-        all_checks += checks
-        fresh = [[z3.BitVec(f"s{t + 1}_{i}_{r}", width) for r in range(k)] for i in range(width)]
-        for i in range(width):
-            for r in range(k):
-                solver.add(fresh[i][r] == nxt[i][r])
-        S = fresh
-    final_ok = []
-    for i, d in enumerate(devices):
-        outside = [c for c in goal_of[d] if c not in local]
-        if outside:  # its group's data can never reach it: a final-state failure, after the steps
-            final_ok.append((z3.BoolVal(False), d, 0, f"never exchanges data with device {outside[0]} of its"
-                                                      " reduction group, so it cannot end with that contribution"))
-            continue
-        want = 0
-        for c in goal_of[d]:
-            want |= 1 << local[c]
-        final_ok += [(S[i][r] == z3.BitVecVal(want, width), d, r, None) for r in range(k)]
-    solver.add(z3.Not(z3.And([c.formula for c in all_checks] + [f for f, _, _, _ in final_ok])))
-    answer = solver.check()
-    if answer == z3.unsat:
-        return "valid", None
-    if answer == z3.unknown:
-        return "unknown", None
-    model = solver.model()
-    for c in all_checks:
-        if not z3.is_true(model.eval(c.formula, model_completion=True)):
-            return "invalid", c.violation()
-    for formula, d, r, why in final_ok:
-        if why is not None:
-            return "invalid", Violation(None, "post-condition", (d,), d, r, why)
-        if not z3.is_true(model.eval(formula, model_completion=True)):
-            got = model.eval(S[local[d]][r], model_completion=True).as_long()
-            have = [devices[i] for i in range(width) if got >> i & 1]
-            return "invalid", Violation(None, "post-condition", (d,), d, r,
-                                        f"holds contributions {have} instead of the reduction group's"
-                                        f" {sorted(goal_of[d])}")
-    return "unknown", None  # the model satisfies everything: should not happen
-
-
-def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdict:
-    """Prove ``steps`` valid on the placement of ``lowering``, or give the counterexample."""
-    z3 = _z3()
-    with Stopwatch() as sw:
-        k = lowering.hierarchy.size
-        goal_of = lowering.group_of()
-        comps = components(lowering.num_devices, steps)
-        seen: dict[tuple, tuple[str, Violation | None, list[int]]] = {}
-        status, violation, proved = "valid", None, 0
-        first_failure = None
-        for comp in comps:
-            local = {d: i for i, d in enumerate(comp)}
-            comp_steps = [(kind, [g for g in groups if g and g[0] in local]) for kind, groups in steps]
-            signature = (tuple((kind, tuple(tuple(local[d] for d in g) for g in groups)) for kind, groups in comp_steps),
-                         tuple((tuple(sorted(local[c] for c in goal_of[d] if c in local)),
-                                sum(c not in local for c in goal_of[d])) for d in comp))
-            if signature not in seen:
-                proved += 1
-                result, vio = _verify_component(z3, comp, comp_steps, k, goal_of, max(1, int(timeout * 1000)))
-                seen[signature] = (result, vio, comp)
-            result, vio, proto = seen[signature]
-            if result == "invalid":
-                if vio is not None and proto is not comp:
-                    vio = _rename(vio, proto, comp)
-                key = (vio.step if vio and vio.step is not None else 1 << 30)
-                if first_failure is None or key < first_failure[0]:
-                    first_failure = (key, vio)
-            elif result == "unknown" and status == "valid":
-                status = "unknown"
-        if first_failure is not None:
-            status, violation = "invalid", first_failure[1]
-    return Verdict(status, "z3", violation, sw.seconds,
-                   f"{len(comps)} communication component(s), {proved} distinct one(s) proved")
-
-
-def _rename(v: Violation, proto: list[int], comp: list[int]) -> Violation:
-    m = dict(zip(proto, comp))
-    return Violation(v.step, v.rule, tuple(m.get(d, d) for d in v.group), m.get(v.device, v.device), v.chunk,
-                     v.message, m.get(v.other, v.other) if v.other is not None else None)
 
 
 def synthesize_z3(hierarchy: SynthesisHierarchy, max_size: int = 5, bound: float | None = None,
@@ -304,26 +184,42 @@ def synthesize_z3(hierarchy: SynthesisHierarchy, max_size: int = 5, bound: float
     else:
         status = "unknown"
     found.sort(key=lambda p: (len(p), p))
-    return [tuple(cands[i].instruction for i in p) for p in found], status
+    programs = [tuple(cands[i].instruction for i in p) for p in found]
+    if tables is not None:
+        from .ranking import StepCoster
+
+        coster = StepCoster(cost, lowering, nbytes)
+        limit = bound * (1 + 1e-9)
+        programs = [p for p in programs if coster.program(p).time <= limit]
+    return programs, status
 
 
 def _cost_tables(cands, cost: CostModel | None, lowering: Lowering | None, nbytes: float | None, k: int):
-    """Per candidate: for each group, (its first position, step-time lower envelope by chunks held)."""
+    """Per candidate: for each group, (its first position, a lower bound on the step's time by
+    the chunks that position holds).
+
+    The bound is the group's time with only its own copies (one per non-reduction
+    coordinate) on the links: other groups can only add load.  A group holding nothing
+    issues no call (0).  Local copies are left out (they only add time).  So the
+    solver never drops a program whose true cost is within the bound; the caller filters
+    the programs it finds by their exact cost.
+    """
     if cost is None or lowering is None or nbytes is None:
         raise ValueError("a cost bound needs cost, lowering and nbytes")
     tables = []
     for cand in cands:
         kind = cand.instruction.collective
-        lowered = lowering.lower(cand.groups)
-        zero = cost.collective(kind, lowered, 0.0)
-        unit = cost.collective(kind, lowered, 1.0)
-        lat = zero.group_times
-        coef = [u - z for u, z in zip(unit.group_times, lat)]
         per_group = []
-        for gi, g in enumerate(cand.groups):
-            copies = [gi + len(cand.groups) * key for key in range(len(lowering.keys))]
+        for g in cand.groups:
+            lowered = lowering.lower([g])
+            if len(g) < 2:
+                per_group.append((g[0], [0.0] * (k + 1)))
+                continue
             share = len(g) if kind is Collective.ALLGATHER else 1
-            table = [max(lat[c] + coef[c] * nbytes * share * h / k for c in copies) for h in range(k + 1)]
+            # time = latency + bytes * per-byte term: affine, sampled at two sizes.
+            one = cost.collective(kind, lowered, nbytes * share / k).time
+            two = cost.collective(kind, lowered, 2 * nbytes * share / k).time
+            table = [0.0] + [(2 * one - two) + (two - one) * h for h in range(1, k + 1)]
             per_group.append((g[0], table))
         tables.append(per_group)
     return tables

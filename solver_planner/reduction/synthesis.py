@@ -7,78 +7,107 @@ groups with the same collective are one candidate (the first spelling is kept), 
 programs whose lowered group sequences are identical count once; steps that change no
 state are skipped (they lower to nothing).  A memo of states that cannot reach the goal
 within the remaining budget prunes dead prefixes.
+
+Two ways to measure a program's size (``metric``):
+
+* ``instructions`` (the default): every instruction counts 1.  Complete at the default
+  limit 5 for the hierarchies we ship, and it finds programs the paper's space misses.
+* ``paper``: seed 000's space as its evaluation counts it, to reproduce its figures
+  (§4.2: 3 programs per placement for a 1-level synthesis hierarchy, 47 for a 2-level
+  one, at limit 5): an ``InsideGroup`` instruction counts 1, a ``Parallel(e)`` or
+  ``Master(e)`` one 2, and R-Broadcast is taken verbatim (every group must gain, so a
+  broadcast step with a group that holds nothing is not synthesized; see
+  :class:`.semantics.Semantics`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..cost import Collective
 from .dsl import Instruction, Program
 from .hierarchy import SynthesisHierarchy
 from .semantics import Semantics, State, Violation
 
-__all__ = ["Candidate", "Synthesized", "candidates", "held_chunks", "hierarchy_semantics", "synthesize", "synthesize_traced",
-           "DEFAULT_MAX_SIZE"]
+__all__ = ["Candidate", "Synthesized", "candidates", "hierarchy_semantics", "synthesize", "synthesize_traced",
+           "program_size", "DEFAULT_MAX_SIZE", "METRICS"]
 
 DEFAULT_MAX_SIZE = 5
 COLLECTIVE_ORDER = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER,
                     Collective.REDUCE, Collective.BROADCAST)
 
 
+METRICS = ("instructions", "paper")
+
+
 @dataclass(frozen=True)
 class Candidate:
     instruction: Instruction
     groups: tuple[tuple[int, ...], ...]
-
-
-def held_chunks(state: State, groups: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """How many chunks the first member of each group holds: the share of the data a step moves."""
-    return tuple(bin(state.rows[g[0]]).count("1") for g in groups)
+    weight: int = 1  # its size under the paper's metric: 1 for InsideGroup, 2 otherwise (cheapest spelling)
 
 
 def candidates(hierarchy: SynthesisHierarchy) -> list[Candidate]:
     """Distinct (collective, groups) instructions of the hierarchy, in canonical order."""
-    out, seen = [], set()
+    out: list[Candidate] = []
+    seen: dict[tuple, int] = {}
     for slice_level, form in hierarchy.instructions():
         groups = tuple(hierarchy.groups(slice_level, form))
         if all(len(g) < 2 for g in groups):
             continue  # no communication
+        weight = 1 if form.kind == "InsideGroup" else 2
         for coll in COLLECTIVE_ORDER:
             key = (coll, groups)
             if key not in seen:
-                seen.add(key)
-                out.append(Candidate(Instruction(slice_level, form, coll), groups))
+                seen[key] = len(out)
+                out.append(Candidate(Instruction(slice_level, form, coll), groups, weight))
+            elif weight < out[seen[key]].weight:
+                old = out[seen[key]]
+                out[seen[key]] = Candidate(old.instruction, old.groups, weight)
     return out
 
 
-def hierarchy_semantics(hierarchy: SynthesisHierarchy) -> tuple[Semantics, State, tuple[int, ...]]:
+def program_size(program: Program, metric: str = "instructions") -> int:
+    """A program's size under ``metric`` (see the module docstring)."""
+    if metric == "instructions":
+        return len(program)
+    return sum(1 if ins.form.kind == "InsideGroup" else 2 for ins in program)
+
+
+def hierarchy_semantics(hierarchy: SynthesisHierarchy, strict_broadcast: bool = False
+                        ) -> tuple[Semantics, State, tuple[int, ...]]:
     """Semantics of one reduction group: k = m = its size; the goal is the full sum everywhere."""
     n = hierarchy.size
-    sem = Semantics(n, n)
+    sem = Semantics(n, n, strict_broadcast)
     goal_row = sem.column_bits(range(n))
     return sem, sem.initial(range(n)), tuple(sem.every_row(goal_row) for _ in range(n))
 
 
 @dataclass(frozen=True)
 class Synthesized:
-    """A program with, per step, its candidate index and the chunks each group's first member holds."""
+    """A program with, per step, its candidate index and the chunks every position holds
+    before it (bit masks, :attr:`State.rows`): what costing a step needs."""
 
     program: Program
     candidates: tuple[int, ...]
     held: tuple[tuple[int, ...], ...]
 
 
-def synthesize(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) -> list[Program]:
-    """Every valid program of at most ``max_size`` steps, shortest first, then in candidate order."""
-    return [s.program for s in synthesize_traced(hierarchy, max_size)]
+def synthesize(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE, metric: str = "instructions"
+               ) -> list[Program]:
+    """Every valid program of size at most ``max_size``, shortest first, then in candidate order."""
+    return [s.program for s in synthesize_traced(hierarchy, max_size, metric)]
 
 
-def synthesize_traced(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE) -> list[Synthesized]:
+def synthesize_traced(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX_SIZE, metric: str = "instructions"
+                      ) -> list[Synthesized]:
     """:func:`synthesize`, keeping what costing needs: candidates and chunks held per step."""
-    sem, initial, goal = hierarchy_semantics(hierarchy)
+    if metric not in METRICS:
+        raise ValueError(f"unknown size metric {metric!r}; expected one of {', '.join(METRICS)}")
+    paper = metric == "paper"
+    sem, initial, goal = hierarchy_semantics(hierarchy, strict_broadcast=paper)
     cands = candidates(hierarchy)
+    cost = [c.weight if paper else 1 for c in cands]
     found: list[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = []
     dead: dict[tuple[int, ...], int] = {}  # state -> largest budget known to reach nothing
 
@@ -87,14 +116,16 @@ def synthesize_traced(hierarchy: SynthesisHierarchy, max_size: int = DEFAULT_MAX
             return False
         any_found = False
         for n, cand in enumerate(cands):
+            if cost[n] > budget:
+                continue
             nxt = sem.apply(state, cand.instruction.collective, cand.groups)
             if isinstance(nxt, Violation) or nxt.bits == state.bits:
                 continue
-            h = held_chunks(state, cand.groups)
+            h = state.rows
             if nxt.bits == goal:
                 found.append((tuple(path + [n]), tuple(held + [h])))
                 any_found = True
-            elif budget > 1 and search(nxt, path + [n], held + [h], budget - 1):
+            elif budget > cost[n] and search(nxt, path + [n], held + [h], budget - cost[n]):
                 any_found = True
         if not any_found:
             dead[state.bits] = max(dead.get(state.bits, -1), budget)

@@ -1,50 +1,92 @@
-"""Is a program valid for a placement?  The concrete semantics over the whole system.
+"""Is a reduction program valid?  Decided exactly, and explained with seed 000's Fig. 8 rules.
 
-A program (DSL, lowered; or explicit steps) is valid when every step's pre-condition holds
-and every device ends with the exact sum over its reduction group (seed 000 §3.5).  The
-whole system is modelled: ``k`` chunks (the reduction group size, so every hierarchical
-scatter divides) and one column per device, so a step that mixes devices of different
-reduction groups is caught like any other.  :mod:`solver_planner.reduction.smt` proves
-the same with z3.
+Valid means what :mod:`.layout` writes down: every call is one the library can run and,
+whatever the data, every device ends with the exact sum over its reduction group.  This
+module decides it by following the value of every (device, atom of chunks):
+
+* a *clean partial sum*: one chunk's data summed over a set of devices, each once, which
+  is a row of Fig. 8's state matrix (a bit set over the contributing devices);
+* or *damaged*: it counts a device's data twice, or adds two different chunks together.
+  Values only ever grow by addition, so damaged data can never become right again; a
+  later step can only discard it (a Broadcast overwrites it, a Reduce or ReduceScatter
+  drops it).
+
+Fig. 8's pre-conditions (seed 000 §3.2) are what keeps every value clean and useful:
+R-AllReduce, R-ReduceScatter and R-Reduce ask every member to hold the same chunks with
+disjoint contributions; R-AllGather disjoint chunks in equal shares (here, part of being
+well-formed); R-Broadcast that nothing is lost and something is gained.  A program that
+breaks no rule and ends in the goal state is valid.  The converse does not quite hold: a
+step can break a rule without mattering (a Broadcast that adds nothing; damage a later
+step discards).  Such a program computes the exact sums, so it is *valid*, and the
+verdict names the wasted step as a warning.  An invalid program's counterexample is the
+call the library cannot run, else the step whose damage reaches the end, else the first
+broken rule, else the final state (the post-condition of §3.5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cost import Collective
 from ..solve import Stopwatch
 from .dsl import Program
 from .hierarchy import Lowering
-from .semantics import Semantics, Violation
+from .layout import REDUCING, Atoms, Trace, chunks_of, copies, first_difference, size, trace
+from .semantics import RULES, Violation
 from .synthesis import lower_program
 
-__all__ = ["Verdict", "system_steps", "verify_steps"]
+__all__ = ["Verdict", "Outcome", "system_steps", "verify_steps", "check_program", "goal_columns", "local_copies",
+           "verdict_of"]
 
 Steps = Sequence[tuple[Collective, Sequence[Sequence[int]]]]
+NO_INFORMATION = "adds no information"
 
 
 @dataclass
 class Verdict:
-    """``status``: 'valid', 'invalid' (with ``violation``) or 'unknown' (undecided in time)."""
+    """``status``: 'valid', 'invalid' (with ``violation``) or 'unknown' (undecided in time).
+
+    ``failure`` is the final state that is wrong (an invalid program's effect), ``warnings``
+    the Fig. 8 rules a valid program breaks (wasted steps), ``local_copies`` the calls that
+    need a local copy on a library that orders a group's ranks ascending.
+    """
 
     status: str
     engine: str
     violation: Violation | None = None
     wall_time: float = 0.0
     detail: str = ""
+    failure: Violation | None = None
+    warnings: list[Violation] = field(default_factory=list)
+    local_copies: list[dict] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
         return self.status == "valid"
 
     def as_dict(self) -> dict:
-        v = self.violation
         return {"status": self.status, "engine": self.engine, "wall_time": self.wall_time, "detail": self.detail,
-                "counterexample": None if v is None else {
-                    "step": None if v.step is None else v.step + 1, "rule": v.rule, "group": list(v.group),
-                    "device": v.device, "other": v.other, "chunk": v.chunk, "message": str(v)}}
+                "counterexample": _violation_dict(self.violation), "final_state": _violation_dict(self.failure),
+                "warnings": [_violation_dict(w) for w in self.warnings], "local_copies": self.local_copies}
+
+
+def _violation_dict(v: Violation | None) -> dict | None:
+    if v is None:
+        return None
+    return {"step": None if v.step is None else v.step + 1, "rule": v.rule, "group": list(v.group),
+            "device": v.device, "other": v.other, "chunk": v.chunk, "message": str(v)}
+
+
+@dataclass
+class Outcome:
+    """What :func:`check_program` found (see the module docstring)."""
+
+    valid: bool
+    cause: Violation | None  # why invalid
+    failure: Violation | None  # the first wrong final (device, chunk)
+    fig8: Violation | None  # the first Fig. 8 rule broken, if any
+    trace: Trace
 
 
 def system_steps(lowering: Lowering, program: Program) -> list[tuple[Collective, list[list[int]]]]:
@@ -52,12 +94,205 @@ def system_steps(lowering: Lowering, program: Program) -> list[tuple[Collective,
     return [(kind, lowering.lower(groups)) for kind, groups in lower_program(lowering.hierarchy, program)]
 
 
+def goal_columns(num_devices: int, reduction_groups: Sequence[Sequence[int]]) -> list[int]:
+    """Per device, the bit set of the devices whose data it must end with."""
+    goal = [-1] * num_devices
+    for g in reduction_groups:
+        bits = 0
+        for d in g:
+            bits |= 1 << d
+        for d in g:
+            goal[d] = bits
+    missing = [d for d, b in enumerate(goal) if b < 0]
+    if missing:
+        raise ValueError(f"devices {missing[:5]} are in no reduction group")
+    return goal
+
+
+def _columns(bits: int, limit: int = 8) -> str:
+    cols, c = [], 0
+    while bits and len(cols) <= limit:
+        if bits & 1:
+            cols.append(c)
+        bits >>= 1
+        c += 1
+    return "[" + ", ".join(map(str, cols[:limit])) + (", ..." if len(cols) > limit else "") + "]"
+
+
+def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]]) -> Outcome:
+    """Decide validity of ``steps`` on ``num_devices`` devices whose data is cut into ``k`` chunks."""
+    goal = goal_columns(num_devices, reduction_groups)
+    tr = trace(num_devices, k, steps)
+    atoms = Atoms(tr)
+    everything = tuple(range(len(atoms)))
+    # vals[d]: atom -> clean bit set (>= 0) or damaged (-(i + 1): origins[i] caused it).
+    # Dicts are never changed in place, so members can share them.
+    vals: list[dict[int, int]] = [dict.fromkeys(everything, 1 << d) for d in range(num_devices)]
+    origins: list[Violation] = []
+    fig8: Violation | None = None
+
+    def damaged(v: Violation) -> int:
+        origins.append(v)
+        return -len(origins)
+
+    for s, (kind, groups) in enumerate(steps):
+        kind = Collective.parse(kind)
+        if fig8 is None and kind is Collective.BROADCAST:
+            for g in groups:
+                if len(g) == 1:
+                    fig8 = Violation(s, RULES[kind], tuple(g), g[0], None, "a broadcast to nobody " + NO_INFORMATION)
+                    break
+        if s >= len(tr.calls):
+            break
+        for call in tr.calls[s]:
+            g = call.group
+            if kind in REDUCING:
+                rule = RULES[kind]
+                mixed = None
+                if not call.aligned:
+                    c = first_difference(call.before[0], next(r for r in call.before if r != call.before[0]))
+                    holder = next(i for i, r in enumerate(call.before) if c in chunks_of(r))
+                    lacker = next(i for i, r in enumerate(call.before) if c not in chunks_of(r))
+                    mixed = Violation(s, rule, g, g[lacker], c,
+                                      f"holds no chunk {c} but device {g[holder]} does: the members hold different"
+                                      " chunks, so the library would add data of different chunks together",
+                                      other=g[holder])
+                    fig8 = fig8 or mixed
+                    mixed_code = damaged(mixed)
+                results = []
+                for pos, where, aligned in atoms.segments(call):
+                    if not aligned:
+                        results.append((pos, where, mixed_code))
+                        continue
+                    a = where[0]
+                    ins = [vals[d][a] for d in g]
+                    bad = [v for v in ins if v < 0]
+                    if bad:
+                        results.append((pos, where, max(bad)))
+                        continue
+                    acc, out = 0, None
+                    for i, v in enumerate(ins):
+                        twice = acc & v
+                        if twice:
+                            col = (twice & -twice).bit_length() - 1
+                            other = next(g[j] for j in range(i) if ins[j] >> col & 1)
+                            why = Violation(s, rule, g, g[i], atoms.starts[a],
+                                            f"holds device {col}'s contribution, and so does device {other} in the"
+                                            " same group: that data would be reduced twice", other=other)
+                            fig8 = fig8 or why
+                            out = damaged(why)
+                            break
+                        acc |= v
+                    results.append((pos, where, acc if out is None else out))
+                _write_reduction(kind, call, results, vals, size(call.before[0]) // len(g))
+            elif kind is Collective.ALLGATHER:
+                union: dict[int, int] = {}
+                for d in g:
+                    union.update(vals[d])
+                for d in g:
+                    vals[d] = union
+            else:
+                root = vals[g[0]]
+                if fig8 is None and not call.empty:
+                    fig8 = _broadcast_rule(s, g, call, root, vals, atoms)
+                for d in g[1:]:
+                    vals[d] = root
+    cause = failure = None
+    if tr.problem is not None:
+        cause = tr.problem
+    else:
+        full = ((0, k),)
+        for d in range(num_devices):
+            if tr.final[d] != full:
+                missing = first_difference(tr.final[d], full)
+                failure = Violation(None, "post-condition", (d,), d, missing,
+                                    f"ends without chunk {missing}: it must hold all {k} chunks of the sum")
+                break
+            bad = next(((a, v) for a, v in sorted(vals[d].items()) if v != goal[d]), None)
+            if bad is not None:
+                a, v = bad
+                chunk = atoms.starts[a]
+                if v < 0:
+                    origin = origins[-v - 1]
+                    how = "counts some device's data twice" if "twice" in origin.message else \
+                        "adds data of different chunks together"
+                    failure = Violation(None, "post-condition", (d,), d, chunk,
+                                        f"ends with a wrong value: it {how} (from step {origin.step + 1})")
+                    cause = origin
+                else:
+                    failure = Violation(None, "post-condition", (d,), d, chunk,
+                                        f"holds contributions {_columns(v)} instead of the reduction group's"
+                                        f" {_columns(goal[d])}")
+                break
+        if failure is not None and cause is None:
+            cause = fig8 if fig8 is not None and NO_INFORMATION not in fig8.message else failure
+    return Outcome(cause is None, cause, failure, fig8, tr)
+
+
+def _write_reduction(kind: Collective, call, results, vals: list[dict[int, int]], per: int) -> None:
+    """Write a reduction's per-stretch results back at each member's own atoms."""
+    g = call.group
+    for i, d in enumerate(g):
+        if kind is Collective.REDUCE and i > 0:
+            vals[d] = {}
+            continue
+        if kind is Collective.REDUCESCATTER:
+            lo, hi = i * per, (i + 1) * per
+            vals[d] = {where[i]: v for pos, where, v in results if lo <= pos < hi}
+            continue
+        new = dict(vals[d])
+        for _, where, v in results:
+            new[where[i]] = v
+        vals[d] = new
+    if kind is Collective.ALLREDUCE and call.aligned:
+        for d in g[1:]:  # identical dicts: share one
+            vals[d] = vals[g[0]]
+
+
+def _broadcast_rule(s: int, g, call, root: dict[int, int], vals, atoms: Atoms) -> Violation | None:
+    """R-Broadcast: nothing a member holds is missing from the root, and someone gains."""
+    rule = RULES[Collective.BROADCAST]
+    gain = False
+    for d in g[1:]:
+        for a, v in vals[d].items():
+            lost = v & ~root.get(a, 0)
+            if lost:
+                col = (lost & -lost).bit_length() - 1
+                return Violation(s, rule, g, d, atoms.starts[a],
+                                 f"holds device {col}'s contribution that the root {g[0]} lacks: it would be lost",
+                                 other=g[0])
+        if vals[d] != root:
+            gain = True
+    if not gain:
+        return Violation(s, rule, g, g[0], None, "every member already holds what the root holds: the broadcast "
+                         + NO_INFORMATION)
+    return None
+
+
+def local_copies(tr: Trace) -> list[dict]:
+    """The calls that need a local copy when the library orders a group's ranks ascending."""
+    out = []
+    for step in tr.calls:
+        for call in step:
+            flags = copies(call)
+            pack = [d for d in call.group if flags.get(d) and flags[d].pack]
+            unpack = [d for d in call.group if flags.get(d) and flags[d].unpack]
+            if pack or unpack:
+                out.append({"step": call.step + 1, "group": list(call.group), "pack": pack, "unpack": unpack})
+    return out
+
+
+def verdict_of(outcome: Outcome, engine: str, seconds: float, detail: str = "") -> Verdict:
+    """The verdict a user sees, from :func:`check_program`'s outcome."""
+    if outcome.valid:
+        return Verdict("valid", engine, None, seconds, detail, None,
+                       [outcome.fig8] if outcome.fig8 is not None else [], local_copies(outcome.trace))
+    return Verdict("invalid", engine, outcome.cause, seconds, detail, outcome.failure, [], [])
+
+
 def verify_steps(lowering: Lowering, steps: Steps) -> Verdict:
-    """Run ``steps`` from the initial state with the concrete semantics and check the goal."""
+    """Decide ``steps`` (device groups over the whole system) on the placement of ``lowering``."""
     with Stopwatch() as sw:
-        n, k = lowering.num_devices, lowering.hierarchy.size
-        sem = Semantics(k, n)
-        group_of = lowering.group_of()
-        goal = [group_of[d] for d in range(n)]
-        _, violation = sem.run(sem.initial(range(n)), steps, sem.goal_bits(goal))
-    return Verdict("invalid" if violation else "valid", "semantics", violation, sw.seconds)
+        outcome = check_program(lowering.num_devices, lowering.hierarchy.size, steps, lowering.reduction_groups())
+    return verdict_of(outcome, "semantics", sw.seconds)
+

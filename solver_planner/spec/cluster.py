@@ -48,6 +48,11 @@ class DeviceSpec(SpecModel):
     name: str = Field(description="device model, e.g. 'A100-SXM4-40GB'")
     flops: FlopRate = Field(gt=0, description="peak FLOP/s used for compute times")
     memory: Bytes = Field(gt=0, description="device memory")
+    memory_bandwidth: Bandwidth | None = Field(
+        default=None, gt=0,
+        description="device memory bandwidth; prices local copies (a collective's buffer packed or unpacked)."
+        " Omitted: such copies are shown but cost nothing",
+    )
 
 
 class InterconnectSpec(SpecModel):

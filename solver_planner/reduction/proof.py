@@ -1,0 +1,220 @@
+"""An SMT proof that a reduction program computes the exact sums, for every input.
+
+The claim proved is the meaning of :mod:`.layout`: whatever data the devices start with,
+every device ends with the sum over its reduction group, chunk by chunk.  z3 gets the
+data as unknowns, one integer per (device, atom of chunks), and the value every step
+leaves at every offset as a term over them (a step's sum is one ``+`` node shared by every
+member that receives it); the negated claim, "some device ends with a value different
+from its group's sum for some data", must be unsatisfiable.  A model of it is a concrete
+counterexample: data on which the program is wrong.
+
+This is independent of the Fig. 8 rules (:mod:`.verify`): no contribution sets, no
+pre-conditions, only what the collectives add up.  What does not depend on the data is
+not given to z3: which chunks every device holds (:func:`.layout.trace`, where a call the
+library cannot run is found) and the atoms (chunk ranges no step tells apart, so one
+unknown stands for a whole range).  That keeps the formula small: a two-step all-reduce
+over 1 024 devices is a few dozen sums, whatever the chunk count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..cost import Collective
+from ..errors import PlannerError
+from ..solve import Stopwatch
+from .hierarchy import Lowering
+from .layout import REDUCING, Atoms, first_difference, size, trace
+from .semantics import Violation
+from .verify import Steps, Verdict, check_program, local_copies
+
+__all__ = ["Proof", "prove", "verify_z3"]
+
+
+@dataclass
+class Proof:
+    """z3's answer: 'valid', 'invalid' or 'unknown'.  For 'invalid', where the program is
+    wrong: the call the library cannot run, or a final (device, chunk) with the value it
+    ends with on data z3 chose."""
+
+    status: str
+    where: Violation | None = None
+    terms: int = 0  # distinct (final value, expected sum) pairs given to z3
+
+
+class _Initial:
+    """A device's untouched data: atom ``a`` is the unknown ``x[owner][a]``."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: int):
+        self.owner = owner
+
+
+class _Terms:
+    """Terms built on z3's C API in a context of their own.
+
+    The Python wrappers cost more than z3 itself here (a 1 024-device program is about a
+    hundred thousand term references), so terms are raw ASTs, each referenced once and
+    freed with the context.  z3 hash-conses ASTs: equal sums are one node.
+    """
+
+    def __init__(self):
+        import z3
+
+        self.z3 = z3
+        self.ctx = z3.Context()
+        self.c = self.ctx.ref()
+        self.int = z3.Z3_mk_int_sort(self.c)
+        z3.Z3_inc_ref(self.c, z3.Z3_sort_to_ast(self.c, self.int))
+        self._sums: dict[tuple[int, ...], object] = {}
+
+    def _keep(self, ast):
+        self.z3.Z3_inc_ref(self.c, ast)
+        return ast
+
+    def unknown(self, index: int):
+        return self._keep(self.z3.Z3_mk_const(self.c, self.z3.Z3_mk_int_symbol(self.c, index), self.int))
+
+    def add(self, terms: list):
+        if len(terms) == 1:
+            return terms[0]
+        key = tuple(t.value for t in terms)
+        hit = self._sums.get(key)
+        if hit is None:
+            hit = self._sums[key] = self._keep(self.z3.Z3_mk_add(self.c, len(terms), (self.z3.Ast * len(terms))(*terms)))
+        return hit
+
+    @staticmethod
+    def ident(ast) -> int:
+        return ast.value  # hash-consed: one pointer per distinct term
+
+    def any_differs(self, pairs: list) -> object:
+        z3, c = self.z3, self.c
+        ne = [self._keep(z3.Z3_mk_not(c, self._keep(z3.Z3_mk_eq(c, a, b)))) for a, b in pairs]
+        return z3.BoolRef(z3.Z3_mk_or(c, len(ne), (z3.Ast * len(ne))(*ne)), self.ctx)
+
+    def arith(self, ast):
+        return self.z3.ArithRef(ast, self.ctx)
+
+
+def prove(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]],
+          timeout: float = 30.0) -> Proof:
+    """Prove ``steps`` compute every reduction group's exact sums, or refute it."""
+    import z3
+
+    tr = trace(num_devices, k, steps)
+    if tr.problem is not None:
+        return Proof("invalid", tr.problem)
+    full = ((0, k),)
+    for d, runs in enumerate(tr.final):
+        if runs != full:
+            c = first_difference(runs, full)
+            return Proof("invalid", Violation(None, "post-condition", (d,), d, c,
+                                              f"ends without chunk {c}: it must hold all {k} chunks of the sum"))
+    atoms = Atoms(tr, misaligned=True)
+    na = len(atoms)
+    # When every reduction hands the same chunks on every member, each final value of
+    # chunk c is a sum of chunk c's data only, so the claim for each chunk is an identity
+    # between sums over devices: one unknown per device serves every chunk (and chunks
+    # whose sums are built alike are proved once).  Adding different chunks together
+    # needs an unknown per (device, atom), or a wrong sum could look right.
+    per_chunk = any(call.kind in REDUCING and not call.aligned for step in tr.calls for call in step)
+    T = _Terms()
+    unknowns: dict[int, object] = {}
+
+    def x(d: int, a: int):
+        i = d * na + a if per_chunk else d
+        v = unknowns.get(i)
+        if v is None:
+            v = unknowns[i] = T.unknown(i)
+        return v
+
+    def value(state, a: int):
+        return x(state.owner, a) if isinstance(state, _Initial) else state[a]
+
+    vals: list = [_Initial(d) for d in range(num_devices)]
+    for step in tr.calls:
+        for call in step:
+            g = call.group
+            if call.kind in REDUCING:
+                per = size(call.before[0]) // len(g)
+                results = [(pos, where, T.add([value(vals[d], a) for d, a in zip(g, where)]))
+                           for pos, where, _ in atoms.segments(call)]
+                shared = None
+                for i, d in enumerate(g):
+                    if call.kind is Collective.REDUCE and i > 0:
+                        vals[d] = {}
+                    elif call.kind is Collective.REDUCESCATTER:
+                        vals[d] = {where[i]: t for pos, where, t in results if i * per <= pos < (i + 1) * per}
+                    elif call.aligned and shared is not None:
+                        vals[d] = shared
+                    else:
+                        vals[d] = shared = {where[i]: t for _, where, t in results}
+            elif call.kind is Collective.ALLGATHER:
+                union = {}
+                for d, runs in zip(g, call.before):
+                    for a in atoms.of(runs):
+                        union[a] = value(vals[d], a)
+                for d in g:
+                    vals[d] = union
+            else:
+                for d in g[1:]:
+                    vals[d] = vals[g[0]]
+    # The claim, once per distinct (final term, expected sum); devices that share their
+    # final values (an all-gather or all-reduce hands one to all) are looked at once.
+    pairs: dict[tuple[int, int], tuple[int, int, object, object]] = {}
+    seen: set[tuple[int, int]] = set()
+    for n, group in enumerate(reduction_groups):
+        want = [T.add([x(e, a) for e in group]) for a in range(na)]
+        for d in group:
+            state = vals[d]
+            key = (id(state), n) if not isinstance(state, _Initial) else (-1 - d, n)
+            if key in seen:
+                continue
+            seen.add(key)
+            for a in range(na):
+                have = value(state, a)
+                pairs.setdefault((T.ident(have), T.ident(want[a])), (d, a, have, want[a]))
+    solver = z3.Solver(ctx=T.ctx)
+    solver.set("timeout", max(1, int(timeout * 1000)))
+    solver.add(T.any_differs([(h, w) for _, _, h, w in pairs.values()]))
+    answer = solver.check()
+    if answer == z3.unsat:
+        return Proof("valid", terms=len(pairs))
+    if answer != z3.sat:
+        return Proof("unknown", terms=len(pairs))
+    model = solver.model()
+    for d, a, have, want in sorted(pairs.values(), key=lambda p: (p[0], p[1])):
+        got, need = (model.eval(T.arith(t), model_completion=True).as_long() for t in (have, want))
+        if got != need:
+            return Proof("invalid", Violation(None, "post-condition", (d,), d, atoms.starts[a],
+                                              f"ends with {got} where its group's sum is {need}, for data z3"
+                                              " chose"), len(pairs))
+    raise PlannerError("z3 reported a counterexample that satisfies every final equation")
+
+
+def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdict:
+    """Prove ``steps`` valid on the placement of ``lowering`` with z3, or refute them.
+
+    The verdict is z3's.  Its explanation (the step, group, device and chunk where the
+    program goes wrong) comes from the rules (:func:`.verify.check_program`), which must
+    reach the same verdict: a disagreement is a bug and raises :class:`PlannerError`.
+    """
+    with Stopwatch() as sw:
+        n, k, groups = lowering.num_devices, lowering.hierarchy.size, lowering.reduction_groups()
+        proof = prove(n, k, steps, groups, timeout)
+        if proof.status == "unknown":
+            return Verdict("unknown", "z3", None, sw.seconds, "z3 did not decide within the time limit")
+        outcome = check_program(n, k, steps, groups)
+    detail = f"{proof.terms} distinct sum(s) checked" if proof.terms else "decided without data"
+    if outcome.valid != (proof.status == "valid"):
+        raise PlannerError(f"the z3 proof says {proof.status} but the rules say"
+                           f" {'valid' if outcome.valid else 'invalid'}: this is a bug, please report it")
+    if proof.status == "valid":
+        return Verdict("valid", "z3", None, sw.seconds, detail, None,
+                       [outcome.fig8] if outcome.fig8 is not None else [], local_copies(outcome.trace))
+    if proof.where is not None and proof.where.rule == "post-condition":
+        detail += f"; z3's counterexample: device {proof.where.device}, chunk {proof.where.chunk} {proof.where.message}"
+    return Verdict("invalid", "z3", outcome.cause, sw.seconds, detail, outcome.failure)
