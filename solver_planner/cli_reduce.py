@@ -1,6 +1,7 @@
 """``solver-planner place`` and ``solver-planner reduce synth|verify``: placements and
 reduction programs (seed 000).  Thin: argument parsing and printing only."""
 
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -9,11 +10,13 @@ import typer
 from rich.table import Table
 
 from . import units
+from .distributed.plan import format_rows
 from .cost import CostModel
 from .placement import ParallelismMatrix
 from .reduction import format_program, parse_program
 from .reduction.explicit import load_explicit_program
 from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
+from .reduction.synthesis import METRICS
 from .reduction.verify import system_steps, verify_steps
 from .spec import load_model_spec
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
@@ -21,6 +24,9 @@ from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, top
 reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True)
 
 MAX_SIZE_OPT = typer.Option(5, "--max-size", min=1, max=8, help="Largest program size to synthesize.")
+METRIC_OPT = typer.Option("instructions", "--size-metric",
+                          help="How program size is counted: 'instructions' (each counts 1) or 'paper' (seed 000's"
+                               " space: InsideGroup 1, Parallel/Master 2, R-Broadcast verbatim).")
 ALGO_OPT = typer.Option("ring", "--algorithm", "-a", help="NCCL algorithm the cost model assumes: ring or tree.")
 MATRIX_OPT = typer.Option(None, "--matrix", "-m",
                           help="Placement as [[...],...] (rows = axes, columns = levels); default: the best-ranked one.")
@@ -44,6 +50,13 @@ def _progress(label: str):
             bar.stop()
 
     return update
+
+
+def _check_choices(algorithm: str, size_metric: str) -> None:
+    if algorithm not in ("ring", "tree"):
+        fail(f"unknown algorithm {algorithm!r}; expected ring or tree", 2)
+    if size_metric not in METRICS:
+        fail(f"unknown size metric {size_metric!r}; expected {' or '.join(METRICS)}", 2)
 
 
 def _load(cluster: Path, model: Path):
@@ -96,6 +109,7 @@ def place(
     model: Path = typer.Argument(..., help="Model spec with parallelism axes and reductions.", show_default=False),
     method: str = typer.Option("auto", "--method", help="Placement search: auto, cp-sat or enumerate."),
     max_size: int = MAX_SIZE_OPT,
+    size_metric: str = METRIC_OPT,
     algorithm: str = ALGO_OPT,
     top: Optional[int] = typer.Option(None, "--top", min=1, help="Show only the best N placements."),
     as_json: bool = JSON_OPT,
@@ -108,9 +122,9 @@ def place(
     topo, spec = _load(cluster, model)
     if method not in ("auto", "cp-sat", "enumerate"):
         fail(f"unknown method {method!r}; expected auto, cp-sat or enumerate", 2)
-    if algorithm not in ("ring", "tree"):
-        fail(f"unknown algorithm {algorithm!r}; expected ring or tree", 2)
-    reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"))
+    _check_choices(algorithm, size_metric)
+    reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"),
+                                      metric=size_metric)
     if not reports:
         fail("no placement satisfies the model's constraints (the matrices' rows must multiply to the axis sizes"
              " and columns to the level counts)", 1)
@@ -144,25 +158,28 @@ def synth(
     matrix: Optional[str] = MATRIX_OPT,
     reduction: Optional[str] = REDUCTION_OPT,
     max_size: int = MAX_SIZE_OPT,
+    size_metric: str = METRIC_OPT,
     algorithm: str = ALGO_OPT,
     top: Optional[int] = typer.Option(None, "--top", min=1, help="Show only the N fastest programs."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """The valid reduction programs of one placement, fastest first, with their times."""
     topo, spec = _load(cluster, model)
+    _check_choices(algorithm, size_metric)
     red = _reduction(spec, reduction)
     chosen = _matrix(topo, spec, matrix, algorithm)
-    rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo))
+    rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo), metric=size_metric)
     shown = rep.programs[:top] if top else rep.programs
     if as_json:
         print_json({"matrix": chosen.as_lists(), "reduction": red.name, "hierarchy": str(rep.hierarchy),
+                    "size_metric": size_metric, "max_size": max_size,
                     "allreduce_time": rep.allreduce.time, "count": len(rep.programs),
                     "programs": [{"program": p.text, "time": p.time, "step_times": p.step_times} for p in shown]})
         return
     con = console()
     con.print(f"placement {chosen}, reduction '{red.name}' over {', '.join(red.axes)}"
               f" ({units.format_bytes(red.bytes)} per device); synthesis hierarchy {rep.hierarchy}")
-    table = Table(title=f"{len(rep.programs)} valid programs of size <= {max_size};"
+    table = Table(title=f"{len(rep.programs)} valid programs of size <= {max_size} ({size_metric});"
                         f" AllReduce alone takes {units.format_time(rep.allreduce.time)}")
     for col in ("#", "program", "time", "speedup"):
         table.add_column(col)
@@ -181,15 +198,21 @@ def verify(
                                              " explicit steps.", show_default=False),
     matrix: Optional[str] = MATRIX_OPT,
     reduction: Optional[str] = REDUCTION_OPT,
-    engine: str = typer.Option("z3", "--engine", help="z3 (a proof) or semantics (runs the rules)."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds z3 may take before answering unknown."),
+    engine: str = typer.Option("z3", "--engine", help="z3 (a proof over symbolic data) or semantics (the rules)."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds z3 may take before answering unknown (> 0)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Prove a reduction program valid for a placement, or show the counterexample.
 
-    Exit 0 and 'valid' when proven; 1 with the first violated rule (step, device group,
-    device, chunk) when invalid; 3 when the solver could not decide in the time limit.
+    Valid: every device ends with the exact sum over its reduction group, whatever the
+    data, the way the collective library computes it (README: "What a program means").
+    Exit 0 and 'valid' when proved; 1 with the step, group, device and chunk where it
+    goes wrong when invalid; 3 when z3 could not decide within --timeout.
     """
+    if not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
+    if engine not in ("z3", "semantics"):
+        fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
     topo, spec = _load(cluster, model)
     red = _reduction(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
@@ -200,15 +223,26 @@ def verify(
         from .reduction.proof import verify_z3
 
         verdict = verify_z3(lowering, steps, timeout)
-    elif engine == "semantics":
-        verdict = verify_steps(lowering, steps)
     else:
-        fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
+        verdict = verify_steps(lowering, steps)
     if as_json:
         print_json({"matrix": chosen.as_lists(), "reduction": red.name, "program": form, **verdict.as_dict()})
     else:
-        typer.echo(f"placement {chosen}, reduction '{red.name}', {form}: {verdict.status}"
-                   f" ({verdict.engine}, {units.format_time(verdict.wall_time)}{', ' + verdict.detail if verdict.detail else ''})")
+        status = {"valid": "valid: every device ends with its group's exact sum, for any data",
+                  "invalid": "invalid", "unknown": "unknown: not decided within the time limit (nothing proved)"}
+        typer.echo(f"placement {chosen}, reduction '{red.name}', {form}: {status[verdict.status]}"
+                   f" ({verdict.engine}, {units.format_time(verdict.wall_time)}"
+                   f"{', ' + verdict.detail if verdict.detail else ''})")
         if verdict.violation is not None:
             typer.echo(f"counterexample: {verdict.violation}")
+        if verdict.failure is not None and verdict.failure != verdict.violation:
+            typer.echo(f"so at the end: {verdict.failure}")
+        for w in verdict.warnings:
+            typer.echo(f"note: {w} (seed 000's Fig. 8 rejects this step, but it does not change the result: a wasted"
+                       " step)")
+        for c in verdict.local_copies:
+            who = ", ".join(f"{what} on devices {format_rows(tuple(c[what]))}" for what in ("pack", "unpack")
+                            if c[what])
+            typer.echo(f"local copies on torch.distributed (ranks ordered ascending, chunks at their own offsets):"
+                       f" step {c['step']} group {c['group']}: {who}")
     raise typer.Exit({"valid": 0, "invalid": 1}.get(verdict.status, 3))

@@ -31,7 +31,7 @@ def test_place_method_enumerate_gives_the_same_placements():
 
 def test_reduce_synth_json():
     data = json.loads(run_cli("reduce", "synth", V100, DP16, "--json").stdout)
-    assert data["matrix"] == [[2, 8]] and data["count"] == len(data["programs"]) == 122
+    assert data["matrix"] == [[2, 8]] and data["count"] == len(data["programs"]) == 142
     times = [p["time"] for p in data["programs"]]
     assert times == sorted(times) and times[0] < data["allreduce_time"]
     assert any(p["program"] == "ReduceScatter(node, InsideGroup); AllReduce(node, Parallel(root)); "
@@ -62,6 +62,30 @@ def test_reduce_bad_input_exits_2(tmp_path):
     assert result.returncode == 2 and f"{steps}:2: steps[0].groups[0]: device 99" in result.stderr
 
 
+def test_reduce_synth_paper_size_metric_gives_the_papers_47():
+    data = json.loads(run_cli("reduce", "synth", V100, DP16, "--json", "--size-metric", "paper").stdout)
+    assert data["count"] == 47 and data["size_metric"] == "paper"
+    bad = run_cli("reduce", "synth", V100, DP16, "--size-metric", "lines")
+    assert bad.returncode == 2 and "size metric" in bad.stderr
+
+
+def test_reduce_verify_refuses_a_timeout_that_is_not_a_positive_number():
+    for value in ("nan", "inf", "-1", "0"):
+        result = run_cli("reduce", "verify", V100, DP16, "AllReduce(root, InsideGroup)", "--timeout", value)
+        assert result.returncode == 2 and "--timeout" in result.stderr and "Traceback" not in result.stderr, value
+
+
+def test_explicit_op_names_are_read_in_any_case(tmp_path):
+    steps = tmp_path / "lower.yaml"
+    steps.write_text("steps:\n  - {op: reduce_scatter, groups: [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]}\n"
+                     "  - {op: allreduce, groups: [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]]}\n"
+                     "  - {op: ALL-GATHER, groups: [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]}\n")
+    assert run_cli("reduce", "verify", V100, DP16, steps).returncode == 0
+    steps.write_text("steps:\n  - {op: allsum, groups: [[0, 1]]}\n")
+    result = run_cli("reduce", "verify", V100, DP16, steps)
+    assert result.returncode == 2 and "steps[0].op" in result.stderr
+
+
 def test_reduce_verify_unknown_exits_3(monkeypatch):
     import z3
     from typer.testing import CliRunner
@@ -71,6 +95,7 @@ def test_reduce_verify_unknown_exits_3(monkeypatch):
     result = CliRunner().invoke(app, ["reduce", "verify", str(V100), str(DP16),
                                       str(ROOT / "examples" / "hierarchical-allreduce-2x8.yaml")])
     assert result.exit_code == 3 and ": unknown" in result.output
+    assert "proved" not in result.output.replace("nothing proved", "") and "valid" not in result.output
 
 
 def test_place_lists_placements_even_without_reductions(tmp_path):

@@ -6,6 +6,7 @@ fixtures that run many plans each; the tests then read the results.
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,12 +23,16 @@ from solver_planner.errors import LoweringError
 from solver_planner.placement import ParallelismMatrix
 from solver_planner.reduction.execute import execute as numpy_execute
 from solver_planner.reduction.explicit import load_explicit_program
+from solver_planner.reduction.generate import random_program
+from solver_planner.reduction.proof import prove
+from solver_planner.reduction.verify import check_program
 from solver_planner.reduction.ranking import lowering_for
 from solver_planner.reduction.synthesis import synthesize_traced
 from solver_planner.spec import load_model_spec
 from solver_planner.topology import load_topology
 
 MODELS = SPECS / "models"
+RANDOM_8 = 24
 TINY = 4 * 8 * 3  # bytes reduced per device: 3 float32 elements per chunk of 8
 
 # Hand-written programs on the 8-device [host 2, proc 4] cluster, reducing over all 8.
@@ -41,6 +46,12 @@ EXPLICIT_8 = {
   - {op: ReduceScatter, groups: [[3, 1, 2, 0], [6, 4, 7, 5]]}
   - {op: AllReduce, groups: [[3, 6], [1, 4], [2, 7], [0, 5]]}
   - {op: AllGather, groups: [[2, 0, 3, 1], [5, 7, 4, 6]]}""",
+    # Issue 12's program: device 4 keeps the last block of its host's scatter, the gather puts
+    # every chunk back at its own offset, so the hosts add like with like.
+    "issue-12": """steps:
+  - {op: ReduceScatter, groups: [[0, 1, 2, 3], [5, 6, 7, 4]]}
+  - {op: AllGather, groups: [[0, 1, 2, 3], [4, 5, 6, 7]]}
+  - {op: AllReduce, groups: [[0, 4], [1, 5], [2, 6], [3, 7]]}""",
     "reduce-broadcast-roots": """steps:
   - {op: Reduce, groups: [[2, 0, 1, 3], [7, 4, 5, 6]]}
   - {op: AllReduce, groups: [[2, 7]]}
@@ -86,10 +97,20 @@ def eight():
     lowering = lowering_for(topo, spec, m, reduction)
     for name, text in EXPLICIT_8.items():
         runs.append(("explicit", name, reduction.name, _explicit(topo, lowering, name, text)))
-    executions = execute_plans([r[-1].plan for r in runs], "gloo", repeat=1, warmup=0)
+    # Random programs on 8 devices (reduction/generate.py), the ones torch can run at all.
+    rng = random.Random(12)
+    while sum(r[0] == "random" for r in runs) < RANDOM_8:
+        p = random_program(rng, 8, 8)
+        try:
+            plan = lower_reduction(p.steps, 8, p.chunks, p.reduction_groups, 3, title=p.recipe)
+        except LoweringError:
+            continue
+        runs.append(("random", p, None, plan))
+    executions = execute_plans([r[-1] if r[0] == "random" else r[-1].plan for r in runs], "gloo", repeat=1, warmup=0)
     return runs, executions
 
 
+@pytest.mark.slow
 def test_every_synthesized_program_of_two_level_placements_sums_exactly_on_8_processes(eight):
     runs, executions = eight
     synthesized = [(r, e) for r, e in zip(runs, executions) if r[0] == "synthesized"]
@@ -107,11 +128,12 @@ def test_every_synthesized_program_of_two_level_placements_sums_exactly_on_8_pro
         assert len(e.step_times) == len(run.plan.steps) and all(t >= 0 for t in e.step_times)
 
 
+@pytest.mark.slow
 def test_explicit_programs_pass_exactly_when_verify_accepts_them(eight):
     runs, executions = eight
     verdicts = {r[1]: (r[-1].verdict, e) for r, e in zip(runs, executions) if r[0] == "explicit"}
     assert {k: v for k, (v, _) in verdicts.items()} == {
-        "hierarchical": "valid", "unsorted-scatter": "valid", "reduce-broadcast-roots": "valid",
+        "hierarchical": "valid", "unsorted-scatter": "valid", "issue-12": "valid", "reduce-broadcast-roots": "valid",
         "double-count": "invalid", "mismatched-chunks": "invalid", "hosts-only": "invalid"}
     for name, (verdict, e) in verdicts.items():
         assert e.ok == (verdict == "valid"), name
@@ -123,6 +145,22 @@ def test_explicit_programs_pass_exactly_when_verify_accepts_them(eight):
         assert numpy_execute(8, low.hierarchy.size, steps, low.reduction_groups()).ok == verdicts[name][1].ok
 
 
+@pytest.mark.slow
+def test_random_programs_pass_on_gloo_exactly_when_every_checker_says_valid(eight):
+    runs, executions = eight
+    random_runs = [(r[1], e) for r, e in zip(runs, executions) if r[0] == "random"]
+    assert len(random_runs) == RANDOM_8
+    outcomes = []
+    for p, e in random_runs:
+        rules = check_program(8, p.chunks, p.steps, p.reduction_groups).valid
+        proved = prove(8, p.chunks, p.steps, p.reduction_groups).status == "valid"
+        ran = numpy_execute(8, p.chunks, p.steps, p.reduction_groups).ok
+        assert rules == proved == ran == e.ok, (p, rules, proved, ran, [f.describe(e.plan) for f in e.failures])
+        outcomes.append(e.ok)
+    assert 3 <= sum(outcomes) <= RANDOM_8 - 3, "the sample should hold valid and invalid programs"
+
+
+@pytest.mark.slow
 def test_a_wrong_sum_names_the_rank_the_step_and_the_element(eight):
     runs, executions = eight
     e = next(e for r, e in zip(runs, executions) if r[1] == "double-count")
@@ -141,7 +179,8 @@ def test_lowering_refuses_calls_whose_buffers_differ_across_ranks():
     steps = load_explicit_program("x.yaml", 8, """steps:
   - {op: Reduce, groups: [[0, 1, 2, 3], [4, 5, 6, 7]]}
   - {op: AllReduce, groups: [[0, 1, 2, 3, 4, 5, 6, 7]]}""")
-    with pytest.raises(LoweringError, match=r"step 2: allreduce on group \[0, 1, 2, 3, 4, 5, 6, 7\].*rank 0: 8, rank 1: 0"):
+    with pytest.raises(LoweringError, match=r"step 2: well-formed call on group \[0, 1, 2, 3, 4, 5, 6, 7\]: device 1:"
+                                            r" holds 0 chunks but device 0 holds 8"):
         lower_reduction(steps, 8, low.hierarchy.size, low.reduction_groups(), 3)
 
 
@@ -167,6 +206,7 @@ def four():
     return runs, reshard, executions
 
 
+@pytest.mark.slow
 def test_programs_and_reshardings_on_4_processes(four):
     runs, reshard, executions = four
     assert len(runs) >= 5 and len(reshard) == 2
@@ -198,6 +238,7 @@ def reshardings_8():
     return even, executions[:-1], (broken, rank, {a.step, b.step}, executions[-1]), uneven[0]
 
 
+@pytest.mark.slow
 def test_broadcast_schedules_put_exactly_the_destination_slice_on_every_rank(reshardings_8):
     even, executions, _, uneven = reshardings_8
     assert len(even) == 3 and all(p.world == 8 for p in even)
@@ -215,6 +256,7 @@ def test_broadcast_schedules_put_exactly_the_destination_slice_on_every_rank(res
             assert members == list(step.ranks)
 
 
+@pytest.mark.slow
 def test_a_broadcast_written_to_the_wrong_place_is_caught_with_its_step(reshardings_8):
     _, _, (broken, rank, swapped, e), _ = reshardings_8
     assert [f.rank for f in e.failures] == [rank]
@@ -225,6 +267,7 @@ def test_a_broadcast_written_to_the_wrong_place_is_caught_with_its_step(reshardi
     assert f.describe(broken).startswith(f"rank {rank} (device {broken.devices[rank]}): element ")
 
 
+@pytest.mark.slow
 def test_emitted_module_is_deterministic_and_runs_under_torchrun(tmp_path):
     topo, spec, m, reduction = _setup("local-2x2.yaml", "local-2x2.yaml", "[[2,1],[1,2]]")
     low = lowering_for(topo, spec, m, reduction)
@@ -248,6 +291,7 @@ def test_emitted_module_is_deterministic_and_runs_under_torchrun(tmp_path):
     assert "expected" in results["bad"].stdout
 
 
+@pytest.mark.slow
 def test_cli_execute_reduction_reports_steps_and_fails_on_a_wrong_sum(tmp_path):
     cluster, model = CLUSTERS / "local-2x2.yaml", MODELS / "local-2x2.yaml"
     ok = run_cli("execute", "reduction", cluster, model, "-m", "[[2,1],[1,2]]", "--top", "2", "-b", "1KiB",
@@ -269,6 +313,7 @@ def test_cli_execute_reduction_reports_steps_and_fails_on_a_wrong_sum(tmp_path):
     assert emitted.exists() and "torchrun --nproc-per-node 4" in emitted.read_text()
 
 
+@pytest.mark.slow
 def test_cli_execute_reshard_json():
     r = run_cli("execute", "reshard", CLUSTERS / "local-2x2.yaml", MODELS / "local-2x2.yaml", "--name", "uneven",
                 "--repeat", "1", "--json")
@@ -309,6 +354,7 @@ def test_cli_refuses_more_processes_than_allowed():
     assert r.returncode == 2 and "--memory" in r.stderr
 
 
+@pytest.mark.slow
 def test_calibrate_writes_a_spec_whose_cost_model_gives_the_reported_predictions(tmp_path):
     out = tmp_path / "local.yaml"
     r = run_cli("calibrate", "--backend", "gloo", "--world", "2", "--sizes", "4KiB,4MiB", "--repeat", "3",

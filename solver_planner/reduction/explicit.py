@@ -6,7 +6,9 @@ hierarchical all-reduce::
       - {op: AllReduce, groups: [[0, 2], [1, 3]]}
       - {op: AllGather, groups: [[0, 1], [2, 3]]}
 
-The first device of a group is the root of Reduce and Broadcast (seed 000 §3.2).
+The first device of a group is the root of Reduce and Broadcast (seed 000 §3.2), and the
+order of a ReduceScatter group says who keeps which block (:mod:`.layout`).  Op names are
+read like the DSL's: any case, ``_`` and ``-`` ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ __all__ = ["ExplicitStepSpec", "ExplicitProgramSpec", "load_explicit_program"]
 
 
 class ExplicitStepSpec(SpecModel):
-    op: str = Field(description="AllReduce, ReduceScatter, AllGather, Reduce or Broadcast")
+    op: str = Field(description="AllReduce, ReduceScatter, AllGather, Reduce or Broadcast (any case; '_' and '-'"
+                                " ignored, so all_reduce and allreduce are accepted)")
     groups: list[list[int]] = Field(min_length=1, description="disjoint device groups running the op at once")
 
 

@@ -200,15 +200,17 @@ def lowering_for(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix
 
 def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix, reduction: ReductionSpec,
                         max_size: int = DEFAULT_MAX_SIZE, algorithm: str = "ring", cost: CostModel | None = None,
-                        cache: dict | None = None, check: bool = True) -> ReductionReport:
-    """Synthesize, cost and rank the programs of one reduction on one placement."""
+                        cache: dict | None = None, check: bool = True, metric: str = "instructions"
+                        ) -> ReductionReport:
+    """Synthesize, cost and rank the programs of one reduction on one placement (``metric``:
+    how program size is counted, see :mod:`.synthesis`)."""
     cost = cost or CostModel(topology)
     lowering = lowering_for(topology, model, matrix, reduction)
-    key = (lowering.hierarchy, max_size)
+    key = (lowering.hierarchy, max_size, metric)
     if cache is not None and key in cache:
         programs = cache[key]
     else:
-        programs = synthesize_traced(lowering.hierarchy, max_size)
+        programs = synthesize_traced(lowering.hierarchy, max_size, metric)
         if cache is not None:
             cache[key] = programs
     coster = StepCoster(cost, lowering, reduction.bytes, algorithm)
@@ -226,7 +228,7 @@ def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: Parallelis
 
 def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", max_size: int = DEFAULT_MAX_SIZE,
                     algorithm: str = "ring", matrices: Sequence[ParallelismMatrix] | None = None,
-                    progress: Callable[[int, int], None] | None = None):
+                    progress: Callable[[int, int], None] | None = None, metric: str = "instructions"):
     """Every placement with its reductions' best programs, best placement first.
 
     Returns ``(reports, placement_result)``; the ranking key is the weighted sum of the
@@ -245,7 +247,8 @@ def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", 
             progress(n, len(todo))
         rep = PlacementReport(matrix)
         for red in model.reductions:
-            rep.reductions.append(reduce_on_placement(topology, model, matrix, red, max_size, algorithm, cost, cache))
+            rep.reductions.append(reduce_on_placement(topology, model, matrix, red, max_size, algorithm, cost, cache,
+                                                      metric=metric))
         reports.append(rep)
     reports.sort(key=lambda r: (r.cost, r.allreduce_cost, r.matrix.rows))
     return reports, result
