@@ -76,7 +76,7 @@ def test_a_program_that_breaks_a_rule_but_discards_the_damage_is_valid_with_a_wa
     low = Lowering(ParallelismMatrix.of([[4]]), (4,), ("gpu",), [0])
     verdict = verify_steps(low, steps)
     assert verdict.valid and [w.step for w in verdict.warnings] == [2]
-    assert "reduced twice" in verdict.warnings[0].message
+    assert "counts it twice" in verdict.warnings[0].message
 
 
 def test_a_broadcast_where_nobody_holds_anything_is_a_no_op():

@@ -136,10 +136,14 @@ def _mutate(rng: random.Random, steps: list[Step], n: int) -> tuple[str, list[St
     return what, steps
 
 
+SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
 def random_program(rng: random.Random, min_devices: int = 4, max_devices: int = 64,
-                   mutate: float = 0.5) -> RandomProgram:
-    """A random program on ``min_devices..max_devices`` devices (``mutate``: chance of edits)."""
-    n = rng.choice([d for d in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if min_devices <= d <= max_devices])
+                   mutate: float = 0.5, num_devices: int | None = None) -> RandomProgram:
+    """A random program on ``min_devices..max_devices`` devices, or exactly ``num_devices``
+    (``mutate``: the chance of each further edit, at most three)."""
+    n = num_devices or rng.choice([d for d in SIZES if min_devices <= d <= max_devices])
     groups = _reduction_groups(rng, n)
     recipe, steps = _hierarchical(rng, groups)
     edits = 0

@@ -183,14 +183,22 @@ def _effect(kind: Collective, g: tuple[int, ...], before: tuple[Runs, ...], s: i
                                      f"holds {n} chunks but device {g[0]} holds {sizes[0]}: the members would hand"
                                      f" the library buffers of different sizes", other=g[0])
     if kind is Collective.ALLGATHER:
-        for i in range(1, len(g)):
-            for j in range(i):
-                c = first_common(before[i], before[j])
-                if c is not None:
-                    return before, Violation(s, WELL_FORMED, g, g[i], c,
-                                             f"and device {g[j]} both hold chunk {c}: the gathered buffer would hold"
-                                             " it twice, and which copy lands at its offset is not defined",
-                                             other=g[j])
+        # Overlaps among all members at once: sort every run, compare each with the
+        # furthest end seen so far (the smallest shared chunk is found first).
+        spans = sorted((a, b, i) for i, runs in enumerate(before) for a, b in runs)
+        reach, who = -1, -1
+        clash = None
+        for a, b, i in spans:
+            if a < reach and i != who and (clash is None or a < clash[0]):
+                clash = (a, i, who)
+            if b > reach:
+                reach, who = b, i
+        if clash is not None:
+            c, i, j = clash
+            i, j = max(i, j), min(i, j)
+            return before, Violation(s, WELL_FORMED, g, g[i], c,
+                                     f"and device {g[j]} both hold chunk {c}: the gathered buffer would hold"
+                                     " it twice, and which copy lands at its offset is not defined", other=g[j])
         union = merge(before)
         return tuple(union for _ in g), None
     if kind is Collective.ALLREDUCE:

@@ -25,7 +25,7 @@ from ..cost import Collective
 from ..errors import PlannerError
 from ..solve import Stopwatch
 from .hierarchy import Lowering
-from .layout import REDUCING, Atoms, first_difference, size, trace
+from .layout import REDUCING, Atoms, Trace, first_difference, size, trace
 from .semantics import Violation
 from .verify import Steps, Verdict, check_program, local_copies
 
@@ -50,6 +50,16 @@ class _Initial:
 
     def __init__(self, owner: int):
         self.owner = owner
+
+
+class _Uniform:
+    """Every atom a device holds has the same term (possible when chunks are never mixed:
+    then one unknown per device serves every chunk)."""
+
+    __slots__ = ("term",)
+
+    def __init__(self, term):
+        self.term = term
 
 
 class _Terms:
@@ -100,10 +110,14 @@ class _Terms:
 
 
 def prove(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]],
-          timeout: float = 30.0) -> Proof:
-    """Prove ``steps`` compute every reduction group's exact sums, or refute it."""
-    import z3
+          timeout: float = 30.0, hint: tuple[int, int] | None = None) -> Proof:
+    """Prove ``steps`` compute every reduction group's exact sums, or refute it.
 
+    ``hint``: a (device, chunk) suspected to end wrong (the rules' finding).  z3 first
+    looks for data that makes that one value wrong, building only the terms it depends
+    on; if there is none, the full claim decides.  The hint only saves time: the verdict
+    is always z3's.
+    """
     tr = trace(num_devices, k, steps)
     if tr.problem is not None:
         return Proof("invalid", tr.problem)
@@ -113,86 +127,175 @@ def prove(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Seq
             c = first_difference(runs, full)
             return Proof("invalid", Violation(None, "post-condition", (d,), d, c,
                                               f"ends without chunk {c}: it must hold all {k} chunks of the sum"))
-    atoms = Atoms(tr, misaligned=True)
-    na = len(atoms)
-    # When every reduction hands the same chunks on every member, each final value of
-    # chunk c is a sum of chunk c's data only, so the claim for each chunk is an identity
-    # between sums over devices: one unknown per device serves every chunk (and chunks
-    # whose sums are built alike are proved once).  Adding different chunks together
-    # needs an unknown per (device, atom), or a wrong sum could look right.
-    per_chunk = any(call.kind in REDUCING and not call.aligned for step in tr.calls for call in step)
-    T = _Terms()
-    unknowns: dict[int, object] = {}
+    prover = _Prover(tr, reduction_groups)
+    if hint is not None:
+        d, chunk = hint
+        a = prover.atoms.index(chunk)
+        proof = prover.decide({(d, a): (prover.final_term(d, a), prover.expected(d, a))}, timeout)
+        if proof.status == "invalid":
+            return proof
+    return prover.decide(prover.every_final_pair(), timeout)
 
-    def x(d: int, a: int):
-        i = d * na + a if per_chunk else d
-        v = unknowns.get(i)
+
+class _Prover:
+    def __init__(self, tr: Trace, reduction_groups: Sequence[Sequence[int]]):
+        self.tr, self.groups = tr, reduction_groups
+        self.atoms = Atoms(tr, misaligned=True)
+        self.na = len(self.atoms)
+        # When every reduction hands the same chunks on every member, each final value of
+        # chunk c is a sum of chunk c's data only, so the claim for each chunk is an identity
+        # between sums over devices: one unknown per device serves every chunk (and chunks
+        # whose sums are built alike are proved once).  Adding different chunks together
+        # needs an unknown per (device, atom), or a wrong sum could look right.
+        self.per_chunk = any(c.kind in REDUCING and not c.aligned for step in tr.calls for c in step)
+        self.T = _Terms()
+        self._unknowns: dict[int, object] = {}
+        self.group_of = {d: n for n, g in enumerate(reduction_groups) for d in g}
+        self._expected: dict[tuple[int, int], object] = {}
+
+    def x(self, d: int, a: int):
+        i = d * self.na + a if self.per_chunk else d
+        v = self._unknowns.get(i)
         if v is None:
-            v = unknowns[i] = T.unknown(i)
+            v = self._unknowns[i] = self.T.unknown(i)
         return v
 
-    def value(state, a: int):
-        return x(state.owner, a) if isinstance(state, _Initial) else state[a]
+    def expected(self, d: int, a: int):
+        key = (self.group_of[d], a if self.per_chunk else 0)
+        want = self._expected.get(key)
+        if want is None:
+            want = self._expected[key] = self.T.add([self.x(e, a) for e in self.groups[key[0]]])
+        return want
 
-    vals: list = [_Initial(d) for d in range(num_devices)]
-    for step in tr.calls:
-        for call in step:
+    def value(self, state, a: int):
+        if isinstance(state, _Uniform):
+            return state.term
+        if isinstance(state, _Initial):
+            return self.x(state.owner, a)
+        return state[a]
+
+    # -- every final value, forward --------------------------------------------------------
+    def final_states(self) -> list:
+        T, atoms = self.T, self.atoms
+        vals: list = [_Initial(d) if self.per_chunk else _Uniform(self.x(d, 0)) for d in range(self.tr.num_devices)]
+        for step in self.tr.calls:
+            for call in step:
+                g = call.group
+                if call.kind in REDUCING:
+                    per = size(call.before[0]) // len(g)
+                    states = [vals[d] for d in g]
+                    if call.aligned and all(isinstance(st, _Uniform) for st in states):
+                        out = _Uniform(T.add([st.term for st in states]))
+                        for i, d in enumerate(g):
+                            vals[d] = {} if call.kind is Collective.REDUCE and i > 0 else out
+                        continue
+                    results = [(pos, where, T.add([self.value(st, a) for st, a in zip(states, where)]))
+                               for pos, where, _ in atoms.segments(call)]
+                    shared = None
+                    for i, d in enumerate(g):
+                        if call.kind is Collective.REDUCE and i > 0:
+                            vals[d] = {}
+                        elif call.kind is Collective.REDUCESCATTER:
+                            vals[d] = {where[i]: t for pos, where, t in results if i * per <= pos < (i + 1) * per}
+                        elif call.aligned and shared is not None:
+                            vals[d] = shared
+                        else:
+                            vals[d] = shared = {where[i]: t for _, where, t in results}
+                elif call.kind is Collective.ALLGATHER:
+                    union = {}
+                    for d, runs in zip(g, call.before):
+                        for a in atoms.of(runs):
+                            union[a] = self.value(vals[d], a)
+                    for d in g:
+                        vals[d] = union
+                else:
+                    for d in g[1:]:
+                        vals[d] = vals[g[0]]
+        return vals
+
+    def every_final_pair(self) -> dict:
+        """(device, atom) -> (final term, expected sum), once per distinct pair of terms."""
+        vals = self.final_states()
+        pairs: dict[tuple[int, int], tuple] = {}
+        seen: set[tuple[int, int]] = set()
+        out = {}
+        for d in range(self.tr.num_devices):
+            state = vals[d]
+            key = (id(state), self.group_of[d])
+            if key in seen:
+                continue  # shared final values (an all-gather or all-reduce hands one to all)
+            seen.add(key)
+            for a in range(self.na):
+                have, want = self.value(state, a), self.expected(d, a)
+                ident = (self.T.ident(have), self.T.ident(want))
+                if ident not in pairs:
+                    pairs[ident] = (d, a)
+                    out[(d, a)] = (have, want)
+        return out
+
+    # -- one final value, backward (only what it depends on) --------------------------------
+    def final_term(self, d: int, a: int):
+        touched: list[dict[int, tuple]] = []
+        for step in self.tr.calls:
+            touched.append({m: (call, i) for call in step for i, m in enumerate(call.group)})
+        memo: dict[tuple[int, int, int], object] = {}
+        sums: dict[tuple[int, int], object] = {}
+        segs: dict[int, dict] = {}
+
+        def term(d: int, a: int, t: int):
+            while t >= 0 and d not in touched[t]:
+                t -= 1
+            if t < 0:
+                return self.x(d, a)
+            key = (d, a, t)
+            hit = memo.get(key)
+            if hit is not None:
+                return hit
+            call, i = touched[t][d]
             g = call.group
             if call.kind in REDUCING:
-                per = size(call.before[0]) // len(g)
-                results = [(pos, where, T.add([value(vals[d], a) for d, a in zip(g, where)]))
-                           for pos, where, _ in atoms.segments(call)]
-                shared = None
-                for i, d in enumerate(g):
-                    if call.kind is Collective.REDUCE and i > 0:
-                        vals[d] = {}
-                    elif call.kind is Collective.REDUCESCATTER:
-                        vals[d] = {where[i]: t for pos, where, t in results if i * per <= pos < (i + 1) * per}
-                    elif call.aligned and shared is not None:
-                        vals[d] = shared
-                    else:
-                        vals[d] = shared = {where[i]: t for _, where, t in results}
+                if call.aligned:  # every member hands atom a at the same place
+                    n, where = a, (a,) * len(g)
+                else:
+                    table = segs.get(id(call))
+                    if table is None:
+                        table = segs[id(call)] = {(j, w[j]): (n, w) for n, (_, w, _) in
+                                                  enumerate(self.atoms.segments(call)) for j in range(len(g))}
+                    n, where = table[(i, a)]
+                out = sums.get((id(call), n))
+                if out is None:
+                    out = sums[(id(call), n)] = self.T.add([term(m, w, t - 1) for m, w in zip(g, where)])
             elif call.kind is Collective.ALLGATHER:
-                union = {}
-                for d, runs in zip(g, call.before):
-                    for a in atoms.of(runs):
-                        union[a] = value(vals[d], a)
-                for d in g:
-                    vals[d] = union
+                chunk = self.atoms.starts[a]
+                holder = next(m for m, runs in zip(g, call.before) if any(lo <= chunk < hi for lo, hi in runs))
+                out = term(holder, a, t - 1)
             else:
-                for d in g[1:]:
-                    vals[d] = vals[g[0]]
-    # The claim, once per distinct (final term, expected sum); devices that share their
-    # final values (an all-gather or all-reduce hands one to all) are looked at once.
-    pairs: dict[tuple[int, int], tuple[int, int, object, object]] = {}
-    seen: set[tuple[int, int]] = set()
-    for n, group in enumerate(reduction_groups):
-        want = [T.add([x(e, a) for e in group]) for a in range(na)]
-        for d in group:
-            state = vals[d]
-            key = (id(state), n) if not isinstance(state, _Initial) else (-1 - d, n)
-            if key in seen:
-                continue
-            seen.add(key)
-            for a in range(na):
-                have = value(state, a)
-                pairs.setdefault((T.ident(have), T.ident(want[a])), (d, a, have, want[a]))
-    solver = z3.Solver(ctx=T.ctx)
-    solver.set("timeout", max(1, int(timeout * 1000)))
-    solver.add(T.any_differs([(h, w) for _, _, h, w in pairs.values()]))
-    answer = solver.check()
-    if answer == z3.unsat:
-        return Proof("valid", terms=len(pairs))
-    if answer != z3.sat:
-        return Proof("unknown", terms=len(pairs))
-    model = solver.model()
-    for d, a, have, want in sorted(pairs.values(), key=lambda p: (p[0], p[1])):
-        got, need = (model.eval(T.arith(t), model_completion=True).as_long() for t in (have, want))
-        if got != need:
-            return Proof("invalid", Violation(None, "post-condition", (d,), d, atoms.starts[a],
-                                              f"ends with {got} where its group's sum is {need}, for data z3"
-                                              " chose"), len(pairs))
-    raise PlannerError("z3 reported a counterexample that satisfies every final equation")
+                out = term(g[0], a, t - 1)
+            memo[key] = out
+            return out
+
+        return term(d, a, len(self.tr.calls) - 1)
+
+    # -- the decision ---------------------------------------------------------------------
+    def decide(self, pairs: dict, timeout: float) -> Proof:
+        import z3
+
+        solver = z3.Solver(ctx=self.T.ctx)
+        solver.set("timeout", max(1, int(timeout * 1000)))
+        solver.add(self.T.any_differs(list(pairs.values())))
+        answer = solver.check()
+        if answer == z3.unsat:
+            return Proof("valid", terms=len(pairs))
+        if answer != z3.sat:
+            return Proof("unknown", terms=len(pairs))
+        model = solver.model()
+        for (d, a), (have, want) in sorted(pairs.items()):
+            got, need = (model.eval(self.T.arith(t), model_completion=True).as_long() for t in (have, want))
+            if got != need:
+                return Proof("invalid", Violation(None, "post-condition", (d,), d, self.atoms.starts[a],
+                                                  f"ends with {got} where its group's sum is {need}, for data z3"
+                                                  " chose"), len(pairs))
+        raise PlannerError("z3 reported a counterexample that satisfies every final equation")
 
 
 def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdict:
@@ -204,10 +307,11 @@ def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdic
     """
     with Stopwatch() as sw:
         n, k, groups = lowering.num_devices, lowering.hierarchy.size, lowering.reduction_groups()
-        proof = prove(n, k, steps, groups, timeout)
+        outcome = check_program(n, k, steps, groups)
+        hint = (outcome.failure.device, outcome.failure.chunk) if outcome.failure is not None else None
+        proof = prove(n, k, steps, groups, timeout, hint)
         if proof.status == "unknown":
             return Verdict("unknown", "z3", None, sw.seconds, "z3 did not decide within the time limit")
-        outcome = check_program(n, k, steps, groups)
     detail = f"{proof.terms} distinct sum(s) checked" if proof.terms else "decided without data"
     if outcome.valid != (proof.status == "valid"):
         raise PlannerError(f"the z3 proof says {proof.status} but the rules say"

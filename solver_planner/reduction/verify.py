@@ -32,7 +32,7 @@ from ..cost import Collective
 from ..solve import Stopwatch
 from .dsl import Program
 from .hierarchy import Lowering
-from .layout import REDUCING, Atoms, Trace, chunks_of, copies, first_difference, size, trace
+from .layout import REDUCING, Atoms, Trace, copies, first_difference, size, trace
 from .semantics import RULES, Violation
 from .synthesis import lower_program
 
@@ -119,21 +119,57 @@ def _columns(bits: int, limit: int = 8) -> str:
     return "[" + ", ".join(map(str, cols[:limit])) + (", ..." if len(cols) > limit else "") + "]"
 
 
+class _Same:
+    """Every atom a device holds has one value (its untouched data, or a sum that covered it all)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: int):
+        self.v = v
+
+
+def _get(state, a: int) -> int:
+    return state.v if isinstance(state, _Same) else state[a]
+
+
+def _holds(runs, chunk: int) -> bool:
+    return any(lo <= chunk < hi for lo, hi in runs)
+
+
 def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]]) -> Outcome:
     """Decide validity of ``steps`` on ``num_devices`` devices whose data is cut into ``k`` chunks."""
     goal = goal_columns(num_devices, reduction_groups)
     tr = trace(num_devices, k, steps)
     atoms = Atoms(tr)
-    everything = tuple(range(len(atoms)))
-    # vals[d]: atom -> clean bit set (>= 0) or damaged (-(i + 1): origins[i] caused it).
-    # Dicts are never changed in place, so members can share them.
-    vals: list[dict[int, int]] = [dict.fromkeys(everything, 1 << d) for d in range(num_devices)]
+    # vals[d]: per atom it holds, a clean bit set (>= 0) or damaged (-(i + 1): origins[i]
+    # caused it); a _Same when all are equal.  States are never changed in place, so
+    # members can share them.
+    vals: list = [_Same(1 << d) for d in range(num_devices)]
     origins: list[Violation] = []
     fig8: Violation | None = None
 
     def damaged(v: Violation) -> int:
         origins.append(v)
         return -len(origins)
+
+    def combine(ins: list[int], g, chunk: int, rule: str) -> int:
+        """The sum of clean inputs, or why it is damaged."""
+        nonlocal fig8
+        bad = [v for v in ins if v < 0]
+        if bad:
+            return max(bad)  # the earliest origin
+        acc = 0
+        for i, v in enumerate(ins):
+            twice = acc & v
+            if twice:
+                col = (twice & -twice).bit_length() - 1
+                other = next(g[j] for j in range(i) if ins[j] >> col & 1)
+                why = Violation(s, rule, g, g[i], chunk, f"holds data of device {col} that device {other} also"
+                                " holds: adding them counts it twice", other=other)
+                fig8 = fig8 or why
+                return damaged(why)
+            acc |= v
+        return acc
 
     for s, (kind, groups) in enumerate(steps):
         kind = Collective.parse(kind)
@@ -147,54 +183,44 @@ def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequ
         for call in tr.calls[s]:
             g = call.group
             if kind in REDUCING:
-                rule = RULES[kind]
+                if call.empty:
+                    continue
+                states = [vals[d] for d in g]
+                if call.aligned and all(isinstance(st, _Same) for st in states):
+                    out = _Same(combine([st.v for st in states], g, call.before[0][0][0], RULES[kind]))
+                    for i, d in enumerate(g):
+                        vals[d] = {} if kind is Collective.REDUCE and i > 0 else out
+                    continue
                 mixed = None
                 if not call.aligned:
                     c = first_difference(call.before[0], next(r for r in call.before if r != call.before[0]))
-                    holder = next(i for i, r in enumerate(call.before) if c in chunks_of(r))
-                    lacker = next(i for i, r in enumerate(call.before) if c not in chunks_of(r))
-                    mixed = Violation(s, rule, g, g[lacker], c,
+                    holder = next(i for i, r in enumerate(call.before) if _holds(r, c))
+                    lacker = next(i for i, r in enumerate(call.before) if not _holds(r, c))
+                    mixed = Violation(s, RULES[kind], g, g[lacker], c,
                                       f"holds no chunk {c} but device {g[holder]} does: the members hold different"
                                       " chunks, so the library would add data of different chunks together",
                                       other=g[holder])
                     fig8 = fig8 or mixed
-                    mixed_code = damaged(mixed)
-                results = []
-                for pos, where, aligned in atoms.segments(call):
-                    if not aligned:
-                        results.append((pos, where, mixed_code))
-                        continue
-                    a = where[0]
-                    ins = [vals[d][a] for d in g]
-                    bad = [v for v in ins if v < 0]
-                    if bad:
-                        results.append((pos, where, max(bad)))
-                        continue
-                    acc, out = 0, None
-                    for i, v in enumerate(ins):
-                        twice = acc & v
-                        if twice:
-                            col = (twice & -twice).bit_length() - 1
-                            other = next(g[j] for j in range(i) if ins[j] >> col & 1)
-                            why = Violation(s, rule, g, g[i], atoms.starts[a],
-                                            f"holds device {col}'s contribution, and so does device {other} in the"
-                                            " same group: that data would be reduced twice", other=other)
-                            fig8 = fig8 or why
-                            out = damaged(why)
-                            break
-                        acc |= v
-                    results.append((pos, where, acc if out is None else out))
+                    mixed = damaged(mixed)
+                results = [(pos, where, combine([_get(st, where[0]) for st in states], g, atoms.starts[where[0]],
+                                                RULES[kind]) if aligned else mixed)
+                           for pos, where, aligned in atoms.segments(call)]
                 _write_reduction(kind, call, results, vals, size(call.before[0]) // len(g))
             elif kind is Collective.ALLGATHER:
-                union: dict[int, int] = {}
-                for d in g:
-                    union.update(vals[d])
+                states = [vals[d] for d in g]
+                if all(isinstance(st, _Same) and st.v == states[0].v for st in states):
+                    union = states[0]
+                else:
+                    union = {}
+                    for st, runs in zip(states, call.before):
+                        for a in atoms.of(runs):
+                            union[a] = _get(st, a)
                 for d in g:
                     vals[d] = union
             else:
                 root = vals[g[0]]
                 if fig8 is None and not call.empty:
-                    fig8 = _broadcast_rule(s, g, call, root, vals, atoms)
+                    fig8 = _broadcast_rule(s, call, vals, atoms)
                 for d in g[1:]:
                     vals[d] = root
     cause = failure = None
@@ -202,13 +228,19 @@ def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequ
         cause = tr.problem
     else:
         full = ((0, k),)
+        seen: set[tuple[int, int]] = set()
         for d in range(num_devices):
             if tr.final[d] != full:
                 missing = first_difference(tr.final[d], full)
                 failure = Violation(None, "post-condition", (d,), d, missing,
                                     f"ends without chunk {missing}: it must hold all {k} chunks of the sum")
                 break
-            bad = next(((a, v) for a, v in sorted(vals[d].items()) if v != goal[d]), None)
+            state = vals[d]
+            if (id(state), goal[d]) in seen:
+                continue  # devices sharing their final values (and goal) are checked once
+            seen.add((id(state), goal[d]))
+            wrong = [(0, state.v)] if isinstance(state, _Same) else sorted(state.items())
+            bad = next(((a, v) for a, v in wrong if v != goal[d]), None)
             if bad is not None:
                 a, v = bad
                 chunk = atoms.starts[a]
@@ -229,40 +261,45 @@ def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequ
     return Outcome(cause is None, cause, failure, fig8, tr)
 
 
-def _write_reduction(kind: Collective, call, results, vals: list[dict[int, int]], per: int) -> None:
+def _write_reduction(kind: Collective, call, results, vals: list, per: int) -> None:
     """Write a reduction's per-stretch results back at each member's own atoms."""
     g = call.group
+    shared = None
     for i, d in enumerate(g):
         if kind is Collective.REDUCE and i > 0:
             vals[d] = {}
-            continue
-        if kind is Collective.REDUCESCATTER:
+        elif kind is Collective.REDUCESCATTER:
             lo, hi = i * per, (i + 1) * per
             vals[d] = {where[i]: v for pos, where, v in results if lo <= pos < hi}
-            continue
-        new = dict(vals[d])
-        for _, where, v in results:
-            new[where[i]] = v
-        vals[d] = new
-    if kind is Collective.ALLREDUCE and call.aligned:
-        for d in g[1:]:  # identical dicts: share one
-            vals[d] = vals[g[0]]
+        elif call.aligned and shared is not None:
+            vals[d] = shared  # every member holds the same atoms: one state for all
+        else:
+            vals[d] = shared = {where[i]: v for _, where, v in results}
 
 
-def _broadcast_rule(s: int, g, call, root: dict[int, int], vals, atoms: Atoms) -> Violation | None:
+def _broadcast_rule(s: int, call, vals, atoms: Atoms) -> Violation | None:
     """R-Broadcast: nothing a member holds is missing from the root, and someone gains."""
-    rule = RULES[Collective.BROADCAST]
+    rule, g = RULES[Collective.BROADCAST], call.group
+    root, root_runs = vals[g[0]], call.before[0]
     gain = False
-    for d in g[1:]:
-        for a, v in vals[d].items():
-            lost = v & ~root.get(a, 0)
-            if lost:
-                col = (lost & -lost).bit_length() - 1
-                return Violation(s, rule, g, d, atoms.starts[a],
-                                 f"holds device {col}'s contribution that the root {g[0]} lacks: it would be lost",
-                                 other=g[0])
-        if vals[d] != root:
-            gain = True
+    for d, runs in zip(g[1:], call.before[1:]):
+        state = vals[d]
+        if runs == root_runs and isinstance(state, _Same) and isinstance(root, _Same):
+            lost, a = state.v & ~root.v, atoms.index(runs[0][0])
+            gain = gain or state.v != root.v
+        else:
+            lost, a = 0, None
+            for a in atoms.of(runs):
+                held = _get(root, a) if _holds(root_runs, atoms.starts[a]) else 0
+                lost = _get(state, a) & ~held
+                if lost:
+                    break
+            gain = gain or runs != root_runs or any(_get(state, b) != _get(root, b) for b in atoms.of(runs))
+        if lost:
+            col = (lost & -lost).bit_length() - 1
+            return Violation(s, rule, g, d, atoms.starts[a],
+                             f"holds device {col}'s contribution that the root {g[0]} lacks: it would be lost",
+                             other=g[0])
     if not gain:
         return Violation(s, rule, g, g[0], None, "every member already holds what the root holds: the broadcast "
                          + NO_INFORMATION)

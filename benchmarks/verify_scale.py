@@ -1,0 +1,105 @@
+"""How long a proof takes on large systems: `reduce verify` on explicit programs of up to 8
+steps over 1 024 and 8 192 devices (issue 12's goal: under 1 s and under 10 s).
+
+Programs: hierarchical all-reduces over random blocks (the devices of a block drawn at
+random, each group written in a random order), the same with a scatter, two levels of
+scatter, reduce/broadcast through roots, several reduction groups at once, and random
+mutations of them (about half invalid).  Times are medians of three runs of the whole
+verification: the layout, the rules (which name the counterexample) and the z3 proof.
+
+    python benchmarks/verify_scale.py [--devices 1024,8192] [--random 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from solver_planner.cost import Collective  # noqa: E402
+from solver_planner.reduction.generate import random_program  # noqa: E402
+from solver_planner.reduction.proof import prove  # noqa: E402
+from solver_planner.reduction.verify import check_program  # noqa: E402
+
+AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.REDUCE,
+                       Collective.BROADCAST)
+
+
+def blocks(rng: random.Random, members: list[int], b: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Random blocks of ``b`` (each in a random order) and the groups across them by position."""
+    order = rng.sample(members, len(members))
+    inside = [order[i:i + b] for i in range(0, len(order), b)]
+    return inside, [[blk[p] for blk in inside] for p in range(b)]
+
+
+def cases(n: int, rng: random.Random, randoms: int):
+    everyone = list(range(n))
+    inside, across = blocks(rng, everyone, 32)
+    yield "2 all-reduces, random blocks of 32", [everyone], [(AR, inside), (AR, across)]
+    yield "scatter / all-reduce / gather, blocks of 32", [everyone], [(RS, inside), (AR, across), (AG, inside)]
+    inner, outer = blocks(rng, everyone, 8)
+    subs = [o[i:i + 16] for o in outer for i in range(0, len(o), 16)]
+    cross = [[o[i + j] for i in range(0, len(o), 16)] for o in outer for j in range(16)]
+    yield "two levels of scatter (8, then 16)", [everyone], [(RS, inner), (RS, subs), (AR, cross), (AG, subs),
+                                                              (AG, inner)]
+    roots = [blk[0] for blk in inside]
+    yield "reduce / all-reduce of roots / broadcast", [everyone], [(RED, inside), (AR, [roots]), (BC, inside)]
+    groups = [everyone[i::8] for i in range(8)]  # 8 strided reduction groups
+    parts = [blocks(rng, g, 16) for g in groups]
+    yield "8 reduction groups, scatter / all-reduce / gather", groups, [
+        (RS, [b for p in parts for b in p[0]]), (AR, [a for p in parts for a in p[1]]),
+        (AG, [b for p in parts for b in p[0]])]
+    bad = [list(g) for g in across]
+    bad[0][0], bad[1][0] = bad[1][0], bad[0][0]  # two devices paired with the wrong blocks
+    yield "scatter / all-reduce / gather, two devices mispaired", [everyone], [(RS, inside), (AR, bad), (AG, inside)]
+    made = 0
+    while made < randoms:
+        p = random_program(rng, num_devices=n, mutate=0.6)
+        if len(p.steps) <= 8:
+            made += 1
+            yield f"random: {p.recipe}", p.reduction_groups, p.steps
+
+
+def timed(fn, repeat: int = 3):
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", default="1024,8192")
+    ap.add_argument("--random", type=int, default=6, help="random programs per size")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(f"{'devices':>7}  {'program':<58} {'steps':>5}  {'verdict':<8} {'proof':>8} {'rules':>8} {'sums':>5}")
+    worst = {}
+    for n in (int(x) for x in args.devices.split(",")):
+        rng = random.Random(args.seed * 1000 + n)
+        for name, groups, steps in cases(n, rng, args.random):
+            k = len(groups[0])
+            t_rules, outcome = timed(lambda: check_program(n, k, steps, groups))
+            # As `reduce verify` does: the rules' finding is z3's first suspect.
+            hint = (outcome.failure.device, outcome.failure.chunk) if outcome.failure is not None else None
+            t_proof, proof = timed(lambda: prove(n, k, steps, groups, hint=hint))
+            if outcome.valid != (proof.status == "valid"):
+                raise SystemExit(f"disagreement on {name}: rules {outcome.valid}, z3 {proof.status}")
+            total = t_rules + t_proof
+            worst[n] = max(worst.get(n, 0.0), total)
+            print(f"{n:>7}  {name[:58]:<58} {len(steps):>5}  {proof.status:<8} {t_proof:>7.3f}s {t_rules:>7.3f}s"
+                  f" {proof.terms:>5}")
+    print()
+    for n, t in worst.items():
+        print(f"{n} devices: slowest verification (rules + proof) {t:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
