@@ -228,3 +228,16 @@ def test_lowering_refuses_what_the_library_cannot_run():
         lower_reduction([(AG, [[0, 1]])], 2, 2, [[0, 1]], 1)
     with pytest.raises(LoweringError, match="different sizes"):
         lower_reduction([(RS, [[0, 1]]), (AR, [[0, 2]])], 4, 4, [[0, 1, 2, 3]], 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**16 - 1), st.integers(0, 2**16 - 1), st.integers(0, 16), st.integers(0, 16))
+def test_run_helpers_agree_with_sets_of_chunks(a, b, p, q):
+    from solver_planner.reduction.layout import first_difference, merge, runs_of_mask, size, take
+    x, y = runs_of_mask(a), runs_of_mask(b)
+    assert chunks_of(x) == [c for c in range(16) if a >> c & 1] and size(x) == bin(a).count("1")
+    if a != b:
+        assert first_difference(x, y) == min(set(chunks_of(x)) ^ set(chunks_of(y)))
+    if not a & b:
+        assert merge([x, y]) == runs_of_mask(a | b)
+    assert chunks_of(take(x, p, q)) == chunks_of(x)[p:q]

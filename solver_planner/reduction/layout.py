@@ -97,24 +97,24 @@ def merge(parts: Sequence[Runs]) -> Runs:
     return tuple((a, b) for a, b in out)
 
 
-def first_common(x: Runs, y: Runs) -> int | None:
-    """The smallest chunk in both, or None."""
-    i = j = 0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if lo < hi:
-            return lo
-        if x[i][1] <= y[j][1]:
-            i += 1
-        else:
-            j += 1
+def _first_outside(x: Runs, y: Runs) -> int | None:
+    """The smallest chunk of ``x`` that ``y`` lacks, or None."""
+    j = 0
+    for a, b in x:
+        c = a
+        while c < b:
+            while j < len(y) and y[j][1] <= c:
+                j += 1
+            if j == len(y) or y[j][0] > c:
+                return c
+            c = y[j][1]
     return None
 
 
 def first_difference(x: Runs, y: Runs) -> int:
     """The smallest chunk held by exactly one of two different run lists."""
-    cx, cy = set(chunks_of(x)), set(chunks_of(y))
-    return min(cx ^ cy)
+    found = [c for c in (_first_outside(x, y), _first_outside(y, x)) if c is not None]
+    return min(found)
 
 
 @dataclass(frozen=True)
