@@ -3,8 +3,9 @@ steps over 1 024 and 8 192 devices (issue 12's goal: under 1 s and under 10 s).
 
 Programs: hierarchical all-reduces over random blocks (the devices of a block drawn at
 random, each group written in a random order), the same with a scatter, two levels of
-scatter, reduce/broadcast through roots, several reduction groups at once, and random
-mutations of them (about half invalid).  Times are medians of three runs of the whole
+scatter, reduce/broadcast through roots, several reduction groups at once, a scatter over
+every device, reductions that add different chunks together, damage a later broadcast
+discards, and random mutations (about half invalid).  Times are medians of three runs of the whole
 verification: the layout, the rules (which name the counterexample) and the z3 proof.
 
     python benchmarks/verify_scale.py [--devices 1024,8192] [--random 6]
@@ -57,6 +58,15 @@ def cases(n: int, rng: random.Random, randoms: int):
     bad = [list(g) for g in across]
     bad[0][0], bad[1][0] = bad[1][0], bad[0][0]  # two devices paired with the wrong blocks
     yield "scatter / all-reduce / gather, two devices mispaired", [everyone], [(RS, inside), (AR, bad), (AG, inside)]
+    order = rng.sample(everyone, n)
+    yield "scatter over everyone (random order), gather back", [everyone], [(RS, [order]), (AG, [everyone])]
+    pairs = [[order[i], order[i + 1]] for i in range(0, n, 2)]
+    yield "scatter over everyone, all-reduce of pairs holding different chunks", [everyone], [
+        (RS, [order]), (AR, pairs), (AG, [everyone])]
+    half = everyone[:n // 2]
+    yield "damage on half the devices, then a broadcast over it (valid)", [everyone], [
+        (AR, [everyone]), (RS, [half]), (AR, [half[i:i + 2] for i in range(0, len(half), 2)]),
+        (BC, [[n // 2] + half])]
     made = 0
     while made < randoms:
         p = random_program(rng, num_devices=n, mutate=0.6)

@@ -43,23 +43,14 @@ class Proof:
     terms: int = 0  # distinct (final value, expected sum) pairs given to z3
 
 
-class _Initial:
-    """A device's untouched data: atom ``a`` is the unknown ``x[owner][a]``."""
+class _BySlot:
+    """A device's values when they depend on an atom only through its slot (see _Prover):
+    atom ``a`` has ``terms[slot[a]]``.  Untouched data is ``x[owner][slot]``."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("terms", "owner")
 
-    def __init__(self, owner: int):
-        self.owner = owner
-
-
-class _Uniform:
-    """Every atom a device holds has the same term (possible when chunks are never mixed:
-    then one unknown per device serves every chunk)."""
-
-    __slots__ = ("term",)
-
-    def __init__(self, term):
-        self.term = term
+    def __init__(self, terms: tuple | None = None, owner: int | None = None):
+        self.terms, self.owner = terms, owner
 
 
 class _Terms:
@@ -142,50 +133,78 @@ class _Prover:
         self.tr, self.groups = tr, reduction_groups
         self.atoms = Atoms(tr, misaligned=True)
         self.na = len(self.atoms)
-        # When every reduction hands the same chunks on every member, each final value of
-        # chunk c is a sum of chunk c's data only, so the claim for each chunk is an identity
-        # between sums over devices: one unknown per device serves every chunk (and chunks
-        # whose sums are built alike are proved once).  Adding different chunks together
-        # needs an unknown per (device, atom), or a wrong sum could look right.
-        self.per_chunk = any(c.kind in REDUCING and not c.aligned for step in tr.calls for c in step)
+        # Which unknowns a value can involve.  Where a reduction hands different chunks at one
+        # place, it adds those chunks' data together: those atoms form a class.  A final
+        # value of atom a only involves data of a's class, and each class's claim is checked
+        # on its own (the negated claim is a disjunction), so classes may share unknowns:
+        # x[d][s] stands for device d's data of the s-th atom of whichever class.  Without
+        # any such mixing every class is one atom and one unknown per device serves every
+        # chunk (and chunks whose sums are built alike are proved once); a wrong sum can
+        # never look right, since within a class every atom keeps its own unknown.
+        parent = list(range(self.na))
+
+        def find(a: int) -> int:
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for step in tr.calls:
+            for call in step:
+                if call.kind in REDUCING and not call.aligned:
+                    for _, where, aligned in self.atoms.segments(call):
+                        for b in where[1:]:
+                            ra, rb = find(where[0]), find(b)
+                            if ra != rb:
+                                parent[max(ra, rb)] = min(ra, rb)
+        count: dict[int, int] = {}
+        self.slot = []
+        for a in range(self.na):
+            r = find(a)
+            self.slot.append(count.get(r, 0))
+            count[r] = self.slot[-1] + 1
+        self.slots = max(count.values(), default=1)
         self.T = _Terms()
         self._unknowns: dict[int, object] = {}
         self.group_of = {d: n for n, g in enumerate(reduction_groups) for d in g}
         self._expected: dict[tuple[int, int], object] = {}
 
-    def x(self, d: int, a: int):
-        i = d * self.na + a if self.per_chunk else d
+    def x(self, d: int, s: int):
+        """Device ``d``'s data of slot ``s``."""
+        i = d * self.slots + s
         v = self._unknowns.get(i)
         if v is None:
             v = self._unknowns[i] = self.T.unknown(i)
         return v
 
     def expected(self, d: int, a: int):
-        key = (self.group_of[d], a if self.per_chunk else 0)
+        key = (self.group_of[d], self.slot[a])
         want = self._expected.get(key)
         if want is None:
-            want = self._expected[key] = self.T.add([self.x(e, a) for e in self.groups[key[0]]])
+            want = self._expected[key] = self.T.add([self.x(e, key[1]) for e in self.groups[key[0]]])
         return want
 
     def value(self, state, a: int):
-        if isinstance(state, _Uniform):
-            return state.term
-        if isinstance(state, _Initial):
-            return self.x(state.owner, a)
+        if isinstance(state, _BySlot):
+            return self.by_slot(state, self.slot[a])
         return state[a]
+
+    def by_slot(self, state: _BySlot, s: int):
+        return self.x(state.owner, s) if state.terms is None else state.terms[s]
 
     # -- every final value, forward --------------------------------------------------------
     def final_states(self) -> list:
         T, atoms = self.T, self.atoms
-        vals: list = [_Initial(d) if self.per_chunk else _Uniform(self.x(d, 0)) for d in range(self.tr.num_devices)]
+        vals: list = [_BySlot(owner=d) for d in range(self.tr.num_devices)]
         for step in self.tr.calls:
             for call in step:
                 g = call.group
                 if call.kind in REDUCING:
                     per = size(call.before[0]) // len(g)
                     states = [vals[d] for d in g]
-                    if call.aligned and all(isinstance(st, _Uniform) for st in states):
-                        out = _Uniform(T.add([st.term for st in states]))
+                    if call.aligned and all(isinstance(st, _BySlot) for st in states):
+                        # Every atom handed at a place is the same atom: one sum per slot.
+                        out = _BySlot(tuple(T.add([self.by_slot(st, s) for st in states]) for s in range(self.slots)))
                         for i, d in enumerate(g):
                             vals[d] = {} if call.kind is Collective.REDUCE and i > 0 else out
                         continue
@@ -202,10 +221,14 @@ class _Prover:
                         else:
                             vals[d] = shared = {where[i]: t for _, where, t in results}
                 elif call.kind is Collective.ALLGATHER:
-                    union = {}
-                    for d, runs in zip(g, call.before):
-                        for a in atoms.of(runs):
-                            union[a] = self.value(vals[d], a)
+                    states = [vals[d] for d in g]
+                    if all(st is states[0] for st in states):
+                        union = states[0]
+                    else:
+                        union = {}
+                        for st, runs in zip(states, call.before):
+                            for a in atoms.of(runs):
+                                union[a] = self.value(st, a)
                     for d in g:
                         vals[d] = union
                 else:
@@ -246,7 +269,7 @@ class _Prover:
             while t >= 0 and d not in touched[t]:
                 t -= 1
             if t < 0:
-                return self.x(d, a)
+                return self.x(d, self.slot[a])
             key = (d, a, t)
             hit = memo.get(key)
             if hit is not None:
