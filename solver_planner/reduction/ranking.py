@@ -86,6 +86,7 @@ class StepCoster:
         hit = self._steps.get(key)
         if hit is None:
             kind, chunk = instruction.collective, self.nbytes / self.k
+            priced = bool(self.cost.topology.device.memory_bandwidth)  # else copies cost nothing
             active, sizes, copy = [], [], 0.0
             for g in self._groups(instruction):
                 held = bin(rows[g[0]]).count("1")
@@ -93,9 +94,10 @@ class StepCoster:
                     continue  # nothing to move (a broadcast root or reduction members holding nothing)
                 active.append(g)
                 sizes.append(chunk * held * (len(g) if kind is Collective.ALLGATHER else 1))
-                call = call_of(kind, g, [runs_of_mask(rows[p]) for p in g])
-                copied = max((c.chunks for c in copies(call).values()), default=0)
-                copy = max(copy, self.cost.copy_time(copied * chunk))
+                if priced:
+                    call = call_of(kind, g, [runs_of_mask(rows[p]) for p in g])
+                    copied = max((c.chunks for c in copies(call).values()), default=0)
+                    copy = max(copy, self.cost.copy_time(copied * chunk))
             # Every non-reduction coordinate repeats the pattern, so the copies are the same.
             step = Step(kind, self.lowering.lower(active), sizes * len(self.lowering.keys), copy)
             hit = self._steps[key] = (step, self.cost.collective(kind, step.groups, step.nbytes, self.algorithm))
