@@ -12,15 +12,42 @@ from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .simulate import write_chrome_trace
 from .spec import load_model_spec
-from .stages import METHODS, SCHEDULES
-from .stages.report import plan_stages
+from .stages import METHODS, SCHEDULES, UnknownError
+from .stages.report import parse_config, plan_stages
+from .stages.search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, OptionError
 
 
-def _progress(done: int, total: int) -> None:
+def _progress(text: str) -> None:
     if sys.stderr.isatty():
-        typer.echo(f"\rsolving mesh shape / micro-batch pair {done + 1}/{total}", err=True, nl=False)
-        if done + 1 == total:
-            typer.echo("", err=True)
+        typer.echo(f"\r\x1b[K{text}", err=True, nl=False)
+
+
+def _split(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        fail(f"--split expects layers per stage as positive integers, e.g. 10,12,12,10; got {text!r}", 2)
+    return counts
+
+
+def _plan_table(row: dict, memory: float) -> Table:
+    table = Table("stage", "layers", "devices", "d", "t", "recompute", "fwd+bwd / micro-batch", "memory / device",
+                  "grad sync", "tail")
+    for i, st in enumerate(row["stages"]):
+        first, last = st["layers"]
+        names = st["layer_names"]
+        table.add_row(str(i), f"{first}-{last} ({names[0]}..{names[1]})", f"{st['devices'][0]}-{st['devices'][1]}",
+                      str(st["data"]), str(st["tensor"]), st["recompute"], units.format_time(st["time"]),
+                      f"{units.format_bytes(st['memory'])} / {units.format_bytes(memory)}",
+                      units.format_time(st["gradient_reduction"]), units.format_time(st["gradient_tail"]))
+    return table
+
+
+def _config(row: dict) -> str:
+    c = row["config"]
+    return f"{c['data']},{c['tensor']},{c['pipeline']},{c['microbatches']}"
 
 
 @handles_errors
@@ -30,23 +57,36 @@ def stages(
                                  help="Model spec with 'layers' (or 'transformer') and 'training'."),
     schedule: str = typer.Option("1f1b", "--schedule", "-s", help=f"Pipeline schedule: {', '.join(SCHEDULES)}."),
     method: str = typer.Option("auto", "--method", "-m",
-                               help=f"Partitioner: {', '.join(METHODS)}. auto = CP-SAT on small models, else the"
-                                    " exact dynamic program, else the balanced greedy."),
-    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01,
-                                     help="CP-SAT seconds per (mesh shape, micro-batch count) pair."),
-    seed: int = typer.Option(0, "--seed", help="CP-SAT seed."),
+                               help=f"{', '.join(METHODS)}. auto = dp (exact dynamic programs in a branch and"
+                                    " bound); brute-force prices every plan (small cases)."),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001,
+                                     help="CP-SAT deterministic time per subspace (roughly seconds)."),
+    seed: int = typer.Option(0, "--seed", help="CP-SAT seed (one worker: reproducible)."),
     num_stages: Optional[int] = typer.Option(None, "--stages", min=1,
                                              help="Only plans with this many stages (default: search all)."),
+    top: int = typer.Option(1, "--top", min=1, help="List the N fastest plans (one per mesh / micro-batch pair)."),
+    config: Optional[str] = typer.Option(None, "--config",
+                                         help="Evaluate one configuration d,t,p,k (data, tensor, pipeline degrees,"
+                                              " micro-batches); the best layer split unless --split."),
+    split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
+    baselines: bool = typer.Option(False, "--baselines",
+                                   help="Also the best pure data, tensor and pipeline plans (seed 004 Table 2)."),
+    budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
+                               help="Subspaces the branch and bound solves before it stops with a gap."),
+    sim_budget: int = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
+                                   help="Simulated tasks before the search stops with a gap."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Cut MODEL's layers into pipeline stages on equal sub-meshes of CLUSTER, choose each
-    stage's data x tensor degrees and the number of micro-batches (Alpa's objective,
-    sum t_i + (B-1) max t_j), then simulate one iteration under the schedule.
+    stage's data x tensor degrees (and recomputation) and the number of micro-batches; every
+    candidate is simulated and the fastest wins.  The objective printed is a proven lower
+    bound of the simulated time; the bound and gap hold over every plan of the search space.
 
-    Exit codes: 0 plan found, 1 no plan fits in memory (the smallest shortfall is printed),
-    2 bad spec or option.
+    Exit codes: 0 plan found, 1 proven that no plan fits in memory (the smallest shortfall is
+    printed), 2 bad spec or option (or an instance the method refuses), 3 no plan found within
+    the limits and none proven impossible.
     """
     if schedule not in SCHEDULES:
         fail(f"unknown schedule {schedule!r}; expected one of: {', '.join(SCHEDULES)}", 2)
@@ -54,8 +94,18 @@ def stages(
         fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
     topo = topology_of(cluster)
     spec = load_model_spec(model)
-    rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
-                      progress=_progress)
+    try:
+        cfg = parse_config(config) if config is not None else None
+        rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
+                          top=top, config=cfg, layer_counts=_split(split) if split is not None else None,
+                          baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress)
+    except OptionError as exc:
+        fail(str(exc), 2)
+    except UnknownError as exc:
+        fail(f"unknown: {exc}", 3)
+    finally:
+        if sys.stderr.isatty():
+            typer.echo("\r\x1b[K", err=True, nl=False)
     if trace is not None:
         path = write_chrome_trace(rep.run.timeline, trace, topo)
         typer.echo(f"wrote {path}", err=True)
@@ -63,27 +113,46 @@ def stages(
     if as_json:
         print_json(data)
         return
+    _print(data, spec.name, topo.name)
+
+
+def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
-    out.print(f"[bold]{spec.name}[/] on {topo.name}: {len(data['stages'])} stages of"
-              f" {'x'.join(map(str, data['stages'][0]['mesh']))} meshes, {data['microbatches']} micro-batches of"
-              f" {data['microbatch_size']}, {schedule}")
-    table = Table("stage", "layers", "devices", "data", "tensor", "time / micro-batch", "memory / device",
-                  "grad sync")
-    for i, row in enumerate(data["stages"]):
-        first, last = row["layers"]
-        names = row["layer_names"]
-        table.add_row(str(i), f"{first}-{last} ({names[0]}..{names[1]})", f"{row['devices'][0]}-{row['devices'][1]}",
-                      str(row["data"]), str(row["tensor"]), units.format_time(row["time"]),
-                      f"{units.format_bytes(row['memory'])} / {units.format_bytes(data['device_memory'])}",
-                      units.format_time(row["gradient_reduction"]))
-    out.print(table)
+    c = data["config"]
+    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {'x'.join(map(str, data['mesh']))} meshes,"
+              f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
+              f" (d,t,p,k = {_config(data)})")
+    out.print(_plan_table(data, data["device_memory"]))
+    exact = "exact" if data["objective_exact"] else f"lower bound, {data['binding_bound']}"
     out.print(f"  iteration {units.format_time(data['iteration_time'])} (simulated)   objective"
-              f" {units.format_time(data['objective'])}   bubble {data['bubble_ratio']:.1%}")
-    if "hidden_communication" in data:
-        out.print(f"  eager-1F1B (eagerness {data['eagerness']}) vs 1F1B"
-                  f" {units.format_time(data['iteration_time_1f1b'])}: hides"
-                  f" {units.format_time(data['hidden_communication'])} of communication")
+              f" {units.format_time(data['objective'])} ({exact})   bubble {data['bubble_ratio']:.1%}")
+    s = data["search"]
     gap = data["gap"]
-    out.print(f"  {data['status']} ({data['method']}, gap {gap:.2%}, {units.format_time(data['solve_time'])};"
-              f" {data['search']['solved_pairs']} of {data['search']['pairs']} shape/micro-batch pairs solved,"
-              f" the rest pruned by a lower bound)")
+    out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"
+              f" {units.format_time(data['solve_time'])}; {s.get('subspaces', s.get('plans_priced', 0))} subspaces,"
+              f" {s.get('simulations', 0)} simulations over {s['pairs']} mesh/micro-batch pairs)")
+    if "best_1f1b" in data:
+        b = data["best_1f1b"]
+        speed = data["eager_speedup"]
+        verdict = (f"eager-1F1B is {speed:.3f}x faster" if speed > 1 + 1e-9
+                   else "the 1F1B order is the fastest of the family")
+        out.print(f"  best 1F1B plan {units.format_time(b['iteration_time'])} ({b['status']}): {verdict}")
+    if len(data.get("top", [])) > 1:
+        table = Table("#", "d,t,p,k", "mesh", "layers per stage", "memory", "iteration (simulated)", "objective",
+                      "schedule")
+        for n, row in enumerate(data["top"], 1):
+            counts = ",".join(str(st["layers"][1] - st["layers"][0] + 1) for st in row["stages"])
+            table.add_row(str(n), _config(row), "x".join(map(str, row["mesh"])), counts,
+                          units.format_bytes(row["memory"]), units.format_time(row["iteration_time"]),
+                          units.format_time(row["objective"]), row["schedule"])
+        out.print(table)
+    if "baselines" in data:
+        table = Table("baseline", "d,t,p,k", "iteration (simulated)", "best plan is")
+        for name, b in data["baselines"].items():
+            if b["possible"]:
+                cfg = b["config"]
+                table.add_row(f"pure {name}", f"{cfg['data']},{cfg['tensor']},{cfg['pipeline']},{cfg['microbatches']}",
+                              units.format_time(b["iteration_time"]), f"{b['best_speedup']:.2f}x faster")
+            else:
+                table.add_row(f"pure {name}", b["config"], "-", b["reason"])
+        out.print(table)

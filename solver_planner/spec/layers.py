@@ -6,7 +6,8 @@ micro-batch size::
     layers:
       - {name: embed, flops: 0.2 GFLOP, params: 100 MiB, activations: 24 MiB}
       - {name: block, repeat: 96, flops: 7.4 TFLOP, params: 3.5 GiB, activations: 48 MiB}
-    training: {global_batch: 1536, microbatches: auto, dtype: bfloat16, optimizer: adam}
+    training: {global_batch: 1536, microbatches: auto, dtype: bfloat16, optimizer: adam,
+               recompute: selective, optimizer_sharding: distributed, sequence_parallel: true}
 
 or, for a GPT-style decoder, the generator of :func:`solver_planner.stages.layers.transformer_layers`::
 
@@ -21,10 +22,13 @@ from pydantic import Field
 
 from .base import NAME_PATTERN, Bytes, Flops, SpecModel
 
-__all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS"]
+__all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS", "RECOMPUTE",
+           "OPTIMIZER_SHARDING"]
 
 FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZERS = ("adam", "sgd")
+RECOMPUTE = ("none", "selective", "full", "auto")
+OPTIMIZER_SHARDING = ("none", "zero-1", "zero-2", "zero-3", "distributed")
 
 
 class LayerSpec(SpecModel):
@@ -49,6 +53,20 @@ class LayerSpec(SpecModel):
     skip_to: list[str] = Field(
         default_factory=list, description="later layers that also read this layer's output (long skip "
         "connections, e.g. a U-Net); names of layers that are not repeated")
+    weight_flops: Flops | None = Field(
+        default=None, ge=0, description="part of backward_flops that computes weight gradients (default half "
+        "of it); backward weight delaying (seed 002 section 4) runs it later")
+    checkpoint: Bytes | None = Field(
+        default=None, ge=0, description="bytes per sample kept under full recomputation (default: activations)")
+    selective_saved: Bytes | None = Field(
+        default=None, ge=0, description="bytes per sample kept for backward, split by the tensor degree, under "
+        "selective recomputation (default: saved, i.e. nothing is recomputed)")
+    selective_flops: Flops = Field(
+        default=0.0, ge=0, description="forward FLOPs per sample recomputed in backward under selective "
+        "recomputation")
+    tied_to: str | None = Field(
+        default=None, description="an earlier layer whose parameters this one shares (tied embeddings): a "
+        "stage holding this layer without that one keeps a copy and all-reduces its gradient with it")
 
 
 class TransformerSpec(SpecModel):
@@ -69,3 +87,22 @@ class TrainingSpec(SpecModel):
         default="auto", description="micro-batches per iteration, or 'auto' to search the divisors of global_batch")
     dtype: Literal[tuple(FLOAT_DTYPES)] = Field(default="bfloat16", description="parameter and activation type")  # type: ignore[valid-type]
     optimizer: Literal[OPTIMIZERS] = Field(default="adam", description="adam or sgd (plain, no momentum)")  # type: ignore[valid-type]
+    recompute: Literal[RECOMPUTE] = Field(  # type: ignore[valid-type]
+        default="none", description="activation recomputation: none, selective (attention core, Korthikanti et "
+        "al. 2022), full (each layer's input only), or auto (each stage chooses)")
+    optimizer_sharding: Literal[OPTIMIZER_SHARDING] = Field(  # type: ignore[valid-type]
+        default="none", description="ZeRO stage over each stage's data-parallel replicas (Rajbhandari et al. "
+        "2020): zero-1 optimizer state, zero-2 and gradients, zero-3 and parameters; distributed = Megatron's "
+        "distributed optimizer (zero-1's memory)")
+    sequence_parallel: bool = Field(
+        default=False, description="split the activations tensor parallelism leaves replicated (Korthikanti et "
+        "al. 2022 section 4.2.2)")
+    tied_embeddings: bool = Field(
+        default=True, description="transformer: the logits layer reuses the token embedding; on another stage it "
+        "keeps a copy whose gradient is all-reduced with the first stage's")
+    gradient_overlap: bool = Field(
+        default=True, description="reduce each layer's gradients while backward goes on (DDP buckets); false: "
+        "after the stage's last backward")
+    gradient_bucket: Bytes = Field(
+        default=25 * 2**20, gt=0, description="largest gradient bucket reduced at once (PyTorch DDP's default "
+        "bucket_cap_mb, 25 MiB); a layer's gradients are cut into buckets of this size")

@@ -171,6 +171,18 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
                 issues.append(source.issue(at, f"layer '{target}' does not come after '{layer.name}'"))
         if layer.skip_to and layer.repeat > 1:
             issues.append(source.issue(("layers", i, "repeat"), "a layer with skip_to cannot be repeated"))
+        if layer.tied_to is not None:
+            at = ("layers", i, "tied_to")
+            if layer.tied_to not in counts:
+                issues.append(source.issue(at, f"no layer named '{layer.tied_to}'"))
+            elif counts[layer.tied_to] != 1 or layer.repeat > 1:
+                issues.append(source.issue(at, "tied layers must both appear once (no repeat)"))
+            elif order.index(layer.tied_to) >= i:
+                issues.append(source.issue(at, f"layer '{layer.tied_to}' does not come before '{layer.name}'"))
+        backward = 2 * layer.flops if layer.backward_flops is None else layer.backward_flops
+        if layer.weight_flops is not None and layer.weight_flops > backward:
+            issues.append(source.issue(("layers", i, "weight_flops"), f"the weight-gradient part"
+                                       f" ({layer.weight_flops:g} FLOP) exceeds the backward ({backward:g} FLOP)"))
     training = spec.training
     if training is not None and isinstance(training.microbatches, int):
         if training.microbatches < 1 or training.global_batch % training.microbatches:

@@ -1,12 +1,22 @@
-"""Stage partitioning on sub-meshes and pipeline schedules (seed 001 ch. 6, 002 §4, 003, 004)."""
+"""Stage partitioning on sub-meshes and pipeline schedules (seed 001 ch. 5-6, 002 §4, 003, 004).
 
-from .costs import SCHEDULES, MeshShape, StageCosts, in_flight, mesh_shapes
+The simulated iteration (:mod:`.pipeline`) is what is minimised; :mod:`.objective` gives its
+closed-form lower bounds, :mod:`.problem` the dynamic programs over contiguous stages and
+:mod:`.search` the branch and bound that ties them together.
+"""
+
+from .costs import MeshShape, StageConfig, StageCosts, mesh_shapes
 from .layers import Layer, LayerModel, layer_model, transformer_layers
-from .partition import Partition, PartitionProblem, StagePlan, balanced_greedy, brute_force
-from .pipeline import PipelineRun, simulate_pipeline, simulate_schedule, stage_order
-from .search import METHODS, StageSearch, plan_partition
+from .memory import MemoryOptions
+from .objective import Bounds, bounds, objective, relaxation
+from .partition import Partition, StagePlan
+from .pipeline import PipelineRun, simulate_schedule
+from .problem import PairProblem, Subspace
+from .schedule import SCHEDULES, Schedule, family, stage_order
+from .search import METHODS, Candidate, RefusedError, StageSearch, UnknownError, plan_partition
 
-__all__ = ["SCHEDULES", "MeshShape", "StageCosts", "in_flight", "mesh_shapes", "Layer", "LayerModel", "layer_model",
-           "transformer_layers", "Partition", "PartitionProblem", "StagePlan", "balanced_greedy", "brute_force",
-           "PipelineRun", "simulate_pipeline", "simulate_schedule", "stage_order", "METHODS", "StageSearch",
+__all__ = ["MeshShape", "StageConfig", "StageCosts", "mesh_shapes", "Layer", "LayerModel", "layer_model",
+           "transformer_layers", "MemoryOptions", "Bounds", "bounds", "objective", "relaxation", "Partition",
+           "StagePlan", "PipelineRun", "simulate_schedule", "PairProblem", "Subspace", "SCHEDULES", "Schedule",
+           "family", "stage_order", "METHODS", "Candidate", "RefusedError", "StageSearch", "UnknownError",
            "plan_partition"]

@@ -1,35 +1,37 @@
-"""What a pipeline stage costs: time per micro-batch and memory per device.
+"""What a pipeline stage costs: task times per micro-batch, gradient reduction, memory per device.
 
 Plan space.  ``S`` stages of contiguous layers on equal sub-meshes that tile the cluster in
 order: part of one host ``(1, 2^k)`` or whole hosts ``(n, M)`` (the mesh shapes of Alpa's
 inter-op pass, seed 003; equal meshes per stage as seed 001 §6.2 and seed 004's D/T/P
-grid).  Inside a stage, ``t`` consecutive devices of a host form a tensor-parallel group and
-the ``d = size / t`` groups are data-parallel replicas, each taking ``1/d`` of a micro-batch.
+grid).  Each stage picks a :class:`StageConfig`: ``t`` consecutive devices of a host form a
+tensor-parallel group, the ``d = size / t`` groups are data-parallel replicas, each taking
+``1/d`` of a micro-batch; and a recomputation mode when the spec allows several.
 
-Stage time per micro-batch, all from the shared cost model (``t_i`` of seed 003)::
+Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrices):
 
-    t_i = compute(F + B) / (d t) + tensor all-reduces + send forward + send gradients back
-
-* compute: the layers' FLOPs for ``mb / d`` samples, split ``t`` ways, at peak rate;
+* forward ``F`` and backward ``BA + BW`` compute of ``mb / d`` samples split ``t`` ways at peak
+  rate; ``BW`` is the weight-gradient part (seed 002 §4 delays it), ``BA`` the rest plus
+  the recomputed forward;
 * tensor parallelism (t > 1): each layer all-reduces its output ``allreduces`` times per
-  pass (Megatron: two per block in forward, two in backward), all groups at once;
-* transfers: every tensor leaving the stage for a later stage (and its gradient coming
-  back) moves ``1/d`` per replica from each replica to the same position of the next mesh,
-  concurrently; the link class is that of the stage's boundary (inside a host, or across
-  hosts).  A skip connection to a farther stage is priced on that same boundary.
+  pass (Megatron: two per block in forward, two in backward), all groups at once; in ``F``
+  and ``BA`` (they sit between the layer's products);
+* ZeRO-3: each layer's parameters all-gathered over the data group before its forward and
+  before its backward (:mod:`.memory`).
 
-All terms are affine in bytes, so each is two numbers per (mesh, degree, link class) and a
-whole ``(k, i)`` matrix of stage times costs a few numpy operations.
+Transfers between stages are not stage times: a tensor from stage ``p`` to stage ``q`` (the
+next one, or a farther one for a skip connection) moves from replica ``j`` of ``p`` to the
+same position of ``q``, all lanes at once, on the links between those devices
+(:meth:`StageCosts.transfer`, affine in bytes, cached per route signature).
 
-The data-parallel gradient reduction runs once per iteration, after a stage's last
-backward; the first stage finishes last (seed 001 Fig. 2.5), so the plan's objective adds
-the first stage's reduction (the best P² program when its replicas span hosts, the
-reduction module's ranking; a flat all-reduce inside a host).
-
-Memory per device: (parameters + gradients + optimizer state) / t, plus the activations
-kept for backward of every micro-batch in flight: ``S - p`` for stage ``p`` under 1F1B
-(seed 004 §5, Narayanan et al. 2021), ``2 (S - p) - 1`` under eager-1F1B (seed 002 §4),
-all ``B`` under GPipe, never more than ``B``.
+Gradient reduction (seed 001 ch. 5, what DDP's buckets do): each layer's gradients form a
+bucket, reduced over the stage's data-parallel replicas as soon as the last micro-batch's
+backward has produced them, buckets one after another (the best P² program when replicas
+span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  With backward
+pieces ``c_j`` and reductions ``s_j`` in backward order, the stage ends ``G = max_j (c_1 +
+... + c_j + s_j + ... + s_n)`` after its last backward starts (a two-machine flow shop in a
+fixed order); ``g = G - sum c`` is the tail the reduction adds (seed 001's tail factor
+``gamma`` times the synchronisation cost).  Without overlap (``gradient_overlap: false``)
+one reduction of all the stage's gradients follows the last backward.
 """
 
 from __future__ import annotations
@@ -46,23 +48,13 @@ from ..reduction.hierarchy import Lowering
 from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
-from .layers import LayerModel
+from .layers import LayerModel, range_sums
+from .memory import gathered_bytes, recompute_flops, saved_per_sample, static_bytes, transient_per_sample
 
-__all__ = ["MeshShape", "SCHEDULES", "in_flight", "mesh_shapes", "StageCosts", "CostTables", "divisors"]
+__all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts",
+           "cost_tables"]
 
-SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
 _PROBE = 1e9  # bytes at which affine terms are sampled
-
-
-def in_flight(schedule: str, stages: int, position: int, microbatches: int) -> int:
-    """Micro-batches whose activations stage ``position`` (0 = first) holds at most."""
-    if schedule == "gpipe":
-        n = microbatches
-    elif schedule == "eager-1f1b":
-        n = 2 * (stages - position) - 1
-    else:
-        n = stages - position
-    return max(1, min(n, microbatches))
 
 
 def divisors(n: int) -> list[int]:
@@ -85,6 +77,17 @@ class MeshShape:
 
     def __str__(self) -> str:
         return f"{self.hosts}x{self.devices_per_host}"
+
+
+@dataclass(frozen=True, order=True)
+class StageConfig:
+    """What a stage chooses besides its layers: tensor degree and recomputation mode."""
+
+    tensor: int
+    recompute: str = "none"
+
+    def __str__(self) -> str:
+        return f"t{self.tensor}" + ("" if self.recompute == "none" else f"/{self.recompute}")
 
 
 def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
@@ -126,6 +129,7 @@ class CostTables:
     shape: MeshShape
     tensor: int
     synthesize: bool = True
+    memo: dict = field(default_factory=dict, repr=False)     # per-mesh values every pair shares
 
     @property
     def data(self) -> int:
@@ -141,10 +145,6 @@ class CostTables:
     def data_groups(self, p: int) -> list[list[int]]:
         return [list(g) for g in zip(*self.tensor_groups(p))]
 
-    def boundary_crosses_hosts(self, b: int) -> bool:
-        """Whether the boundary in front of stage ``b`` separates two hosts."""
-        return (b * self.shape.size) % self.topology.devices_per_host == 0
-
     def lane_pairs(self, src_stage: int, dst_stage: int) -> list[tuple[int, int]]:
         """Replica j of one stage sends to the same position of the other."""
         offset = (dst_stage - src_stage) * self.shape.size
@@ -157,30 +157,26 @@ class CostTables:
         groups = self.tensor_groups(0)
         return _affine(lambda x: self.cost.collective_time("allreduce", groups, x))
 
-    def transfer(self, crosses_hosts: bool) -> tuple[float, float]:
-        """Affine time of one stage-to-stage transfer over a boundary of this class."""
-        return self._transfers[crosses_hosts]
+    def _data_collective(self, kind: str) -> tuple[float, float]:
+        if self.data == 1:
+            return 0.0, 0.0
+        groups = self.data_groups(0)
+        return _affine(lambda x: self.cost.collective_time(kind, groups, x))
 
     @cached_property
-    def _transfers(self) -> dict[bool, tuple[float, float]]:
-        out = {}
-        stages = self.topology.num_devices // self.shape.size
-        for b in range(1, stages):
-            cls = self.boundary_crosses_hosts(b)
-            if cls not in out:
-                pairs = self.lane_pairs(b - 1, b)
-                out[cls] = _affine(lambda x, pairs=pairs: self.cost.transfers_time(pairs, x))
-        out.setdefault(True, (0.0, 0.0))
-        out.setdefault(False, (0.0, 0.0))
-        return out
+    def data_allgather(self) -> tuple[float, float]:
+        return self._data_collective("allgather")
+
+    @cached_property
+    def data_reducescatter(self) -> tuple[float, float]:
+        return self._data_collective("reducescatter")
 
     @cached_property
     def gradient_programs(self) -> list[tuple[float, float, str]]:
         """(seconds at 0 bytes, seconds per byte, program) of each way to all-reduce gradients."""
         if self.data == 1:
             return [(0.0, 0.0, "none")]
-        groups = self.data_groups(0)
-        flat = _affine(lambda x: self.cost.collective_time("allreduce", groups, x))
+        flat = self._data_collective("allreduce")
         out = [(flat[0], flat[1], "AllReduce")]
         levels = [lv.count for lv in self.topology.levels]
         if self.synthesize and self.shape.hosts > 1 and len(levels) == 2 and self.topology.host_level == 0 \
@@ -212,106 +208,312 @@ class CostTables:
         return [_split(coster.program(p.program, p.held)) + (format_program(p.program), p) for p in _SYNTH[key]]
 
     def gradient_time(self, nbytes: np.ndarray | float) -> np.ndarray:
+        """Least time over the programs to all-reduce ``nbytes`` (0 for no bytes)."""
         x = np.asarray(nbytes, dtype=float)
-        return np.min([a + b * x for a, b, _ in self.gradient_programs], axis=0)
+        best = np.min([a + b * x for a, b, _ in self.gradient_programs], axis=0)
+        return np.where(x > 0, best, 0.0)
 
     def gradient_program(self, nbytes: float) -> str:
         return min(self.gradient_programs, key=lambda p: p[0] + p[1] * nbytes)[2]
 
 
-@dataclass
-class StageCosts:
-    """Stage times and memory of every layer range for one mesh shape and micro-batch count.
-
-    Matrices are indexed ``[k, i]`` for the stage of layers k..i (inf below the diagonal).
-    ``comm=False`` zeroes every communication term (the zero-communication check).
-    """
-
-    model: LayerModel
-    topology: Topology
-    shape: MeshShape
-    microbatches: int
-    schedule: str = "1f1b"
-    comm: bool = True
-    tables: dict[int, CostTables] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.stages = self.topology.num_devices // self.shape.size
-        self.micro_size = self.model.global_batch // self.microbatches
-        self.device_memory = self.topology.device.memory
-        n = self.model.num_layers
-        self.valid = np.triu(np.ones((n, n), dtype=bool))
-        self._compute: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.degrees = [t for t in divisors(self.shape.devices_per_host)
-                        if self.micro_size % (self.shape.size // t) == 0 and t in self.tables]
-
-    # per tensor degree ---------------------------------------------------------------
-    def samples(self, t: int) -> float:
-        """Samples of a micro-batch each replica processes."""
-        return self.micro_size / (self.shape.size // t)
-
-    def compute(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward task times (compute + tensor all-reduces), ``[k, i]``."""
-        if t not in self._compute:
-            self._compute[t] = self._compute_times(t)
-        return self._compute[t]
-
-    def _compute_times(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        s = self.model.range_sums
-        per_device = self.samples(t) / t / self.topology.device.flops
-        fwd, bwd = s("forward") * per_device, s("backward") * per_device
-        if self.comm and t > 1:
-            a, b = self.tables[t].tensor_allreduce
-            ar = a * s("allreduces") + b * s("allreduce_bytes") * self.samples(t)
-            fwd, bwd = fwd + ar, bwd + ar
-        return fwd, bwd
-
-    def transfer_bytes(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Bytes each replica lane carries forward and backward, ``[k, i]``."""
-        send, recv = self.model.boundary_bytes()
-        return send * self.samples(t), recv * self.samples(t)
-
-    def transfers(self, p: int, t: int) -> np.ndarray:
-        """Send times of stage ``p``: activations to later stages, gradients to earlier ones."""
-        if not self.comm:
-            return np.zeros_like(self.valid, dtype=float)
-        tab = self.tables[t]
-        fwd, bwd = self.transfer_bytes(t)
-        out = np.zeros_like(fwd)
-        if p + 1 < self.stages:
-            a, b = tab.transfer(tab.boundary_crosses_hosts(p + 1))
-            out = out + np.where(fwd > 0, a + b * fwd, 0.0)
-        if p > 0:
-            a, b = tab.transfer(tab.boundary_crosses_hosts(p))
-            out = out + np.where(bwd > 0, a + b * bwd, 0.0)
-        return out
-
-    def time(self, p: int, t: int) -> np.ndarray:
-        fwd, bwd = self.compute(t)
-        return np.where(self.valid, fwd + bwd + self.transfers(p, t), np.inf)
-
-    def gradient(self, t: int) -> np.ndarray:
-        """Once-per-iteration gradient reduction time of the stage, ``[k, i]``."""
-        if not self.comm:
-            return np.zeros_like(self.valid, dtype=float)
-        return self.tables[t].gradient_time(self.model.range_sums("params") / t)
-
-    def static_memory(self, t: int) -> np.ndarray:
-        """Parameters, gradients and optimizer state per device, ``[k, i]``."""
-        s = self.model.range_sums
-        return (2 * s("params") + s("optimizer")) / t
-
-    def activation_memory(self, t: int) -> np.ndarray:
-        """Activations one micro-batch keeps for backward per device, ``[k, i]``."""
-        s = self.model.range_sums
-        return self.samples(t) * (s("saved") / t + s("saved_replicated"))
-
-    def memory(self, p: int, t: int, live: int | None = None) -> np.ndarray:
-        """Peak bytes per device of stage ``p`` holding layers k..i with ``live`` micro-batches
-        in flight (default: what the schedule allows)."""
-        n = in_flight(self.schedule, self.stages, p, self.microbatches) if live is None else live
-        return np.where(self.valid, self.static_memory(t) + n * self.activation_memory(t), np.inf)
-
-
 def cost_tables(topology: Topology, cost: CostModel, shape: MeshShape, synthesize: bool = True) -> dict[int, CostTables]:
     return {t: CostTables(topology, cost, shape, t, synthesize) for t in divisors(shape.devices_per_host)}
+
+
+def _affine_of(ab: tuple[float, float], x: np.ndarray | float) -> np.ndarray:
+    return ab[0] + ab[1] * np.asarray(x, dtype=float)
+
+
+def _flow_shop_tail(pieces: np.ndarray, reductions: np.ndarray) -> np.ndarray:
+    """``g[k, i]``: how long the reductions of layers k..i outlast their backward pieces.
+
+    Backward runs layers i, i-1, ..., k; layer j's reduction starts when its piece is done
+    and the previous reduction has ended.  The last reduction ends at
+    ``max_j (sum_{l=j..i} c_l + sum_{l=k..j} s_l)`` after the first piece starts.
+    """
+    n = len(pieces)
+    pc = np.concatenate([[0.0], np.cumsum(pieces)])
+    ps = np.concatenate([[0.0], np.cumsum(reductions)])
+    v = ps[1:] - pc[:-1]                                   # v_j = Ps[j+1] - Pc[j]
+    k = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    best = np.maximum.accumulate(np.where(j >= k, v[None, :], -np.inf), axis=1)   # max_{k<=j<=i} v_j
+    span = pc[None, 1:] - ps[:-1, None] + best             # G[k, i]
+    tail = span - (pc[None, 1:] - pc[:-1, None])
+    return np.triu(np.maximum(tail, 0.0))
+
+
+@dataclass
+class ConfigCosts:
+    """``[k, i]`` matrices of one :class:`StageConfig` on one (mesh, micro-batch count)."""
+
+    config: StageConfig
+    data: int
+    samples: float                  # samples of a micro-batch per replica
+    forward: np.ndarray             # F
+    backward_act: np.ndarray        # BA (activation gradients, recomputation, backward all-reduces)
+    backward_weight: np.ndarray     # BW (weight gradients)
+    static: np.ndarray              # bytes per device, tied copies included
+    activation: np.ndarray          # bytes per device one micro-batch keeps for backward
+    transient: np.ndarray           # bytes per device live during one layer's backward
+    tail_full: np.ndarray           # g of the reductions behind a whole backward
+    tail_weight: np.ndarray         # g of the reductions behind BW alone (weight delaying)
+    # per-layer pieces for the simulator (backward order is reversed by the caller)
+    layer_backward: np.ndarray
+    layer_weight: np.ndarray
+    layer_reduction: np.ndarray     # bucket time of each layer
+    layer_reduction_copy: np.ndarray  # the same when the layer holds a tied copy
+    reduction_all: np.ndarray       # [k, i]: the whole stage's buckets after its backward (no overlap)
+    buckets: tuple = ()             # per layer: (full buckets, time of one, time of the last)
+    buckets_copy: tuple = ()
+    bucket_time: object = None      # bytes -> time of one bucket
+    grad_bytes: np.ndarray | None = None   # [k, i]: gradient bytes per device, tied copies included
+    bucket_cap: float = 25 * 2**20
+
+    def stage_buckets(self, first: int, last: int) -> list[float]:
+        """Times of the buckets of a whole stage's gradients (no overlap)."""
+        x = float(self.grad_bytes[first, last])
+        if x <= 0 or self.reduction_all[first, last] == 0:
+            return []
+        n = int(np.ceil(x / self.bucket_cap))
+        times = [float(self.bucket_time(self.bucket_cap))] * (n - 1) + [float(self.bucket_time(x - (n - 1) * self.bucket_cap))]
+        return [t for t in times if t > 0]
+
+    def layer_buckets(self, layer: int, copy: bool = False) -> list[float]:
+        """Times of layer ``layer``'s gradient buckets, in order (empty when nothing is reduced)."""
+        if self.layer_reduction[layer] == 0 and not copy:
+            return []
+        n, full, last = self.buckets_copy if copy else self.buckets
+        times = [float(full[layer])] * int(n[layer]) + [float(last[layer])]
+        return [x for x in times if x > 0]
+
+    @property
+    def backward(self) -> np.ndarray:
+        return self.backward_act + self.backward_weight
+
+    @property
+    def work(self) -> np.ndarray:
+        return self.forward + self.backward_act + self.backward_weight
+
+
+class StageCosts:
+    """Every :class:`ConfigCosts` of one mesh shape and micro-batch count.
+
+    ``comm=False`` zeroes every communication term (the what-if of ``--no-comm``).
+    """
+
+    def __init__(self, model: LayerModel, topology: Topology, shape: MeshShape, microbatches: int,
+                 tables: dict[int, CostTables], comm: bool = True):
+        self.model = model
+        self.topology = topology
+        self.shape = shape
+        self.microbatches = microbatches
+        self.tables = tables
+        self.comm = comm
+        self.stages = topology.num_devices // shape.size
+        self.micro_size = model.global_batch // microbatches
+        self.device_memory = topology.device.memory
+        n = model.num_layers
+        self.valid = np.triu(np.ones((n, n), dtype=bool))
+        self.configs = [StageConfig(t, r) for t in divisors(shape.devices_per_host) if t in tables
+                        and self.micro_size % (shape.size // t) == 0 for r in model.options.recompute]
+        self._configs: dict[StageConfig, ConfigCosts] = {}
+        self._transfers: dict[tuple, tuple[float, float]] = {}
+
+    def samples(self, t: int) -> float:
+        return self.micro_size / (self.shape.size // t)
+
+    def __getitem__(self, config: StageConfig) -> ConfigCosts:
+        if config not in self._configs:
+            self._configs[config] = self._costs(config)
+        return self._configs[config]
+
+    # -- per configuration ------------------------------------------------------------------
+    def layer_times(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer: forward, backward without weight gradients, weight gradients (seconds per
+        micro-batch, tensor-parallel and ZeRO-3 collectives included)."""
+        key = ("layers", c)
+        if key in self._transfers:
+            return self._transfers[key]
+        m, opts, t = self.model, self.model.options, c.tensor
+        tab = self.tables[t]
+        d = self.shape.size // t
+        smp = self.samples(t)
+        per_flop = smp / t / self.topology.device.flops
+        fwd = m.column("forward") * per_flop
+        weight = m.column("weight_flops") * per_flop
+        act_grad = (m.column("backward") - m.column("weight_flops") + recompute_flops(m.layers, c.recompute)) * per_flop
+        if self.comm and t > 1:
+            a, b = tab.tensor_allreduce
+            ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
+            fwd = fwd + ar
+            act_grad = act_grad + ar * (2.0 if c.recompute == "full" else 1.0)   # full: the forward again
+        gathered = gathered_bytes(m.column("params"), t, d, opts.sharding)
+        if self.comm and gathered.any():
+            ag = np.where(gathered > 0, _affine_of(tab.data_allgather, gathered), 0.0)
+            fwd = fwd + ag
+            act_grad = act_grad + ag
+        self._transfers[key] = (fwd, act_grad, weight)
+        return self._transfers[key]
+
+    def _costs(self, c: StageConfig) -> ConfigCosts:
+        m, opts, t = self.model, self.model.options, c.tensor
+        tab = self.tables[t]
+        d = self.shape.size // t
+        fwd, act_grad, weight = self.layer_times(c)
+        # gradient buckets: each layer's gradients (per tensor shard) cut into buckets of at
+        # most gradient_bucket bytes, reduced one after another
+        grads = m.column("params") / t
+        copy = m.column("tied_params") / t
+        reduces = self.comm and d > 1
+
+        def bucket_time(x):
+            x = np.asarray(x, dtype=float)
+            if not reduces:
+                return np.zeros_like(x)
+            if opts.sharding == "zero-3":
+                return np.where(x > 0, _affine_of(tab.data_reducescatter, x), 0.0)
+            return tab.gradient_time(x)
+
+        cap = opts.gradient_bucket
+
+        def chunked(x):
+            """(full buckets, time of one, time of the last) and the total time of x bytes."""
+            x = np.asarray(x, dtype=float)
+            n = np.ceil(x / cap)
+            last = x - np.maximum(n - 1, 0) * cap
+            full_t, last_t = bucket_time(np.full_like(x, cap)), bucket_time(last)
+            total = np.where(x > 0, np.maximum(n - 1, 0) * full_t + last_t, 0.0)
+            return (np.maximum(n - 1, 0), full_t, last_t), total
+
+        chunks, red = chunked(grads)
+        chunks_copy, red_copy = chunked(grads + copy)
+        red_all = np.triu(chunked(range_sums(grads) + self._copy_bytes(copy))[1])
+        backward = act_grad + weight
+        copies = m.copies()
+        if opts.gradient_overlap:
+            tail_full = _flow_shop_tail(backward, red)
+            tail_weight = _flow_shop_tail(weight, red)
+            if copies.any():
+                tail_full = np.where(copies, _flow_shop_tail(backward, red_copy), tail_full)
+                tail_weight = np.where(copies, _flow_shop_tail(weight, red_copy), tail_weight)
+        else:
+            tail_full = tail_weight = red_all
+        static, activation, transient = self.memory_parts(c)
+        return ConfigCosts(
+            config=c, data=d, samples=self.samples(t),
+            forward=range_sums(fwd), backward_act=range_sums(act_grad), backward_weight=range_sums(weight),
+            static=static, activation=activation, transient=transient,
+            tail_full=tail_full, tail_weight=tail_weight,
+            layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
+            reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
+            grad_bytes=range_sums(grads) + self._copy_bytes(copy), bucket_cap=cap,
+        )
+
+    def _copy_bytes(self, per_layer: np.ndarray) -> np.ndarray:
+        """``[k, i]``: the tied copies a stage of layers k..i holds (layers sharing one outside it)."""
+        n = self.model.num_layers
+        k = np.arange(n)[:, None]
+        i = np.arange(n)[None, :]
+        out = np.zeros((n, n))
+        for a, b in self.model.ties():
+            out += np.where((a < k) & (k <= b) & (b <= i), per_layer[b], 0.0)
+        return out
+
+    def memory_parts(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[k, i]`` bytes per device: static (parameters, gradients, optimizer state, tied
+        copies), kept activations of one micro-batch, transient (one layer's recomputation or
+        gathered parameters); :mod:`.memory` gives the formulas."""
+        key = ("memory", c)
+        if key in self._transfers:
+            return self._transfers[key]
+        m, opts, t = self.model, self.model.options, c.tensor
+        d = self.shape.size // t
+        smp = self.samples(t)
+        params = m.column("params")
+        static = range_sums(static_bytes(params, m.column("optimizer"), t, d, opts.sharding))
+        if self.model.ties():
+            copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
+            static = static + self._copy_bytes(copy)
+        transient = range_max(gathered_bytes(params, t, d, opts.sharding)) + smp * range_max(
+            transient_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
+        activation = smp * range_sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
+        self._transfers[key] = (static, activation, transient)
+        return self._transfers[key]
+
+    def memory(self, config: StageConfig, live: int) -> np.ndarray:
+        """Peak bytes per device of a stage holding ``live`` micro-batches' activations."""
+        static, activation, transient = self.memory_parts(config)
+        return np.where(self.valid, static + live * activation + transient, np.inf)
+
+    # -- transfers ------------------------------------------------------------------------
+    def transfer(self, t_src: int, src: int, dst: int) -> tuple[float, float]:
+        """Affine time (seconds at 0 bytes, per byte) of one tensor from stage ``src`` (tensor
+        degree ``t_src``) to stage ``dst``: all replica lanes at once on their real links."""
+        if not self.comm or src == dst:
+            return 0.0, 0.0
+        tab = self.tables[t_src]
+        memo = tab.memo
+        hit = memo.get(("transfer", src, dst))
+        if hit is not None:
+            return hit
+        lanes = tab.lane_pairs(src, dst)
+        topo = self.topology
+        # the time depends only on which levels each lane crosses (equal meshes, identical hosts)
+        key = ("route", tuple(_level_crossed(topo, a, b) for a, b in lanes))
+        if key not in memo:
+            memo[key] = _affine(lambda x: tab.cost.transfers_time(lanes, x))
+        memo["transfer", src, dst] = memo[key]
+        return memo[key]
+
+    def transfer_time(self, t_src: int, src: int, dst: int, nbytes: float) -> float:
+        a, b = self.transfer(t_src, src, dst)
+        return a + b * nbytes
+
+    def transfer_resources(self, t_src: int, src: int, dst: int) -> list:
+        """The ports a transfer from stage ``src`` to stage ``dst`` holds."""
+        tab = self.tables[t_src]
+        key = ("ports", src, dst)
+        if key not in tab.memo:
+            tab.memo[key] = sorted({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
+        return tab.memo[key]
+
+    def reduction_resources(self, t: int, p: int) -> list:
+        """The ports stage ``p``'s gradient reduction holds (its data-parallel groups)."""
+        tab = self.tables[t]
+        key = ("reduction", p)
+        if key not in tab.memo:
+            res = tab.cost.collective("allreduce", tab.data_groups(p), 1.0).resources if tab.data > 1 else ()
+            tab.memo[key] = sorted(res)
+        return tab.memo[key]
+
+    def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
+        """(time, ports) of all-reducing the gradient of layer ``b``'s copy of layer ``a``'s
+        parameters between the two stages (Megatron's embedding group: device j of one stage
+        with device j of the other)."""
+        own = plan.owner
+        sa, sb = own[a], own[b]
+        tb = plan.stages[sb].tensor
+        key = ("tie", sa, sb, tb, b)
+        if key not in self._transfers:
+            size = self.shape.size
+            groups = [[sa * size + j, sb * size + j] for j in range(size)]
+            nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
+            c = self.tables[tb].cost.collective("allreduce", groups, nbytes)
+            self._transfers[key] = (c.time if self.comm else 0.0, sorted(c.resources))
+        return self._transfers[key]
+
+
+def _level_crossed(topology: Topology, a: int, b: int) -> int:
+    ca, cb = topology.coords(a), topology.coords(b)
+    return next((lv for lv, (x, y) in enumerate(zip(ca, cb)) if x != y), len(ca))
+
+
+def range_max(values: np.ndarray) -> np.ndarray:
+    """``M[k, i]`` = max of ``values[k..i]`` (0 below the diagonal)."""
+    n = len(values)
+    k = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    out = np.maximum.accumulate(np.where(j >= k, np.asarray(values, dtype=float)[None, :], -np.inf), axis=1)
+    return np.triu(np.where(np.isfinite(out), out, 0.0))

@@ -1,9 +1,12 @@
-"""CP-SAT model of the partition for one mesh shape and micro-batch count.
+"""CP-SAT model of the relaxation ``R`` on one subspace of a (mesh shape, micro-batch count) pair.
 
-One Boolean per (stage p, first layer k, last layer i, tensor degree t) that fits in
-memory; each stage picks one; stage p+1 starts where stage p ends (contiguity); stage 0
-starts at layer 0 and the last stage ends at the last layer.  Objective, in integer
-nanoseconds: ``sum_p cost_p + (B - 1) M`` with ``M >= t_p`` for every stage (seed 003).
+One Boolean per (stage p, configuration, first layer k, last layer i) that fits in memory;
+each stage picks one; stage p+1 starts where stage p ends; the subspace's prefix is fixed
+and its excluded choices are absent.  Integer nanoseconds: ``A_{p+1} = A_p + INC_p``,
+``M >= T2_p``, ``M >= A_p + T1_p`` (the terms of :mod:`.problem`), minimise ``M``.  Every
+coefficient is rounded *down*, so the model's optimum, and the bound CP-SAT proves, are
+below the true least ``R``: the bound stays a proven lower bound of the simulated time.
+The solution is priced afresh with the exact arrays.
 """
 
 from __future__ import annotations
@@ -14,62 +17,93 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ..solve import Status
-from .partition import PartitionProblem, StagePlan
+from .partition import StagePlan
+from .problem import PairProblem, Subspace
 
-__all__ = ["solve_cpsat", "TIME_UNIT"]
+__all__ = ["minimize_cpsat", "TIME_UNIT", "model_size"]
 
 TIME_UNIT = 1e-9
 
 
-def solve_cpsat(problem: PartitionProblem, time_limit: float = 10.0, seed: int = 0,
-                hint: list[StagePlan] | None = None) -> tuple[Status, list[StagePlan] | None, float]:
-    """(status, stages, bound in seconds) of the CP-SAT model."""
-    time, cost, ok = problem._stacked
-    S, L, degs = problem.S, problem.L, problem.degrees
+def model_size(pair: PairProblem) -> int:
+    """Booleans of the model of the whole pair (the largest subspace)."""
+    return sum(int(np.isfinite(pair.stage_arrays(p)[2]).sum()) for p in range(pair.S))
+
+
+def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, time_limit: float = 10.0,
+                   seed: int = 0) -> tuple[Status, float, tuple | None]:
+    """(status, lower bound in seconds, plan or None) of min R over the subspace.
+
+    ``time_limit`` is CP-SAT's deterministic time (reproducible; roughly seconds) with one
+    worker and a fixed seed.  INFEASIBLE means no plan of the subspace has ``R`` below
+    ``cutoff`` (or none fits at all)."""
+    A0, M0, start = pair.prefix_state(sub.prefix)
+    if not math.isfinite(A0) or M0 >= cutoff:
+        return Status.INFEASIBLE, max(M0, sub.bound), None
+    S, n, j0 = pair.S, pair.n, len(sub.prefix)
+    ns = lambda s: int(math.floor(s / TIME_UNIT))       # noqa: E731 - rounding down keeps bounds valid
     m = cp_model.CpModel()
     x: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
-    for p in range(S):
-        for j, k, i in zip(*np.nonzero(ok[p])):
-            x[p, int(k), int(i), int(j)] = m.new_bool_var(f"x{p}_{k}_{i}_{j}")
-    if not x:
-        return Status.INFEASIBLE, None, math.inf
-    by_stage: dict[int, list] = {p: [] for p in range(S)}
+    excluded = {pair._cell(j0, st) for st in sub.excluded}
+    for p in range(j0, S):
+        T1, T2, INC = pair.stage_arrays(p)
+        for j, k, i in zip(*np.nonzero(np.isfinite(INC))):
+            if p == j0 and (int(j), int(k), int(i)) in excluded:
+                continue
+            if p == j0 and int(k) + p != start:
+                continue
+            x[p, int(j), int(k), int(i)] = m.new_bool_var(f"x{p}_{j}_{k}_{i}")
+    by_stage: dict[int, list] = {p: [] for p in range(j0, S)}
     ends: dict[tuple[int, int], list] = {}
     starts: dict[tuple[int, int], list] = {}
-    for (p, k, i, j), v in x.items():
+    for (p, j, k, i), v in x.items():
         by_stage[p].append(v)
-        ends.setdefault((p, i), []).append(v)
-        starts.setdefault((p, k), []).append(v)
-    for p in range(S):
-        if not by_stage[p]:
-            return Status.INFEASIBLE, None, math.inf
-        m.add_exactly_one(by_stage[p])
-    for p in range(S - 1):
-        for b in range(L):
-            m.add(sum(ends.get((p, b - 1), [])) == sum(starts.get((p + 1, b), [])))
-    ns = lambda s: int(round(s / TIME_UNIT))
-    top = max(max(ns(float(tp[op].max())) for tp, op in zip(time, ok) if op.any()), 1)
-    mx = m.new_int_var(0, top, "max_stage_time")
-    for p in range(S):
-        m.add(mx >= sum(ns(float(time[p][j, k, i])) * v for (q, k, i, j), v in x.items() if q == p))
-    B = problem.costs.microbatches
-    m.minimize(sum(ns(float(cost[p][j, k, i])) * v for (p, k, i, j), v in x.items()) + (B - 1) * mx)
-    if hint:
-        index = {t: j for j, t in enumerate(degs)}
-        chosen = {(p, s.first, s.last, index[s.tensor]) for p, s in enumerate(hint)}
-        for key, v in x.items():
-            m.add_hint(v, key in chosen)
+        ends.setdefault((p, i + p), []).append(v)
+        starts.setdefault((p, k + p), []).append(v)
+    if any(not vs for vs in by_stage.values()):
+        return Status.INFEASIBLE, math.inf, None
+    for vs in by_stage.values():
+        m.add_exactly_one(vs)
+    for p in range(j0, S - 1):
+        for b in range(pair.L + 1):
+            e, s = ends.get((p, b - 1), []), starts.get((p + 1, b), [])
+            if e or s:
+                m.add(sum(e) == sum(s))
+    m.add(sum(ends.get((S - 1, pair.L - 1), [])) == 1)
+    top = 0
+    coef: dict[tuple, tuple[int, int, int]] = {}
+    for (p, j, k, i), v in x.items():
+        T1, T2, INC = pair.stage_arrays(p)
+        coef[p, j, k, i] = (ns(T1[j, k, i]), ns(T2[j, k, i]), ns(INC[j, k, i]))
+        top += max(coef[p, j, k, i][2], 0)
+    big = ns(A0) + top + max(max(abs(c[0]) + abs(c[1]) for c in coef.values()), 1) + ns(M0) + 1
+    mx = m.new_int_var(0, big, "R")
+    m.add(mx >= ns(M0))
+    if math.isfinite(cutoff):
+        m.add(mx <= ns(cutoff))
+    acc = ns(A0)
+    for p in range(j0, S):
+        items = [(coef[key], v) for key, v in x.items() if key[0] == p]
+        m.add(mx >= sum(c[1] * v for c, v in items))
+        if p > 0:
+            m.add(mx >= acc + sum(c[0] * v for c, v in items))
+        nxt = m.new_int_var(0, big, f"A{p + 1}")
+        m.add(nxt == acc + sum(c[2] * v for c, v in items))
+        acc = nxt
+    m.minimize(mx)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.max_deterministic_time = time_limit
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     code = solver.solve(m)
+    if code == cp_model.INFEASIBLE:
+        return Status.INFEASIBLE, max(sub.bound, cutoff), None
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        status = Status.INFEASIBLE if code == cp_model.INFEASIBLE else Status.UNKNOWN
-        return status, None, math.inf
-    stages = [None] * S
-    for (p, k, i, j), v in x.items():
+        return Status.UNKNOWN, max(sub.bound, solver.best_objective_bound * TIME_UNIT), None
+    chosen = {}
+    for (p, j, k, i), v in x.items():
         if solver.value(v):
-            stages[p] = StagePlan(k, i, degs[j])
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
-    return status, stages, solver.best_objective_bound * TIME_UNIT
+            chosen[p] = (j, k, i)
+    stages = list(sub.prefix) + [StagePlan(k + p, i + p, pair.configs[j]) for p, (j, k, i) in sorted(chosen.items())]
+    bound = max(sub.bound, solver.best_objective_bound * TIME_UNIT)
+    return (Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE), bound, tuple(stages)

@@ -13,15 +13,16 @@ Defaults, each a standard rule of thumb:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..errors import PlannerError
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
 from ..spec.model import ModelSpec
+from .memory import MemoryOptions
 
-__all__ = ["Layer", "LayerModel", "transformer_layers", "layer_model", "optimizer_bytes_per_param"]
+__all__ = ["Layer", "LayerModel", "transformer_layers", "layer_model", "optimizer_bytes_per_param", "range_sums"]
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
@@ -33,7 +34,15 @@ def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer, quantities per sample; ``skips`` are indices of later layers reading its output."""
+    """One layer, quantities per sample; ``skips`` are indices of later layers reading its output.
+
+    ``weight`` is the part of ``backward`` that computes weight gradients (default half of
+    it: one of backward's two products per matrix multiply); ``checkpoint`` the bytes kept
+    under full recomputation (default: the output); ``selective_saved`` / ``selective_flops``
+    what selective recomputation keeps (split by the tensor degree) and recomputes;
+    ``tied_to`` an earlier layer whose ``tied_params`` / ``tied_optimizer`` bytes this one
+    shares (a copy when the two sit on different stages).
+    """
 
     name: str
     forward: float
@@ -45,9 +54,21 @@ class Layer:
     saved_replicated: float = 0.0
     allreduces: int = 2
     skips: tuple[int, ...] = ()
+    weight: float | None = None
+    checkpoint: float | None = None
+    selective_saved: float | None = None
+    selective_flops: float = 0.0
+    tied_to: int | None = None
+    tied_params: float = 0.0
+    tied_optimizer: float = 0.0
+
+    @property
+    def weight_flops(self) -> float:
+        return self.backward / 2 if self.weight is None else self.weight
 
 
-def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer: str = "adam") -> list[Layer]:
+def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer: str = "adam",
+                       tied: bool = True) -> list[Layer]:
     """Embedding, ``spec.layers`` decoder blocks and the logits layer of a GPT-style model.
 
     Per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary ``V``, ``e``
@@ -56,12 +77,17 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     * block parameters ``12 h^2 + 13 h`` and forward FLOPs ``24 s h^2 + 4 s^2 h``
       (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
       Clusters", §5.1: 72 B s l h^2 (1 + s/6h) FLOPs per iteration for l layers, of which a
-      third is the forward pass);
+      third is the forward pass); the weight gradients are ``24 s h^2`` of the backward
+      (one product per weight matrix; the attention-score products have no weights);
     * activations kept for backward ``s h (34 + 5 a s / h)`` bytes at 16 bits, of which
       ``10 s h`` stay on every tensor-parallel device and the rest is split (Korthikanti et
       al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1);
+      selective recomputation keeps ``34 s h`` and recomputes the attention core, ``4 s^2 h``
+      FLOPs (§5); full recomputation keeps the layer input, ``s h`` elements (§5);
     * the embedding holds ``V h + s h`` parameters (token and position tables); the
-      logits layer shares the token table (GPT-3 ties them) and costs ``2 s h V`` FLOPs.
+      logits layer costs ``2 s h V`` FLOPs and, when ``tied`` (GPT-3), shares the token
+      table: a logits layer on another stage keeps a copy (Narayanan et al. 2021 §2.1,
+      Megatron's embedding group), else it has a ``V h`` table of its own.
     """
     s, h, a, v = spec.sequence, spec.hidden, spec.heads, spec.vocab
     e = FLOAT_DTYPES[dtype]
@@ -72,10 +98,18 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     block_fwd = 24.0 * s * h * h + 4.0 * s * s * h
     layers = [Layer("embed", 0.0, 0.0, (v * h + s * h) * e, (v * h + s * h) * opt, out, out, 0.0, 1)]
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
-                  s * h * (24.0 + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2)
+                  s * h * (24.0 + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
+                  weight=24.0 * s * h * h, checkpoint=out, selective_saved=24.0 * s * h * scale,
+                  selective_flops=4.0 * s * s * h)
     layers += [block] * spec.layers
     logits = 2.0 * s * h * v
-    layers.append(Layer("logits", logits, 2 * logits, 0.0, 0.0, 0.0, float(s * v * e), 0.0, 1))
+    table = float(v * h)
+    if tied:
+        layers.append(Layer("logits", logits, 2 * logits, 0.0, 0.0, 0.0, float(s * v * e), 0.0, 1,
+                            checkpoint=out, tied_to=0, tied_params=table * e, tied_optimizer=table * opt))
+    else:
+        layers.append(Layer("logits", logits, 2 * logits, table * e, table * opt, 0.0, float(s * v * e), 0.0, 1,
+                            checkpoint=out))
     return layers
 
 
@@ -86,7 +120,8 @@ def _from_specs(specs: list[LayerSpec], training: TrainingSpec) -> list[Layer]:
     for spec in specs:
         index.setdefault(spec.name, n)
         n += spec.repeat
-    layers = []
+    layers: list[Layer] = []
+    by_name: dict[str, Layer] = {}
     for spec in specs:
         layer = Layer(
             name=spec.name,
@@ -99,41 +134,52 @@ def _from_specs(specs: list[LayerSpec], training: TrainingSpec) -> list[Layer]:
             saved_replicated=spec.saved_replicated,
             allreduces=spec.allreduces,
             skips=tuple(index[t] for t in spec.skip_to),
+            weight=spec.weight_flops,
+            checkpoint=spec.checkpoint,
+            selective_saved=spec.selective_saved,
+            selective_flops=spec.selective_flops,
         )
+        if spec.tied_to is not None:
+            src = by_name[spec.tied_to]
+            layer = replace(layer, tied_to=index[spec.tied_to], tied_params=src.params, tied_optimizer=src.optimizer)
+        by_name.setdefault(spec.name, layer)
         layers += [layer] * spec.repeat
     return layers
 
 
 @dataclass
 class LayerModel:
-    """The layers of a model with prefix sums, so a stage's totals cost O(1)."""
+    """The layers of a model with the training options; range sums make a stage's totals O(1)."""
 
     name: str
     layers: list[Layer]
     global_batch: int
     microbatches: int | None          # None: search
     dtype: str = "bfloat16"
-    arrays: dict[str, np.ndarray] = field(init=False, repr=False)
+    options: MemoryOptions = field(default_factory=MemoryOptions)
     _cache: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise PlannerError(f"model '{self.name}' has no layers")
-        cols = {
-            "forward": [x.forward for x in self.layers],
-            "backward": [x.backward for x in self.layers],
-            "params": [x.params for x in self.layers],
-            "optimizer": [x.optimizer for x in self.layers],
-            "saved": [x.saved for x in self.layers],
-            "saved_replicated": [x.saved_replicated for x in self.layers],
-            "allreduces": [x.allreduces for x in self.layers],
-            "allreduce_bytes": [x.allreduces * x.activations for x in self.layers],
-        }
-        self.arrays = {k: np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))]) for k, v in cols.items()}
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def column(self, key: str) -> np.ndarray:
+        """Per-layer values of a :class:`Layer` attribute (``weight_flops`` included)."""
+        ck = ("column", key)
+        if ck not in self._cache:
+            self._cache[ck] = np.asarray([getattr(x, key) for x in self.layers], dtype=float)
+        return self._cache[ck]
+
+    def range_sums(self, key: str) -> np.ndarray:
+        """``M[k, i]`` = sum of ``key`` over layers k..i (inclusive), 0 below the diagonal."""
+        ck = ("range", key)
+        if ck not in self._cache:
+            self._cache[ck] = range_sums(self.column(key))
+        return self._cache[ck]
 
     def edges(self) -> list[tuple[int, int, float]]:
         """Every tensor that leaves a layer for a later one: (producer, consumer, bytes per sample)."""
@@ -141,31 +187,28 @@ class LayerModel:
         out += [(i, j, x.activations) for i, x in enumerate(self.layers) for j in x.skips if j != i + 1]
         return out
 
-    def range_sums(self, key: str) -> np.ndarray:
-        """``M[k, i]`` = sum of ``key`` over layers k..i (inclusive), 0 below the diagonal.
-        Cached: every (mesh, micro-batch) problem reads the same matrices."""
-        if key not in self._cache:
-            p = self.arrays[key]
-            self._cache[key] = np.triu(p[None, 1:] - p[:-1, None])
-        return self._cache[key]
+    def ties(self) -> list[tuple[int, int]]:
+        """(shared layer, layer sharing it) pairs."""
+        return [(x.tied_to, b) for b, x in enumerate(self.layers) if x.tied_to is not None]
 
-    def boundary_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        if "boundary" not in self._cache:
-            self._cache["boundary"] = self._boundary_bytes()
-        return self._cache["boundary"]
+    def copies(self) -> np.ndarray:
+        """``M[k, i]`` = True when a stage of layers k..i holds a tied layer without the one it shares."""
+        ck = ("copies",)
+        if ck not in self._cache:
+            n = self.num_layers
+            k = np.arange(n)[:, None]
+            i = np.arange(n)[None, :]
+            out = np.zeros((n, n), dtype=bool)
+            for a, b in self.ties():
+                out |= (a < k) & (k <= b) & (b <= i)
+            self._cache[ck] = out
+        return self._cache[ck]
 
-    def _boundary_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per sample, for a stage of layers k..i: bytes it sends forward (to later stages)
-        and bytes of gradients it sends backward (to earlier stages)."""
-        n = self.num_layers
-        send = np.zeros((n, n))
-        recv = np.zeros((n, n))
-        k = np.arange(n)[:, None]
-        i = np.arange(n)[None, :]
-        for a, b, nbytes in self.edges():
-            send += np.where((k <= a) & (a <= i) & (i < b), nbytes, 0.0)
-            recv += np.where((a < k) & (k <= b) & (b <= i), nbytes, 0.0)
-        return np.triu(send), np.triu(recv)
+
+def range_sums(values: np.ndarray) -> np.ndarray:
+    """``M[k, i]`` = ``values[k] + ... + values[i]`` (0 below the diagonal)."""
+    p = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
+    return np.triu(p[None, 1:] - p[:-1, None])
 
 
 def layer_model(model: ModelSpec) -> LayerModel:
@@ -174,8 +217,8 @@ def layer_model(model: ModelSpec) -> LayerModel:
         raise model.source.error((), "stage partitioning needs 'layers' (or 'transformer') and 'training' sections")
     t = model.training
     if model.transformer is not None:
-        layers = transformer_layers(model.transformer, t.dtype, t.optimizer)
+        layers = transformer_layers(model.transformer, t.dtype, t.optimizer, t.tied_embeddings)
     else:
         layers = _from_specs(model.layers, t)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
-    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype)
+    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, MemoryOptions.of(t))

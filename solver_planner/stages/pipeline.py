@@ -1,69 +1,52 @@
-"""Pipeline schedules as simulator task graphs: GPipe, 1F1B and eager-1F1B.
+"""One training iteration of a plan as a simulator task graph: what "simulated time" means.
 
-Each stage runs its forward (F) and backward (B) tasks in a fixed order (a chain of
-dependencies on the stage's compute stream):
+Tasks, all with the cost model's times of :mod:`.costs` (``Partition`` reads them):
 
-* GPipe (Huang et al. 2019): all forwards, then all backwards;
-* 1F1B (seed 004 §5, Narayanan et al. 2021): stage ``p`` of ``S`` runs ``S - p`` forwards,
-  then alternates one backward and one forward, then drains its backwards;
-* eager-1F1B (seed 002 §4): like 1F1B but stage ``p`` runs up to ``e`` more forwards before
-  its first backward (``e = S - p - 1`` in the paper: ``2 (S - p) - 1`` in all), so that a
-  forward of another micro-batch sits between two dependent tasks and hides the transfer.
+* stage ``p`` runs its ops in the schedule's order (:func:`.schedule.stage_order`) on one
+  exec resource: ``F`` (forward), ``B`` (backward), or ``BA`` then ``BW`` with weight delaying;
+* every tensor from stage ``p`` to a later stage ``q`` (the next one, or a farther one for a
+  skip connection) is one transfer per micro-batch after ``F`` of ``p``, holding the ports of
+  the links between the two meshes; ``F`` of ``q`` waits for all of its inputs; the
+  gradients go back the same way after ``q``'s ``B`` (or ``BA``) and ``p``'s backward waits for
+  them.  A channel sends its micro-batches in order (one NCCL stream);
+* gradient reduction (seed 001 ch. 5, DDP buckets): the stage's last backward (or its
+  ``BW``) runs as one piece per layer, last layer first, and each layer's bucket is reduced
+  over the data-parallel groups (holding their ports) when its piece is done, buckets one
+  after another; without ``gradient_overlap``, one reduction after the last backward;
+* a tied copy (GPT's logits sharing the embedding) is all-reduced with the shared layer's
+  gradient after both stages have reduced theirs.
 
-Every tensor between stages is a transfer task on the ports of the links between the two
-meshes (replica j of the sender to the same position of the receiver, all lanes at once,
-:meth:`CostModel.transfers_time`), so transfers overlap compute whenever the order lets
-them; a port carries one transfer at a time.  After its last backward a stage reduces its
-gradients (the time :mod:`.costs` gives).  With every communication term zero and equal
-stage times, 1F1B takes exactly ``(S + B - 1) t`` = Alpa's ``sum t_i + (B - 1) max t_j``.
+The iteration ends with the last task.  The objective (:mod:`.objective`) is a proven lower
+bound of this time; tests compare the two on random plans.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from ..cost import CostModel
 from ..simulate import Simulation
 from ..simulate.timeline import Timeline
 from ..topology import Resource
-from .costs import SCHEDULES
 from .partition import Partition
+from .schedule import Schedule, live_peak, stage_order
 
-__all__ = ["stage_order", "PipelineRun", "simulate_pipeline", "simulate_schedule"]
+__all__ = ["PipelineRun", "weight_delays", "stage_orders", "simulate_schedule"]
 
-
-def stage_order(schedule: str, stages: int, p: int, microbatches: int, eagerness: int = 0) -> list[tuple[str, int]]:
-    """The (``"F"``/``"B"``, micro-batch) sequence stage ``p`` runs."""
-    B = microbatches
-    if schedule == "gpipe":
-        return [("F", m) for m in range(B)] + [("B", m) for m in range(B)]
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule '{schedule}'; expected one of: {', '.join(SCHEDULES)}")
-    extra = min(eagerness, stages - p - 1) if schedule == "eager-1f1b" else 0
-    warm = max(1, min(stages - p + extra, B))
-    order = [("F", m) for m in range(warm)]
-    nf = warm
-    for m in range(B):
-        order.append(("B", m))
-        if nf < B:
-            order.append(("F", nf))
-            nf += 1
-    return order
+_LATE = 1e15      # priority of gradient buckets: after any pipeline transfer ready at the same moment
 
 
 @dataclass
 class PipelineRun:
     """A simulated iteration of one partition under one schedule."""
 
-    schedule: str
-    eagerness: int
+    schedule: Schedule
     timeline: Timeline
     iteration_time: float
     busy: list[float]
     peak_memory: list[float]
     in_flight: list[int]
+    delays: list[bool] = field(default_factory=list)
     transfer_time: float = 0.0
-    info: dict = field(default_factory=dict)
 
     @property
     def bubble_ratio(self) -> float:
@@ -72,120 +55,167 @@ class PipelineRun:
             return 0.0
         return 1.0 - sum(self.busy) / (len(self.busy) * self.iteration_time)
 
+    @property
+    def fits(self) -> bool:
+        return all(m <= self.device_memory for m in self.peak_memory)
 
-def _stage_of(partition: Partition) -> list[int]:
-    owner = []
-    for p, st in enumerate(partition.stages):
-        owner += [p] * (st.last - st.first + 1)
-    return owner
+    device_memory: float = float("inf")
 
 
-def simulate_schedule(partition: Partition, cost: CostModel, schedule: str = "1f1b", eagerness: int = 0) -> PipelineRun:
-    """Build and run the task graph of one iteration."""
-    c = partition.costs
-    model, S, B = c.model, c.stages, c.microbatches
-    owner = _stage_of(partition)
-    comm: dict[tuple[int, int], float] = {}
-    for a, b, nbytes in model.edges():
-        if owner[a] != owner[b]:
-            comm[owner[a], owner[b]] = comm.get((owner[a], owner[b]), 0.0) + nbytes
+def weight_delays(plan: Partition, schedule: Schedule) -> list[bool]:
+    """Seed 002 §4, "delay the least to cover all communications": a stage's ``BW`` waits for
+    the next forward only when its gradient transfers outlast ``BW``."""
+    if not schedule.weight_delay:
+        return [False] * len(plan.stages)
+    out = []
+    for p in range(len(plan.stages)):
+        sends = sum(plan.gradient_time(p, q) for (q, r) in plan.channels if r == p)
+        out.append(sends > plan.backward_weight[p])
+    return out
+
+
+def stage_orders(plan: Partition, schedule: Schedule) -> list[list[tuple[str, int]]]:
+    c = plan.costs
+    delays = weight_delays(plan, schedule)
+    return [stage_order(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
+
+
+def peak_live(plan: Partition, schedule: Schedule) -> list[int]:
+    return [live_peak(o) for o in stage_orders(plan, schedule)]
+
+
+def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> PipelineRun:
+    """Build and run the task graph of one iteration of ``plan`` under ``schedule``."""
+    if isinstance(schedule, str):
+        schedule = Schedule(schedule, plan.costs.stages - 1 if schedule == "eager-1f1b" else 0)
+    c = plan.costs
+    model, S, B, size = c.model, c.stages, c.microbatches, c.shape.size
+    orders = stage_orders(plan, schedule)
+    delays = weight_delays(plan, schedule)
     sim = Simulation()
-    fwd_t, bwd_t = [], []
-    for p, st in enumerate(partition.stages):
-        f, b = c.compute(st.tensor)
-        fwd_t.append(float(f[st.first, st.last]))
-        bwd_t.append(float(b[st.first, st.last]))
+    chans = plan.channels
+    inputs = {p: [q for (q, r) in chans if r == p] for p in range(S)}     # stages p reads from
+    outputs = {p: [r for (q, r) in chans if q == p] for p in range(S)}    # stages p feeds
     ids: dict[tuple[str, int, int], int] = {}
-    sends: dict[tuple[str, int, int], tuple[float, list]] = {}
-    for (p, q), per_sample in comm.items():
-        for kind, src, dst in (("act", p, q), ("grad", q, p)):
-            lanes = c.tables[partition.stages[src].tensor].lane_pairs(src, dst)
-            nbytes = per_sample * c.samples(partition.stages[src].tensor)
-            duration = cost.transfers_time(lanes, nbytes) if c.comm else 0.0
-            res = sorted({r for a, d in lanes for r in cost.route(a, d).resources})
-            sends[kind, src, dst] = (duration, res)
-    orders = [stage_order(schedule, S, p, B, eagerness) for p in range(S)]
-    # the engine takes a task after its dependencies: add each stage's tasks in order, in
-    # rounds, as far as the tasks they wait for on other stages exist
+    last_send: dict[tuple[str, int, int], int] = {}
+    sends: dict[tuple[str, int, int], int] = {}
+    exec_res = [Resource("stage", p, "exec") for p in range(S)]
+    last_task = [-1] * S
+
+    def send(kind: str, src: int, dst: int, m: int, after: int) -> int:
+        key = (kind, src, dst, m)
+        if key not in sends:
+            t = plan.stages[src].tensor
+            if kind == "act":
+                duration = plan.activation_time(src, dst)
+            else:
+                duration = plan.gradient_time(src, dst)
+            deps = [after]
+            prev = last_send.get((kind, src, dst))
+            if prev is not None:
+                deps.append(prev)
+            tid = sim.add(f"{kind} {src}->{dst} mb{m}", duration, c.transfer_resources(t, src, dst) if c.comm else (),
+                          deps, stream="comm", category="activation" if kind == "act" else "gradient",
+                          devices=(src * size,))
+            sends[key] = last_send[kind, src, dst] = tid
+        return sends[key]
+
+    def op_task(p: int, op: str, m: int, deps: list[int], final: bool) -> int:
+        st = plan.stages[p]
+        cc = c[st.config]
+        duration = {"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
+                    "BW": plan.backward_weight[p]}[op]
+        name = f"{op}{p} mb{m}"
+        category = "forward" if op == "F" else "backward"
+        if not final:
+            return sim.add(name, duration, [exec_res[p]], deps, stream="compute", category=category,
+                           devices=(p * size,))
+        # the stage's last backward: with buckets to reduce while it runs, one piece per
+        # layer (last layer first), each layer's buckets reduced behind its piece
+        reduces = c.comm and cc.data > 1
+        overlap = model.options.gradient_overlap and reduces
+        copy_layers = {b for _, b, q in plan.copies if q == p}
+        res = c.reduction_resources(st.tensor, p) if reduces else []
+        prev_red: int | None = None
+
+        def reduce(times: list[float], after: int, label: str) -> None:
+            nonlocal prev_red
+            for n, duration in enumerate(times):
+                # pipeline transfers go first when a bucket ends (DDP's buckets share the NICs)
+                prev_red = sim.add(f"reduce {p} {label} bucket {n}", duration, res,
+                                   [after] + ([prev_red] if prev_red is not None else []), stream="comm",
+                                   category="gradient-reduction", devices=(p * size,), priority=_LATE + len(sim))
+
+        if not overlap:
+            tid = sim.add(name, duration, [exec_res[p]], deps, stream="compute", category=category,
+                          devices=(p * size,))
+            if reduces:
+                reduce(cc.stage_buckets(st.first, st.last), tid, "stage")
+        else:
+            pieces = cc.layer_weight if op == "BW" else cc.layer_backward
+            for layer in range(st.last, st.first - 1, -1):
+                tid = sim.add(f"{name} layer {layer}", float(pieces[layer]), [exec_res[p]], deps, stream="compute",
+                              category=category, devices=(p * size,))
+                deps = [tid]
+                reduce(cc.layer_buckets(layer, layer in copy_layers), tid, f"layer {layer}")
+        last_task[p] = prev_red if prev_red is not None else tid
+        return tid
+
+    # the engine takes a task after its dependencies: add each stage's ops in order, in
+    # rounds, as far as the ops they wait for on other stages exist
     pos = [0] * S
     prev: list[int | None] = [None] * S
-    transfer_ids: dict[tuple[str, int, int, int], int] = {}
     pending = sum(len(o) for o in orders)
     while pending:
         progressed = False
         for p in range(S):
-            while pos[p] < len(orders[p]):
-                op, m = orders[p][pos[p]]
-                if op == "F":
-                    need = [(q, "act") for (q, r) in comm if r == p]
-                else:
-                    need = [(r, "grad") for (q, r) in comm if q == p]
-                deps = []
+            order = orders[p]
+            while pos[p] < len(order):
+                op, m = order[pos[p]]
+                deps: list[int] = []
                 ok = True
-                for other, kind in need:
-                    src_task = ids.get(("F" if kind == "act" else "B", other, m))
-                    if src_task is None:
-                        ok = False
-                        break
-                    key = (kind, other, p, m)
-                    if key not in transfer_ids:
-                        duration, res = sends[kind, other, p]
-                        transfer_ids[key] = sim.add(
-                            f"{kind} {other}->{p} mb{m}", duration, res, [src_task], stream="comm",
-                            category="activation" if kind == "act" else "gradient",
-                            devices=(other * c.shape.size,))
-                    deps.append(transfer_ids[key])
+                if op == "F":
+                    for q in inputs[p]:
+                        src = ids.get(("F", q, m))
+                        if src is None:
+                            ok = False
+                            break
+                        deps.append(send("act", q, p, m, src))
+                elif op in ("B", "BA"):
+                    for r in outputs[p]:
+                        src = ids.get(("G", r, m))
+                        if src is None:
+                            ok = False
+                            break
+                        deps.append(send("grad", r, p, m, src))
+                    if ok and p == S - 1:
+                        deps.append(ids["F", p, m])
                 if not ok:
                     break
-                if op == "B" and p == S - 1:
-                    deps.append(ids["F", p, m])
                 if prev[p] is not None:
                     deps.append(prev[p])
-                tid = sim.add(f"{op}{p} mb{m}", fwd_t[p] if op == "F" else bwd_t[p], [Resource("stage", p, "exec")],
-                              deps, stream="compute", category="forward" if op == "F" else "backward",
-                              devices=(p * c.shape.size,))
+                final = pos[p] == len(order) - 1
+                tid = op_task(p, op, m, deps, final)
                 ids[op, p, m] = tid
+                if op in ("B", "BA"):
+                    ids["G", p, m] = tid          # what earlier stages' gradients wait for
                 prev[p] = tid
                 pos[p] += 1
                 pending -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")  # an order bug, never a user error
-    for p in range(S):
-        sim.add(f"grad-sync {p}", partition.gradient[p], [Resource("stage", p, "exec")], [prev[p]],
-                stream="compute", category="gradient-reduction", devices=(p * c.shape.size,))
+    for a, b, q in plan.copies:
+        p = plan.owner[a]
+        duration, res = c.tie_sync(plan, a, b)
+        sim.add(f"tie {a}<->{b}", duration, res, [last_task[p], last_task[q]], stream="comm",
+                category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
     timeline = sim.run()
     busy = [0.0] * S
     for r in timeline.records:
         if r.category in ("forward", "backward"):
             busy[r.resources[0].instance] += r.duration
-    peaks, counts = [], []
-    for p, st in enumerate(partition.stages):
-        live = peak = 0
-        for op, _ in orders[p]:
-            live += 1 if op == "F" else -1
-            peak = max(peak, live)
-        counts.append(peak)
-        peaks.append(float(c.memory(p, st.tensor, peak)[st.first, st.last]))
+    live = [live_peak(o) for o in orders]
     transfer = sum(r.duration for r in timeline.records if r.category in ("activation", "gradient"))
-    return PipelineRun(schedule, eagerness, timeline, timeline.makespan, busy, peaks, counts, transfer)
-
-
-def simulate_pipeline(partition: Partition, cost: CostModel, schedule: str = "1f1b") -> tuple[PipelineRun, PipelineRun | None]:
-    """Simulate ``schedule``; for eager-1F1B also 1F1B, and the eagerness that is fastest.
-
-    Eagerness ``e`` (extra warm-up forwards) is tried from the paper's full value down to 0
-    (which is 1F1B), so the eager schedule reported is never slower than 1F1B; the second
-    value returned is the 1F1B run it is compared with.
-    """
-    if schedule != "eager-1f1b":
-        return simulate_schedule(partition, cost, schedule), None
-    S = partition.costs.stages
-    base = simulate_schedule(partition, cost, "1f1b")
-    best = base
-    levels = sorted({S - 1, (S - 1) // 2, 1} - {0}, reverse=True)
-    for e in levels:
-        run = simulate_schedule(partition, cost, "eager-1f1b", e)
-        if run.iteration_time < best.iteration_time - 1e-12:
-            best = run
-    return (replace(base, schedule="eager-1f1b") if best is base else best), base
+    return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live, delays, transfer,
+                       device_memory=c.device_memory)

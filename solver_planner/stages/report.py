@@ -1,87 +1,243 @@
-"""A stage plan as users see it: the partition, its simulated iteration, and the JSON shape."""
+"""A stage plan as users see it: the search, the plans it lists, baselines, and the JSON shape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
+from ..errors import PlannerError
 from ..solve import SolveResult
 from ..spec.model import ModelSpec
 from ..topology import Topology
-from .layers import layer_model
-from .partition import Partition
-from .pipeline import PipelineRun, simulate_pipeline
-from .search import StageSearch, plan_partition
+from .costs import MeshShape
+from .layers import LayerModel, layer_model
+from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, Candidate, OptionError, StageSearch, plan_partition
 
-__all__ = ["StagesReport", "plan_stages"]
+__all__ = ["StagesReport", "plan_stages", "parse_config", "plan_row", "Config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Seed 004's (data, tensor, pipeline, micro-batches) of a configuration."""
+
+    data: int
+    tensor: int
+    pipeline: int
+    microbatches: int
+
+    def __str__(self) -> str:
+        return f"{self.data},{self.tensor},{self.pipeline},{self.microbatches}"
+
+
+def parse_config(text: str) -> Config:
+    """``d,t,p,k`` (four positive integers)."""
+    parts = [x.strip() for x in text.split(",")]
+    try:
+        values = [int(x) for x in parts]
+    except ValueError:
+        values = []
+    if len(values) != 4 or min(values) < 1:
+        raise OptionError(f"--config expects d,t,p,k (data, tensor, pipeline degrees and micro-batches, positive"
+                           f" integers), got {text!r}")
+    return Config(*values)
+
+
+def shape_of(topology: Topology, cfg: Config) -> MeshShape:
+    """The sub-mesh of ``d x t`` devices every stage gets, or a clear error."""
+    size, M = cfg.data * cfg.tensor, topology.devices_per_host
+    if size * cfg.pipeline != topology.num_devices:
+        raise OptionError(f"--config {cfg}: d x t x p = {size * cfg.pipeline} devices, but '{topology.name}' has"
+                           f" {topology.num_devices}")
+    if cfg.tensor > M or M % cfg.tensor:
+        raise OptionError(f"--config {cfg}: tensor parallelism stays inside a host; t must divide the"
+                           f" {M} devices per host")
+    if size < M:
+        if M % size:
+            raise OptionError(f"--config {cfg}: a stage of {size} devices must divide a host of {M}")
+        return MeshShape(1, size)
+    if size % M:
+        raise OptionError(f"--config {cfg}: a stage of {size} devices must be whole hosts of {M}")
+    return MeshShape(size // M, M)
+
+
+def plan_config(cand: Candidate) -> dict:
+    """(data, tensor, pipeline, micro-batches); data and tensor as lists when stages differ."""
+    c = cand.plan.costs
+    tensors = [st.tensor for st in cand.plan.stages]
+    datas = [c.shape.size // t for t in tensors]
+    return {"data": datas[0] if len(set(datas)) == 1 else datas,
+            "tensor": tensors[0] if len(set(tensors)) == 1 else tensors,
+            "pipeline": c.stages, "microbatches": c.microbatches}
+
+
+def plan_row(cand: Candidate) -> dict:
+    """One plan: configuration, stages, memory, simulated time and its bounds."""
+    plan, run = cand.plan, cand.run
+    c = plan.costs
+    rows = []
+    for p, st in enumerate(plan.stages):
+        cc = c[st.config]
+        tab = c.tables[st.tensor]
+        grad = float(cc.grad_bytes[st.first, st.last])
+        rows.append({
+            "layers": [st.first, st.last],
+            "layer_names": [c.model.layers[st.first].name, c.model.layers[st.last].name],
+            "mesh": c.shape.as_list(),
+            "devices": [p * c.shape.size, (p + 1) * c.shape.size - 1],
+            "data": cc.data,
+            "tensor": st.tensor,
+            "recompute": st.config.recompute,
+            "forward": plan.forward[p],
+            "backward": plan.backward[p],
+            "time": plan.forward[p] + plan.backward[p],
+            "memory": run.peak_memory[p],
+            "in_flight": run.in_flight[p],
+            "gradient_bytes": grad,
+            "gradient_reduction": float(cc.reduction_all[st.first, st.last]) if c.comm else 0.0,
+            "gradient_tail": (plan.tail_weight if cand.schedule.split else plan.tail_full)[p],
+            "gradient_program": tab.gradient_program(min(grad, c.model.options.gradient_bucket))
+            if c.comm and cc.data > 1 and grad > 0 else "none",
+        })
+    exact = abs(cand.bounds.value - cand.time) <= 1e-9 * cand.time
+    return {
+        "config": plan_config(cand),
+        "mesh": c.shape.as_list(),
+        "microbatch_size": c.micro_size,
+        "stages": rows,
+        "iteration_time": cand.time,
+        "objective": cand.bounds.value,
+        "objective_exact": exact,
+        "binding_bound": cand.bounds.binding,
+        "bounds": {"stage": cand.bounds.stage, "cycle": cand.bounds.cycle, "port": cand.bounds.port},
+        "relaxation": cand.relaxation,
+        "schedule": str(cand.schedule),
+        "eagerness": cand.schedule.eagerness,
+        "weight_delay": cand.schedule.weight_delay,
+        "schedules_tried": {str(s): t for s, t in sorted(cand.tried.items())},
+        "memory": max(run.peak_memory),
+        "bubble_ratio": run.bubble_ratio,
+    }
 
 
 @dataclass
 class StagesReport:
-    result: SolveResult[Partition]
-    run: PipelineRun
-    baseline: PipelineRun | None      # 1F1B, when the schedule is eager-1F1B
+    result: SolveResult[Candidate]
     schedule: str
+    device_memory: float
+    baselines: dict = field(default_factory=dict)
+    one_f_one_b: SolveResult[Candidate] | None = None
+    config: Config | None = None
 
     @property
-    def partition(self) -> Partition:
+    def best(self) -> Candidate:
         return self.result.solution
 
-    def stage_rows(self) -> list[dict]:
-        p = self.partition
-        c = p.costs
-        rows = []
-        for i, st in enumerate(p.stages):
-            tab = c.tables[st.tensor]
-            names = [c.model.layers[st.first].name, c.model.layers[st.last].name]
-            params = float(c.model.range_sums("params")[st.first, st.last])
-            rows.append({
-                "layers": [st.first, st.last],
-                "layer_names": names,
-                "mesh": c.shape.as_list(),
-                "devices": [i * c.shape.size, (i + 1) * c.shape.size - 1],
-                "data": c.shape.size // st.tensor,
-                "tensor": st.tensor,
-                "time": p.times[i],
-                "memory": self.run.peak_memory[i],
-                "planned_memory": p.memory[i],
-                "in_flight": self.run.in_flight[i],
-                "gradient_reduction": p.gradient[i],
-                "gradient_program": tab.gradient_program(params / st.tensor) if c.comm else "none",
-            })
-        return rows
+    @property
+    def run(self):
+        return self.best.run
+
+    @property
+    def partition(self):
+        return self.best.plan
 
     def as_dict(self) -> dict:
-        p, r = self.partition, self.result
-        c = p.costs
+        r = self.result
         out = {
-            "stages": self.stage_rows(),
-            "microbatches": c.microbatches,
-            "microbatch_size": c.micro_size,
-            "iteration_time": self.run.iteration_time,
-            "objective": r.objective,
-            "bound": r.bound,
-            "gap": r.gap,
-            "bubble_ratio": self.run.bubble_ratio,
-            "schedule": self.schedule,
+            "schedule_family": self.schedule,
+            **plan_row(self.best),
             "status": r.status.value,
             "method": r.method,
+            "bound": r.bound,
+            "gap": r.gap,
             "solve_time": r.wall_time,
-            "device_memory": c.device_memory,
+            "device_memory": self.device_memory,
             "search": dict(r.info),
         }
-        if self.baseline is not None:
-            out["eagerness"] = self.run.eagerness
-            out["iteration_time_1f1b"] = self.baseline.iteration_time
-            out["hidden_communication"] = self.baseline.iteration_time - self.run.iteration_time
+        if self.config is not None:
+            out["requested_config"] = str(self.config)
+        if len(r.solutions) > 1 or self.config is None:
+            out["top"] = [plan_row(c) for c in r.solutions]
+        if self.one_f_one_b is not None:
+            base = self.one_f_one_b.solution
+            out["best_1f1b"] = {"iteration_time": base.time, "status": self.one_f_one_b.status.value,
+                                "config": plan_config(base)}
+            out["eager_speedup"] = base.time / self.best.time
+        if self.baselines:
+            out["baselines"] = self.baselines
         return out
+
+
+def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str, time_limit: float, seed: int,
+               comm: bool, best: float, budget: int, simulations: int) -> dict:
+    """Seed 004 Table 2: the best pure data, tensor and pipeline plans (or why there is none)."""
+    N, M = topology.num_devices, topology.devices_per_host
+    whole = MeshShape(N // M, M) if N >= M else MeshShape(1, N)
+    cases = {
+        "data": (dict(shapes=[whole], tensor=1), f"d={N}, t=1, p=1"),
+        "tensor": (dict(shapes=[whole], tensor=N), f"d=1, t={N}, p=1"),
+        "pipeline": (dict(shapes=[MeshShape(1, 1)], tensor=1), f"d=1, t=1, p={N}"),
+    }
+    out = {}
+    for name, (restrict, label) in cases.items():
+        if name == "tensor" and N > M:
+            out[name] = {"possible": False, "config": label,
+                         "reason": f"tensor parallelism stays inside a host ({N} devices, {M} per host)"}
+            continue
+        if name == "pipeline" and N > model.num_layers:
+            out[name] = {"possible": False, "config": label,
+                         "reason": f"{N} stages need at least {N} layers (the model has {model.num_layers})"}
+            continue
+        search = StageSearch(model, topology, schedule, comm, **restrict)
+        try:
+            res = plan_partition(search, method if method != "brute-force" else "dp", time_limit, seed,
+                                 budget=budget, simulations=simulations)
+        except PlannerError as exc:
+            out[name] = {"possible": False, "config": label, "reason": str(exc)}
+            continue
+        cand = res.solution
+        out[name] = {"possible": True, "config": plan_config(cand), "iteration_time": cand.time,
+                     "status": res.status.value, "best_speedup": cand.time / best,
+                     "memory": max(cand.run.peak_memory)}
+    return out
 
 
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
                 time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
-                progress: Callable[[int, int], None] | None = None) -> StagesReport:
-    """Partition ``model``'s layers on ``topology`` and simulate the iteration under ``schedule``."""
-    search = StageSearch(layer_model(model), topology, schedule, comm)
-    result = plan_partition(search, method, time_limit, seed, stages=stages, progress=progress)
-    run, base = simulate_pipeline(result.solution, search.cost, schedule)
-    return StagesReport(result, run, base, schedule)
+                top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
+                baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
+                progress: Callable[[str], None] | None = None) -> StagesReport:
+    """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
+    or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines."""
+    lm = layer_model(model)
+    restrict: dict = {}
+    if config is not None:
+        restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
+        if lm.global_batch % config.microbatches:
+            raise OptionError(f"--config {config}: {config.microbatches} micro-batches do not divide the global batch"
+                               f" of {lm.global_batch}")
+        if stages is not None and stages != config.pipeline:
+            raise OptionError(f"--stages {stages} contradicts --config {config}")
+    if layer_counts is not None:
+        if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
+            raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
+                               f" {lm.num_layers} layers and every stage needs one")
+        if stages is not None and stages != len(layer_counts):
+            raise OptionError(f"--split has {len(layer_counts)} stages, --stages says {stages}")
+        restrict["layer_counts"] = tuple(layer_counts)
+    args = dict(time_limit=time_limit, seed=seed, top=top, budget=budget, simulations=simulations,
+                progress=progress)
+    base = None
+    incumbents = None
+    if schedule == "eager-1f1b":
+        # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
+        # eager search can only return something at least as fast
+        base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, **restrict), method, **args)
+        incumbents = base.solutions
+    search = StageSearch(lm, topology, schedule, comm, stages=stages, **restrict)
+    result = plan_partition(search, method, incumbents=incumbents, **args)
+    report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config)
+    if baselines and config is None and layer_counts is None:
+        report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,
+                                      budget, simulations)
+    return report
+

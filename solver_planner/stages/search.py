@@ -1,46 +1,112 @@
-"""The stage planner: every mesh shape and micro-batch count, one partition solver.
+"""The stage planner: a branch and bound over every mesh shape, micro-batch count and partition
+whose leaves are simulated.
 
-For each (mesh shape, B) pair the partition problem of :mod:`.partition` is solved by the
-chosen method; pairs are visited in order of a lower bound and skipped once the bound
-cannot beat the best plan, so a skipped pair never hides a better plan.
+What is minimised is the simulated iteration time (:mod:`.pipeline`).  Every plan has a
+closed-form lower bound, the objective ``O`` (:mod:`.objective`), and a weaker one a dynamic
+program over contiguous stages minimises exactly, the relaxation ``R <= O``.  The search
+keeps a heap of *subspaces* (a pair, a fixed prefix of stages, choices excluded for the next
+stage; :mod:`.problem`) keyed by a proven lower bound of ``R`` over them:
 
-Methods: ``dp`` (exact dynamic program), ``cpsat`` (CP-SAT, status and bound from the
-solver), ``greedy`` (seed 001 Alg. 5, bound from the lower bounds), ``brute-force`` (tests),
-and ``auto``: CP-SAT when the model is small, else the dynamic program, else greedy.
+1. pop the subspace with the least bound; stop if it cannot beat the best simulated plan;
+2. ask the method for a plan of it with ``R`` below the best simulated time (``dp``: one run of
+   the dynamic program, then bisection to the subspace's least ``R``; ``cpsat``: CP-SAT
+   minimises ``R``); none: the subspace is pruned;
+3. price the plan with ``O`` for each schedule of the family; simulate those whose ``O`` can
+   still beat the best; keep the fastest;
+4. push the subspace minus that plan (Lawler's partition) with the same bound.
+
+When the heap empties every plan has been simulated or proven slower: the best is OPTIMAL
+(to a relative ``1e-9``).  A budget (subspaces solved; deterministic) stops it earlier with
+FEASIBLE and the gap to the least bound left in the heap, which is a lower bound of every
+plan not simulated.  ``greedy`` simulates seed 001's balanced plan of each pair;
+``brute-force`` prices every plan (small cases, refused beyond ``BRUTE_FORCE_LIMIT`` before
+starting).  No plan at all: INFEASIBLE when the least-memory plan of every pair (an exact
+min-max dynamic program) does not fit, with its shortfall; otherwise UNKNOWN.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cost import CostModel
 from ..errors import InfeasibleError, PlannerError
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
-from .costs import SCHEDULES, CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
-from .cpsat import solve_cpsat
+from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
+from .cpsat import minimize_cpsat, model_size
+from .enumerate import all_plans, balanced_greedy, count_plans
 from .layers import LayerModel
-from .partition import Partition, PartitionProblem, balanced_greedy, brute_force
+from .objective import Bounds, bounds, fits, relaxation
+from .partition import Partition
+from .pipeline import PipelineRun, simulate_schedule
+from .problem import PairProblem, Subspace, cheap_bound
+from .schedule import SCHEDULES, Schedule, family
 
-__all__ = ["METHODS", "plan_partition", "StageSearch"]
+__all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "UnknownError", "RefusedError",
+           "OptionError",
+           "BRUTE_FORCE_LIMIT", "CPSAT_MAX_CELLS", "DEFAULT_BUDGET",
+           "DEFAULT_SIMULATIONS"]
 
 METHODS = ("auto", "dp", "cpsat", "greedy", "brute-force")
-AUTO_CPSAT_CELLS = 20_000        # (stage, degree, first, last) cells over all pairs for CP-SAT
-AUTO_DP_CELLS = 40_000_000       # beyond this the DP's arrays get large: greedy
-CPSAT_MAX_CELLS = 400_000        # one Boolean per cell: larger pairs are refused
+TOLERANCE = 1e-9               # relative: OPTIMAL means no plan is faster by more than this
+BRUTE_FORCE_LIMIT = 20_000     # plans brute force may price (each is simulated)
+CPSAT_MAX_CELLS = 200_000      # Booleans of one pair's CP-SAT model
+DEFAULT_BUDGET = 2000          # subspaces solved before the search stops with a gap
+DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the search stops with a gap (~10 s)
+
+
+class UnknownError(PlannerError):
+    """No plan was found within the limits and none was proven impossible (exit 3)."""
+
+
+class OptionError(PlannerError):
+    """The options ask for something impossible on this cluster and model (exit 2)."""
+
+
+class RefusedError(OptionError):
+    """The method cannot finish this instance; said before starting (exit 2)."""
+
+
+@dataclass
+class Candidate:
+    """A simulated plan: the fastest schedule of the family that fits, its bounds, and the
+    simulated time of every schedule tried."""
+
+    plan: Partition
+    run: PipelineRun
+    bounds: Bounds
+    objective: float                  # least O over the family's schedules that fit
+    relaxation: float
+    tried: dict[Schedule, float] = field(default_factory=dict)
+
+    @property
+    def time(self) -> float:
+        return self.run.iteration_time
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.run.schedule
 
 
 @dataclass
 class StageSearch:
-    """Inputs shared by every (shape, B) problem."""
+    """Inputs shared by every (shape, B) pair, and optional restrictions of the plan space."""
 
     model: LayerModel
     topology: Topology
     schedule: str = "1f1b"
     comm: bool = True
     synthesize: bool = True
+    shapes: list[MeshShape] | None = None
+    stages: int | None = None
+    microbatches: list[int] | None = None
+    tensor: int | None = None                 # every stage with this tensor degree
+    layer_counts: tuple[int, ...] | None = None   # layers per stage, fixed
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -54,110 +120,331 @@ class StageSearch:
         return self._tables[shape]
 
     def microbatch_options(self) -> list[int]:
+        if self.microbatches is not None:
+            return list(self.microbatches)
         if self.model.microbatches is not None:
             return [self.model.microbatches]
         return divisors(self.model.global_batch)
 
-    def problems(self, shapes: list[MeshShape] | None = None, stages: int | None = None) -> list[PartitionProblem]:
+    def all_shapes(self) -> list[MeshShape]:
+        return self.shapes or mesh_shapes(self.topology.num_hosts, self.topology.devices_per_host)
+
+    def pairs(self) -> list[PairProblem]:
         out = []
-        for shape in shapes or mesh_shapes(self.topology.num_hosts, self.topology.devices_per_host):
+        for shape in self.all_shapes():
             S = self.topology.num_devices // shape.size
-            if S > self.model.num_layers or (stages is not None and S != stages):
+            if S > self.model.num_layers or (self.stages is not None and S != self.stages):
+                continue
+            if self.layer_counts is not None and len(self.layer_counts) != S:
                 continue
             for B in self.microbatch_options():
-                costs = StageCosts(self.model, self.topology, shape, B, self.schedule, self.comm, self.tables(shape))
-                prob = PartitionProblem(costs)
-                if prob.possible:
-                    out.append(prob)
+                if self.model.global_batch % B:
+                    continue
+                costs = StageCosts(self.model, self.topology, shape, B, self.tables(shape), self.comm)
+                if self.tensor is not None:
+                    costs.configs = [c for c in costs.configs if c.tensor == self.tensor]
+                pair = PairProblem(costs, family(self.schedule, S))
+                if self.layer_counts is not None:
+                    pair.fix_layers(self.layer_counts)
+                if pair.possible:
+                    out.append(pair)
         return out
 
+    def impossible_message(self) -> str:
+        sizes = sorted({self.topology.num_devices // s.size for s in self.all_shapes()})
+        what = f"{self.stages} stages" if self.stages is not None else "no plan"
+        return (f"{what}: not possible on '{self.topology.name}' with {self.model.num_layers} layers and a global"
+                f" batch of {self.model.global_batch}; stage counts of its mesh shapes: {', '.join(map(str, sizes))}")
 
-def _cells(p: PartitionProblem) -> int:
-    return p.S * len(p.degrees) * p.L * p.L
+
+def evaluate(plan: Partition, schedules: list[Schedule], cutoff: float = math.inf,
+             relax: float | None = None, priced: list | None = None, work: list[int] | None = None) -> Candidate | None:
+    """Simulate the schedules of the family that fit and whose objective can beat ``cutoff``;
+    the fastest, or None if none can.  ``work[0]`` counts the simulated tasks."""
+    work = work if work is not None else [0]
+    members = priced if priced is not None else _price(plan, schedules)
+    if not members:
+        return None
+    best: Candidate | None = None
+    tried: dict[Schedule, float] = {}
+    for bd, s in members:
+        limit = min(cutoff, best.time if best else math.inf)
+        if bd.value >= limit * (1 - TOLERANCE):
+            continue
+        run = simulate_schedule(plan, s)
+        tried[s] = run.iteration_time
+        work[0] += len(run.timeline)
+        if best is None or run.iteration_time < best.time:
+            best = Candidate(plan, run, bd, members[0][0].value, relax if relax is not None else 0.0)
+    if best is not None:
+        best.tried = tried
+        if relax is None:
+            best.relaxation = relaxation(plan, schedules)
+    return best
+
+
+class _Board:
+    """The fastest simulated plan of each pair and the ``top`` fastest overall."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.entries: dict[tuple, Candidate] = {}
+
+    def add(self, cand: Candidate) -> None:
+        key = (cand.plan.costs.shape, cand.plan.costs.microbatches)
+        old = self.entries.get(key)
+        if old is None or (cand.time, cand.plan.stages) < (old.time, old.plan.stages):
+            self.entries[key] = cand
+
+    def has(self, pair: PairProblem) -> bool:
+        return (pair.costs.shape, pair.B) in self.entries
+
+    def ranked(self) -> list[Candidate]:
+        return sorted(self.entries.values(), key=lambda c: (c.time, c.plan.costs.shape, c.plan.costs.microbatches,
+                                                            c.plan.stages))
+
+    def threshold(self) -> float:
+        r = self.ranked()
+        return r[self.top - 1].time if len(r) >= self.top else math.inf
+
+    def cutoff(self, pair: PairProblem) -> float:
+        """A plan of ``pair`` matters only if it beats this (its pair's entry or the top-th)."""
+        own = self.entries.get((pair.costs.shape, pair.B))
+        return min(own.time if own else math.inf, self.threshold())
 
 
 def plan_partition(search: StageSearch, method: str = "auto", time_limit: float = 10.0, seed: int = 0,
-                   shapes: list[MeshShape] | None = None, stages: int | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> SolveResult[Partition]:
-    """The best partition over all mesh shapes and micro-batch counts."""
+                   top: int = 1, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
+                   incumbents: list[Candidate] | None = None,
+                   progress: Callable[[str], None] | None = None) -> SolveResult[Candidate]:
+    """The fastest simulated plan over all pairs (and the ``top`` fastest, one per pair)."""
     if method not in METHODS:
         raise PlannerError(f"unknown method '{method}'; expected one of: {', '.join(METHODS)}")
     with Stopwatch() as sw:
-        problems = search.problems(shapes, stages)
-        if not problems and stages is not None:
-            sizes = sorted({search.topology.num_devices // s.size for s in mesh_shapes(
-                search.topology.num_hosts, search.topology.devices_per_host)})
-            raise PlannerError(f"{stages} stages are not possible on '{search.topology.name}' with"
-                               f" {search.model.num_layers} layers; stage counts of its mesh shapes:"
-                               f" {', '.join(map(str, sizes))}")
-        if not problems:
-            raise InfeasibleError(
-                f"no stage plan exists: {search.model.num_layers} layers cannot fill the stages of any mesh shape of"
-                f" '{search.topology.name}' with a data degree dividing a micro-batch of"
-                f" {search.model.global_batch} samples")
-        chosen = method
-        if method == "auto":
-            total = sum(_cells(p) for p in problems)
-            chosen = "cpsat" if total <= AUTO_CPSAT_CELLS else "dp" if max(map(_cells, problems)) <= AUTO_DP_CELLS \
-                else "greedy"
-        if chosen == "cpsat" and max(map(_cells, problems)) > CPSAT_MAX_CELLS:
-            raise PlannerError(f"the CP-SAT model would have up to {max(map(_cells, problems)):,} Booleans per"
-                               f" (mesh, micro-batch) pair (limit {CPSAT_MAX_CELLS:,}); use --method dp (exact) or"
-                               f" --stages to narrow the search")
-        bounds = {id(p): p.lower_bound() for p in problems}
-        order = sorted(problems, key=lambda p: (bounds[id(p)], p.costs.shape, p.costs.microbatches))
-        best: Partition | None = None
-        proven = chosen != "greedy"
-        bound = math.inf                 # min over pairs of a lower bound on the pair's optimum
-        runs = solved = 0
-        for n, prob in enumerate(order):
-            if progress is not None:
-                progress(n, len(order))
-            lb = bounds[id(prob)]
-            incumbent = best.objective if best is not None else math.inf
-            if lb >= incumbent:
-                bound = min(bound, lb)
-                continue
-            solved += 1
-            if chosen == "dp":
-                cand, r = prob.solve_dp(incumbent)
-                runs += r
-                # the DP stops once nothing beats the incumbent: the pair's optimum is at least this
-                pair_bound = min(cand.objective, incumbent) if cand else math.inf
-            elif chosen == "brute-force":
-                cand = brute_force(prob)
-                pair_bound = cand.objective if cand else math.inf
-            elif chosen == "greedy":
-                cand, pair_bound = balanced_greedy(prob), lb
+        pairs = search.pairs()
+        if not pairs:
+            raise OptionError(search.impossible_message())
+        chosen = "dp" if method == "auto" else method
+        _guard(chosen, pairs, time_limit, progress)
+        board = _Board(max(1, top))
+        for cand in incumbents or []:
+            if any(p.costs.shape == cand.plan.costs.shape and p.B == cand.plan.costs.microbatches for p in pairs):
+                board.add(cand)
+        info = {"pairs": len(pairs), "solver": chosen, "method_requested": method}
+        if chosen == "brute-force":
+            bound, proven, empty = _brute_force(pairs, board, progress, info)
+        elif chosen == "greedy":
+            bound, proven, empty = _greedy(pairs, board, progress, info)
+        else:
+            bound, proven, empty = _branch_and_bound(pairs, board, chosen, time_limit, seed, budget, simulations,
+                                                     progress, info)
+    ranked = board.ranked()
+    if not ranked:
+        if empty:
+            raise InfeasibleError(_shortfall_message(search, pairs))
+        raise UnknownError(f"no plan found within the limits ({_limits(chosen, time_limit, budget)}) and none was"
+                           f" proven impossible; raise --time-limit / --budget or use --method dp")
+    best = ranked[0]
+    bound = min(bound, best.time)
+    # OPTIMAL: no plan left unsimulated can beat the best (the list of ``top`` may be unproven)
+    status = Status.OPTIMAL if bound >= best.time * (1 - TOLERANCE) else Status.FEASIBLE
+    info["top_proven"] = proven
+    return SolveResult(status, chosen, best, best.time, bound, sw.seconds, solutions=ranked[:max(1, top)], info=info)
+
+
+def _limits(method: str, time_limit: float, budget: int) -> str:
+    if method == "cpsat":
+        return f"CP-SAT deterministic time {time_limit:g} per subspace, {budget} subspaces"
+    return f"{budget} subspaces"
+
+
+def _guard(method: str, pairs: list[PairProblem], time_limit: float, progress) -> None:
+    """Refuse, before starting, what the method cannot finish."""
+    if method == "brute-force":
+        total = sum(count_plans(p) for p in pairs)
+        if total > BRUTE_FORCE_LIMIT:
+            raise RefusedError(f"brute force would price {total:,} plans (limit {BRUTE_FORCE_LIMIT:,}); use --method"
+                               f" dp (exact) or narrow the search with --stages / --config")
+    if method == "cpsat":
+        worst = max(pairs, key=lambda p: p.S * len(p.configs) * p.n * p.n)
+        cells = model_size(worst)
+        if cells > CPSAT_MAX_CELLS:
+            raise RefusedError(f"the CP-SAT model would have {cells:,} Booleans for {worst.label()} (limit"
+                               f" {CPSAT_MAX_CELLS:,}); use --method dp (exact) or narrow the search with --stages")
+
+
+def _report(progress, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _price(plan: Partition, schedules: list[Schedule]) -> list[tuple[Bounds, Schedule]]:
+    """The bounds of every schedule of the family that fits, least first."""
+    return sorted(((bounds(plan, s), s) for s in schedules if fits(plan, s)), key=lambda m: (m[0].value, m[1]))
+
+
+DIVE = 16   # subspaces solved between simulations of the most promising priced plan
+
+
+def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time_limit: float, seed: int,
+                      budget: int, simulations: int, progress, info: dict) -> tuple[float, bool, bool]:
+    """Subspaces (keyed by a bound of R) and priced plans (keyed by O) in two heaps.
+
+    The least key of both is a lower bound of every plan not simulated yet.  A priced plan
+    is simulated when its key is the least one, or every ``DIVE`` subspaces when it can still
+    beat the best (a good incumbent early prunes more).  Returns (least bound left, proven,
+    every pair proven empty)."""
+    subs: list[tuple[float, int, Subspace]] = []
+    plans: list[tuple[float, int, tuple]] = []
+    counter = itertools.count()
+    for pair in pairs:
+        lb = cheap_bound(pair.costs)
+        heapq.heappush(subs, (lb, next(counter), Subspace(pair, bound=lb)))
+    open_bound = math.inf          # subspaces a method could not settle (CP-SAT time-outs)
+    solved = sims = since = 0
+    tasks = [0]
+    found = False
+    last = time.monotonic()
+    started = time.perf_counter()
+
+    def simulate(item, cutoff: float) -> None:
+        nonlocal sims, since
+        pair, plan, priced, relax = item
+        cand = evaluate(plan, pair.schedules, cutoff, relax, priced, tasks)
+        since = 0
+        if cand is not None:
+            sims += len(cand.tried)
+            board.add(cand)
+
+    while subs or plans:
+        # drop what cannot beat its pair's cutoff
+        while subs and subs[0][0] >= board.cutoff(subs[0][2].pair) * (1 - TOLERANCE):
+            heapq.heappop(subs)
+        while plans and plans[0][0] >= board.cutoff(plans[0][2][0]) * (1 - TOLERANCE):
+            heapq.heappop(plans)
+        if not subs and not plans:
+            break
+        plan_first = plans and (not subs or plans[0][0] <= subs[0][0] or since >= DIVE)
+        if plan_first:
+            if tasks[0] >= simulations:
+                if not subs or plans[0][0] <= subs[0][0]:
+                    break
             else:
-                hint = balanced_greedy(prob)
-                status, stages, solver_bound = solve_cpsat(prob, time_limit, seed, hint.stages if hint else None)
-                cand = prob.evaluate(stages) if stages else None
-                proven &= status in (Status.OPTIMAL, Status.INFEASIBLE)
-                pair_bound = math.inf if status is Status.INFEASIBLE else max(solver_bound, lb)
-            bound = min(bound, pair_bound)
-            if cand is not None and cand.feasible and cand.objective < incumbent:
-                best = cand
-    info = {"pairs": len(problems), "solved_pairs": solved, "dp_runs": runs, "solver": chosen}
-    if best is None:
-        raise InfeasibleError(_shortfall_message(search, problems))
-    status = Status.OPTIMAL if proven else Status.FEASIBLE
-    bound = best.objective if proven else min(bound, best.objective)
-    return SolveResult(status, chosen if method == "auto" else method, best, best.objective, bound, sw.seconds,
-                       info=info)
+                key, _, item = heapq.heappop(plans)
+                if "objective_proven_after" not in info and (not subs or key <= subs[0][0]):
+                    # every plan left has R (<= O) at least this: the least objective is proven
+                    info["objective_proven_after"] = time.perf_counter() - started
+                    info["least_objective"] = key
+                simulate(item, board.cutoff(item[0]))
+                continue
+        if not subs:
+            break
+        if solved >= budget:
+            break
+        key, _, sub = heapq.heappop(subs)
+        pair = sub.pair
+        cutoff = board.cutoff(pair)
+        solved += 1
+        since += 1
+        if progress is not None and time.monotonic() - last > 0.1:
+            last = time.monotonic()
+            best = board.ranked()
+            _report(progress, f"{pair.label()}: subspace {solved}, bound {key:.4g} s"
+                              f"{', best %.4g s' % best[0].time if best else ''}, {sims} simulated")
+        if not sub.prefix and not sub.excluded and pair.least_memory()[0] > pair.costs.device_memory:
+            continue                    # no plan of the pair fits: proven without pricing any
+        if method == "dp":
+            lo, stages = pair.minimize(sub, cutoff)
+            settled = True
+        else:
+            status, lo, stages = minimize_cpsat(pair, sub, cutoff, time_limit, seed)
+            settled = status in (Status.OPTIMAL, Status.INFEASIBLE)
+            if not settled and stages is None:
+                open_bound = min(open_bound, lo)
+                continue
+        if stages is None:
+            continue
+        found = True
+        plan = pair.plan(stages)
+        priced = _price(plan, pair.schedules)
+        if priced:
+            item = (pair, plan, priced, pair.relaxation(stages))
+            if len(board.entries) < board.top and not board.has(pair) and tasks[0] < simulations:
+                # until ``top`` pairs have a simulated plan, a pair's first plan is simulated
+                # at once: the times found give every subspace a finite cutoff
+                simulate(item, cutoff)
+            else:
+                heapq.heappush(plans, (priced[0][0].value, next(counter), item))
+        child_bound = lo if settled else sub.bound
+        for child in sub.children(stages, child_bound):
+            heapq.heappush(subs, (child.bound, next(counter), child))
+    if not board.entries:
+        # out of budget before any simulation: simulate the best priced plan left, if any
+        while plans and not board.entries:
+            simulate(heapq.heappop(plans)[2], math.inf)
+    left = min([k for k, _, _ in subs] + [k for k, _, _ in plans] + [open_bound])
+    info.update({"subspaces": solved, "simulations": sims, "simulated_tasks": tasks[0],
+                 "dp_runs": sum(p.dp_runs for p in pairs), "budget_exhausted": bool(subs or plans)})
+    proven = not subs and not plans and open_bound == math.inf
+    empty = not found and proven
+    return left, proven, empty
 
 
-def _shortfall_message(search: StageSearch, problems: list[PartitionProblem]) -> str:
-    """The smallest memory shortfall over the plans that use the least memory per pair."""
-    short = math.inf
-    where = None
-    for prob in problems:
-        plan = balanced_greedy(prob)
-        if plan is not None and plan.shortfall < short:
-            short, where = plan.shortfall, plan
+def _brute_force(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tuple[float, bool, bool]:
+    priced = sims = 0
+    empty = True
+    for n, pair in enumerate(pairs):
+        _report(progress, f"{pair.label()}: pair {n + 1}/{len(pairs)}")
+        plans = []
+        for stages in all_plans(pair):
+            plan = pair.plan(stages)
+            plans.append((min((bounds(plan, s).value for s in pair.schedules if fits(plan, s)), default=math.inf),
+                          stages, plan))
+        priced += len(plans)
+        empty &= not plans
+        for value, stages, plan in sorted(plans, key=lambda e: (e[0], e[1])):
+            cutoff = board.cutoff(pair)
+            if value >= cutoff * (1 - TOLERANCE):
+                break
+            cand = evaluate(plan, pair.schedules, cutoff)
+            if cand is not None:
+                sims += len(cand.tried)
+                board.add(cand)
+    info.update({"plans_priced": priced, "simulations": sims})
+    return math.inf, True, empty
+
+
+def _greedy(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tuple[float, bool, bool]:
+    sims = 0
+    for n, pair in enumerate(pairs):
+        _report(progress, f"{pair.label()}: pair {n + 1}/{len(pairs)}")
+        stages = balanced_greedy(pair)
+        if stages is None:
+            continue
+        plan = pair.plan(stages)
+        if not all(math.isfinite(pair.stage_arrays(p)[2][pair._cell(p, st)]) for p, st in enumerate(stages)):
+            continue                                 # does not fit in memory
+        cand = evaluate(plan, pair.schedules)
+        if cand is not None:
+            sims += len(cand.tried)
+            board.add(cand)
+    info.update({"simulations": sims})
+    bound = min(cheap_bound(p.costs) for p in pairs)
+    empty = all(p.least_memory()[0] > p.costs.device_memory for p in pairs)
+    return bound, False, empty
+
+
+def _shortfall_message(search: StageSearch, pairs: list[PairProblem]) -> str:
+    """The least memory any plan needs, over every pair (exact)."""
+    best, where = math.inf, None
+    for pair in pairs:
+        peak, stages = pair.least_memory()
+        if peak < best:
+            best, where = peak, (pair, stages)
     mem = search.topology.device.memory
     if where is None:
-        return f"no stage plan fits in {mem / 2**30:.1f} GiB per device"
-    return (f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the closest plan found"
-            f" ({where.costs.stages} stages on {where.costs.shape} meshes, {where.costs.microbatches} micro-batches)"
-            f" needs {(mem + short) / 2**30:.2f} GiB per device, {short / 2**30:.2f} GiB short")
+        return f"no stage plan fits in {mem / 2**30:.2f} GiB per device"
+    pair, _ = where
+    return (f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
+            f" ({pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches) needs"
+            f" {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short")

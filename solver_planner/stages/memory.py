@@ -1,0 +1,120 @@
+"""Memory the way large models are trained: recomputation, sharded optimizers, sequence parallelism.
+
+Per device of a stage with tensor degree ``t`` and data degree ``d``, for its layers:
+
+* **Static bytes** (Rajbhandari et al. 2020, "ZeRO", §5.1 and Fig. 1: ``(2 + 2 + K) Psi``
+  for parameters, gradients and ``K`` bytes of optimizer state per parameter), each first
+  split ``t`` ways by tensor parallelism::
+
+      none                 (P + G + O) / t
+      zero-1, distributed  (P + G) / t + O / (t d)        (P_os; Megatron's distributed optimizer)
+      zero-2               P / t + (G + O) / (t d)        (P_os+g)
+      zero-3               (P + G + O) / (t d)            (P_os+g+p), plus one layer's gathered P / t
+
+  with ``G = P`` (gradients in the training dtype).
+* **Activations kept for backward**, per sample (Korthikanti et al. 2022, "Reducing
+  Activation Recomputation in Large Transformer Models"): ``saved / t + replicated`` (§4.1:
+  tensor parallelism leaves ``10 s h`` of a block's ``34 s h + 5 a s^2`` replicated);
+  sequence parallelism splits the replicated part too (§4.2.2); selective recomputation
+  keeps ``selective_saved / t + replicated`` and recomputes ``selective_flops`` in backward
+  (§5: the attention core); full recomputation keeps only each layer's checkpoint (its
+  input, ``s h`` elements; split by ``t`` under sequence parallelism) and re-runs the whole
+  forward, its tensor-parallel all-reduces included, before the backward; while a layer's
+  backward runs its full activations are live again (one layer at a time).
+* **Communication**: sequence parallelism replaces each all-reduce by a reduce-scatter and
+  an all-gather of the same ring volume (§4.2.2), so its time is unchanged; ZeRO-1/2 and
+  the distributed optimizer reduce-scatter gradients and all-gather parameters, the volume
+  of one all-reduce (ZeRO §7.2.1: ``2 Psi``); ZeRO-3 also all-gathers each layer's
+  parameters before its forward and its backward, for every micro-batch (§7.2.2: ``3 Psi``
+  per step, here per micro-batch since gradient accumulation re-gathers), and
+  reduce-scatters gradients (half an all-reduce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RECOMPUTE_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "transient_per_sample",
+           "recompute_flops", "static_bytes", "gathered_bytes"]
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+SHARDINGS = ("none", "zero-1", "zero-2", "zero-3", "distributed")
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The ``training:`` options that change memory and time; ``recompute`` lists the modes
+    a stage may use (``auto`` in the spec: all three, chosen per stage by the search)."""
+
+    recompute: tuple[str, ...] = ("none",)
+    sharding: str = "none"
+    sequence_parallel: bool = False
+    gradient_overlap: bool = True
+    gradient_bucket: float = 25 * 2**20
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
+        if bad or not self.recompute:
+            raise ValueError(f"recompute modes {self.recompute!r}; expected some of {RECOMPUTE_MODES}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"optimizer sharding {self.sharding!r}; expected one of {SHARDINGS}")
+
+    @classmethod
+    def of(cls, training) -> MemoryOptions:
+        """From a :class:`~solver_planner.spec.layers.TrainingSpec`."""
+        modes = RECOMPUTE_MODES if training.recompute == "auto" else (training.recompute,)
+        return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
+                   training.gradient_bucket)
+
+
+def _column(layers, key: str) -> np.ndarray:
+    return np.asarray([getattr(x, key) for x in layers], dtype=float)
+
+
+def saved_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.ndarray:
+    """Bytes per sample each device keeps for backward, per layer."""
+    repl = 1.0 / t if sequence_parallel else 1.0
+    if mode == "full":
+        return np.asarray([(x.activations if x.checkpoint is None else x.checkpoint) for x in layers]) * repl
+    if mode == "selective":
+        split = np.asarray([x.saved if x.selective_saved is None else x.selective_saved for x in layers])
+    else:
+        split = _column(layers, "saved")
+    return split / t + _column(layers, "saved_replicated") * repl
+
+
+def transient_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.ndarray:
+    """Bytes per sample live on top of the kept activations while a layer's backward runs:
+    under full recomputation, that layer's recomputed activations."""
+    if mode != "full":
+        return np.zeros(len(layers))
+    return saved_per_sample(layers, "none", t, sequence_parallel)
+
+
+def recompute_flops(layers, mode: str) -> np.ndarray:
+    """Forward FLOPs per sample each layer runs again before its backward."""
+    if mode == "full":
+        return _column(layers, "forward")
+    if mode == "selective":
+        return _column(layers, "selective_flops")
+    return np.zeros(len(layers))
+
+
+def static_bytes(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
+    """Parameters + gradients + optimizer state per device (ZeRO §5.1; see the module docstring)."""
+    if sharding in ("zero-1", "distributed"):
+        return 2 * params / t + optimizer / (t * d)
+    if sharding == "zero-2":
+        return params / t + (params + optimizer) / (t * d)
+    if sharding == "zero-3":
+        return (2 * params + optimizer) / (t * d)
+    return (2 * params + optimizer) / t
+
+
+def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
+    """Per layer, bytes ZeRO-3 gathers for the layer's forward or backward (0 otherwise)."""
+    if sharding != "zero-3" or d == 1:
+        return np.zeros_like(params)
+    return params / t

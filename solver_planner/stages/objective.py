@@ -1,0 +1,249 @@
+"""The objective: a closed-form, proven lower bound of a plan's simulated iteration time.
+
+Notation for a plan of ``S`` stages and ``B`` micro-batches under one schedule (stage ``p``):
+``f`` forward, ``b = bA + bW`` backward, ``w = f + b`` per micro-batch; ``c`` the *chain op*
+the previous stage waits for (``bA`` with weight delaying, else ``b``); ``g`` what the
+gradient reduction adds after the stage's last op (:mod:`.costs`, seed 001's tail);
+``x(p->q)`` a micro-batch's transfer on the real links between the two meshes (skips
+included), ``x(q->p)`` its gradients back.  Every bound below holds for any run of the task
+graph of :mod:`.pipeline`, because that run respects every dependency and duration used;
+waiting for a busy port only delays tasks.
+
+* **Stage bound** (fill, work, drain).  Stage ``p``'s first forward cannot start before
+  micro-batch 0 has gone through every path into it, ``H_p = max over inputs (H_q + f_q +
+  x(q->p))``; its exec then does ``B w`` of work; after its last chain op (micro-batch
+  ``B - 1``, since every schedule runs backwards in micro-batch order) only its last ``BW``
+  may remain, and the iteration lasts at least ``D_p = max(u_p, max over earlier stages q
+  it feeds (x(p->q) + c_q + D_q))`` more, ``u_p = (bW if split) + g_p`` (plus a tied copy's
+  all-reduce)::
+
+      LB_p = H_p + B w_p - (b_p - c_p) + D_p
+
+* **Cycle bound** (1F1B cannot hide communication, seed 002 §4).  Stage ``p`` runs forward
+  ``m + W_p`` right after backward ``m`` (``W_p`` its warm-up forwards), and backward ``m``
+  waits for micro-batch ``m``'s round trip ``R_p`` through the later stages, transfers
+  included.  So forwards ``0, W, 2W, ...`` are ``C_p = f + R_p + c + (bW if BW precedes
+  the forward)`` apart, and with ``j = floor((B - 1) / W_p)``::
+
+      CB_p = H_p + j C_p + f_p + R_p + (B - j W_p) b_p - (b_p - c_p) + D_p
+
+  Under GPipe a channel ``p -> q`` carries all ``B`` activations, then ``q``'s last forward
+  and a round trip pass before its first backward, then all ``B`` gradients::
+
+      GB_pq = H_p + f_p + B x(p->q) + f_q + R_q + c_q + B x(q->p) + c_p + D_p
+
+* **Port bound**.  The tasks holding one port (transfers, gradient reductions, tied
+  all-reduces) run one at a time: ``PB_r = earliest start + sum of durations + least tail``.
+
+``objective = max(LB, CB, PB)``, for the schedule simulated; over a family of schedules
+the least over its members that fit in memory.  It equals the simulated time when the
+critical path is one of the bounds and no task waits for a port (one stage; equal stages
+without communication; tested), and is below it otherwise (tested on random plans).
+
+**Relaxation R** (what a dynamic program over contiguous stages minimises exactly): the
+stage bound with ``H_p`` and ``D_p`` taken along neighbouring stages only, each transfer
+carrying only the tensor that crosses the cut (the last layer's output), and the drain
+ending at the first stage (or the stage itself)::
+
+      R = max_p max( B w_p + g_p,  A_p + x(p->p-1) + B w_p - (b_p - c_p) )
+      A_0 = u_0,   A_{p+1} = A_p + f_p + x(p->p+1) + c_p + x(p->p-1)
+
+so ``R <= objective <= simulated`` for every plan: the search enumerates plans by ``R`` and
+stops when ``R`` reaches the best simulated time (:mod:`.search`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .partition import Partition
+from .pipeline import stage_orders, weight_delays
+from .schedule import Schedule, live_peak, warmup
+
+__all__ = ["Bounds", "bounds", "objective", "relaxation", "family_split"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The three bounds of one plan under one schedule, and which is largest."""
+
+    stage: float
+    cycle: float
+    port: float
+
+    @property
+    def value(self) -> float:
+        return max(self.stage, self.cycle, self.port)
+
+    @property
+    def binding(self) -> str:
+        return max((self.stage, "stage"), (self.cycle, "cycle"), (self.port, "port"))[1]
+
+
+def _chain(plan: Partition, split: bool) -> list[float]:
+    return plan.backward_act if split else plan.backward
+
+
+def bounds(plan: Partition, schedule: Schedule) -> Bounds:
+    """The stage, cycle and port bounds of ``plan`` under ``schedule`` (module docstring)."""
+    c = plan.costs
+    S, B = c.stages, c.microbatches
+    split = schedule.split
+    f, b, bw = plan.forward, plan.backward, plan.backward_weight
+    ch = _chain(plan, split)
+    g = plan.tail_weight if split else plan.tail_full
+    w = [x + y for x, y in zip(f, b)]
+    chans = plan.channels
+    act = {(p, q): plan.activation_time(p, q) for p, q in chans}
+    grad = {(p, q): plan.gradient_time(q, p) for p, q in chans}      # keyed by the forward pair
+    tie = [0.0] * S                    # a tied copy's all-reduce follows both stages' reductions
+    for a, bb, q in plan.copies:
+        t = c.tie_sync(plan, a, bb)[0]
+        for p in (plan.owner[a], q):
+            tie[p] = max(tie[p], t)
+    u = [(bw[p] if split else 0.0) + g[p] + tie[p] for p in range(S)]
+    # fill: earliest start of each stage's first forward
+    H = [0.0] * S
+    for q in range(1, S):
+        H[q] = max((H[p] + f[p] + act[p, q] for p in range(q) if (p, q) in chans), default=0.0)
+    # drain after the last chain op, for the last micro-batch (D) and for any (Dm)
+    D = [0.0] * S
+    Dm = [0.0] * S
+    for p in range(S):
+        outs = [q for q in range(p) if (q, p) in chans]
+        D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in outs])
+        Dm[p] = max([b[p] - ch[p]] + [grad[q, p] + ch[q] + Dm[q] for q in outs])
+    stage = max(H[p] + B * w[p] - (b[p] - ch[p]) + D[p] for p in range(S))
+    # round trips and the cycle bound
+    delays = weight_delays(plan, schedule)
+    R = [_round_trip(p, S, f, ch, act, grad, chans) for p in range(S)]
+    cycle = 0.0
+    for p in range(S):
+        W = warmup(schedule, S, p, B)
+        j = (B - 1) // W
+        before_f = bw[p] if split and not delays[p] else 0.0
+        C = f[p] + R[p] + ch[p] + before_f
+        cycle = max(cycle, H[p] + j * C + f[p] + R[p] + (B - j * W) * b[p] - (b[p] - ch[p]) + D[p])
+    if schedule.kind == "gpipe":
+        # every forward before any backward: a channel carries all its activations, the
+        # receiver's last forward and a round trip pass, then it carries all the gradients
+        for p, q in chans:
+            cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
+    port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
+    return Bounds(stage, cycle, port)
+
+
+def _round_trip(p: int, S: int, f, ch, act, grad, chans) -> float:
+    """Least time from the end of a forward on stage p to the start of its chain op for the
+    same micro-batch: through every later stage it reaches, and back."""
+    E = {p: 0.0}                       # end of the micro-batch's forward on q, relative
+    for q in range(p + 1, S):
+        starts = [E[r] + act[r, q] for r in range(p, q) if r in E and (r, q) in chans]
+        if starts:
+            E[q] = max(starts) + f[q]
+    Z: dict[int, float] = {}           # end of its chain op on q
+    for q in range(S - 1, p, -1):
+        if q not in E:
+            continue
+        back = [Z[r] + grad[q, r] for r in range(q + 1, S) if r in Z and (q, r) in chans]
+        Z[q] = max([E[q]] + back) + ch[q]
+    return max([0.0] + [Z[r] + grad[p, r] for r in range(p + 1, S) if r in Z and (p, r) in chans])
+
+
+def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float:
+    c = plan.costs
+    if not c.comm:
+        return 0.0
+    load: dict = {}
+
+    def add(resources, duration: float, start: float, tail: float) -> None:
+        for r in resources:
+            tot, s0, t0 = load.get(r, (0.0, math.inf, math.inf))
+            load[r] = (tot + duration, min(s0, start), min(t0, tail))
+
+    for p, q in plan.channels:
+        tp, tq = plan.stages[p].tensor, plan.stages[q].tensor
+        add(c.transfer_resources(tp, p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + Dm[q])
+        add(c.transfer_resources(tq, q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + Dm[p])
+    for p, st in enumerate(plan.stages):
+        cc = c[st.config]
+        if cc.data == 1:
+            continue
+        if c.model.options.gradient_overlap:
+            red = cc.layer_reduction[st.first:st.last + 1].sum()
+            for a, bb, q in plan.copies:
+                if q == p:
+                    red += cc.layer_reduction_copy[bb] - cc.layer_reduction[bb]
+        else:
+            red = cc.reduction_all[st.first, st.last]
+        add(c.reduction_resources(st.tensor, p), float(red), H[p] + B * w[p] - plan.backward[p], 0.0)
+    for a, bb, q in plan.copies:
+        duration, res = c.tie_sync(plan, a, bb)
+        add(res, duration, 0.0, 0.0)
+    return max((tot + s0 + t0 for tot, s0, t0 in load.values()), default=0.0)
+
+
+def fits(plan: Partition, schedule: Schedule) -> bool:
+    live = [live_peak(o) for o in stage_orders(plan, schedule)]
+    return all(m <= plan.costs.device_memory for m in plan.memory(live))
+
+
+def objective(plan: Partition, schedules: list[Schedule]) -> tuple[float, Schedule | None]:
+    """Least bound over the schedules of a family that fit in memory (inf, None if none fits)."""
+    best, which = math.inf, None
+    for s in schedules:
+        if fits(plan, s):
+            v = bounds(plan, s).value
+            if v < best:
+                best, which = v, s
+    return best, which
+
+
+def family_split(schedules: list[Schedule]) -> tuple[bool, bool]:
+    """(some member splits backward, some member does not)."""
+    return any(s.split for s in schedules), any(not s.split for s in schedules)
+
+
+def relaxation(plan: Partition, schedules: list[Schedule]) -> float:
+    """R of the module docstring for a whole plan (what :mod:`.dp` minimises)."""
+    c = plan.costs
+    S, B = c.stages, c.microbatches
+    has_split, has_whole = family_split(schedules)
+    f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
+    ch = ba if has_split else b
+    values = []
+    acc = 0.0
+    for p in range(S):
+        gf, gw = plan.tail_full[p], plan.tail_weight[p]
+        g = min(gf if has_whole else math.inf, gw if has_split else math.inf)
+        w = f[p] + b[p]
+        values.append(B * w + g)
+        xg = edge_gradient_time(plan, p)
+        xf = edge_activation_time(plan, p)
+        if p == 0:
+            acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
+        else:
+            values.append(acc + xg + B * w - (b[p] - ch[p]))
+        acc = acc + f[p] + xf + ch[p] + xg
+    return max(values)
+
+
+def edge_activation_time(plan: Partition, p: int) -> float:
+    """Stage p's last layer's output to stage p + 1 (the relaxation's forward transfer)."""
+    c = plan.costs
+    if p + 1 >= c.stages:
+        return 0.0
+    st = plan.stages[p]
+    nbytes = c.model.layers[st.last].activations * c.samples(st.tensor)
+    return c.transfer_time(st.tensor, p, p + 1, nbytes)
+
+
+def edge_gradient_time(plan: Partition, p: int) -> float:
+    """Gradient of stage p-1's last output back from stage p (the relaxation's backward transfer)."""
+    c = plan.costs
+    if p == 0:
+        return 0.0
+    st = plan.stages[p]
+    nbytes = c.model.layers[st.first - 1].activations * c.samples(st.tensor)
+    return c.transfer_time(st.tensor, p, p - 1, nbytes)

@@ -1,0 +1,473 @@
+"""One (mesh shape, micro-batch count) pair: its plans, and the exact dynamic program over them.
+
+The dynamic program minimises the relaxation ``R`` of :mod:`.objective` over contiguous
+stages.  ``R`` is a maximum of terms ``T2_p`` (stage-local) and ``A_p + T1_p`` with an
+accumulator ``A`` that only grows along the stages, so "is there a plan with ``R <= tau``?"
+is a forward dynamic program over (stage, first layer) keeping the least ``A`` (a smaller
+``A`` never hurts a later stage; seed 003's ``F(s, k | t_max)`` recurrence with the
+accumulator in place of the stage-time sum), and the least ``R`` is found by bisection on
+``tau``.  A *subspace* fixes the first stages (a prefix) and excludes some choices for the
+next one: the branch and bound of :mod:`.search` splits on these (Lawler's k-best scheme).
+
+Each stage ``p`` of ``S`` may hold layers ``p .. L - S + p`` only (every stage keeps one layer),
+so every array is stored on that band of ``n = L - S + 1`` first and last layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .costs import StageConfig, StageCosts
+from .objective import family_split
+from .partition import Partition, StagePlan
+from .schedule import Schedule, warmup
+
+__all__ = ["PairProblem", "Subspace", "cheap_bound"]
+
+
+def cheap_bound(costs: StageCosts, split: bool = True) -> float:
+    """A lower bound of every plan's ``R`` without building the arrays.
+
+    With ``w_p`` a stage's work per micro-batch and ``rho = min (f + c) / w`` over layers and
+    configurations, ``R >= max_p (rho (w_0 + ... + w_{p-1}) + B' w_p)`` with ``B' = B - 1 + rho``
+    (``B`` without weight splitting); over all non-negative ``w`` summing to at least ``W`` (the
+    least total work) that is least when every term is equal: ``rho W / (1 - (1 - rho/B')^S)``.
+    """
+    if not costs.configs:
+        return math.inf
+    times = [costs.layer_times(c) for c in costs.configs]
+    work = np.min([f + a + w for f, a, w in times], axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = [np.where(f + a + w > 0, (f + (a if split else a + w)) / (f + a + w), 1.0) for f, a, w in times]
+    rho = float(np.clip(np.min(ratios), 0.0, 1.0))
+    W, B, S = float(work.sum()), costs.microbatches, costs.stages
+    Bp = B - 1 + rho if split else B
+    if rho <= 0 or S == 1:
+        return Bp * W / S if S > 1 else B * W
+    return rho * W / (1 - (1 - rho / Bp) ** S)
+
+
+@dataclass(frozen=True)
+class Subspace:
+    """The plans of a pair whose first stages are ``prefix`` and whose next stage is none of
+    ``excluded``; ``bound`` is a proven lower bound of their ``R`` (hence simulated time)."""
+
+    pair: PairProblem = field(compare=False)
+    prefix: tuple[StagePlan, ...] = ()
+    excluded: frozenset[StagePlan] = frozenset()
+    bound: float = 0.0
+
+    def children(self, plan: tuple[StagePlan, ...], bound: float) -> list[Subspace]:
+        """Lawler: the subspace minus ``plan`` (which it contains) as disjoint subspaces."""
+        j = len(self.prefix)
+        out = []
+        for level in range(j, len(plan)):
+            excluded = (self.excluded | {plan[j]}) if level == j else frozenset({plan[level]})
+            out.append(Subspace(self.pair, plan[:level], excluded, bound))
+        return out
+
+
+class PairProblem:
+    """The plans of one :class:`StageCosts` under a family of schedules, for the solvers."""
+
+    def __init__(self, costs: StageCosts, schedules: list[Schedule]):
+        self.costs = costs
+        self.schedules = schedules
+        self.S = costs.stages
+        self.L = costs.model.num_layers
+        self.B = costs.microbatches
+        self.configs: list[StageConfig] = list(costs.configs)
+        self.n = self.L - self.S + 1
+        self.has_split, self.has_whole = family_split(schedules)
+        self._stage: dict = {}
+        self.fixed: list[tuple[int, int]] | None = None
+        self.dp_runs = 0
+
+    def fix_layers(self, counts: tuple[int, ...]) -> None:
+        """Only plans whose stage p holds ``counts[p]`` layers (an explicit layer split)."""
+        if len(counts) != self.S or sum(counts) != self.L or min(counts) < 1:
+            raise ValueError(f"a split of {self.L} layers into {self.S} stages, got {counts}")
+        self.fixed, first = [], 0
+        for n in counts:
+            self.fixed.append((first, first + n - 1))
+            first += n
+        self._stage.clear()
+
+    @property
+    def possible(self) -> bool:
+        return bool(self.configs) and self.S <= self.L
+
+    def label(self) -> str:
+        return f"{self.S} stages of {self.costs.shape}, B={self.B}"
+
+    def plan(self, stages) -> Partition:
+        return Partition(self.costs, list(stages))
+
+    def live_min(self, p: int) -> int:
+        """Fewest micro-batches stage p keeps under any schedule of the family."""
+        return min(warmup(s, self.S, p, self.B) + (1 if s.split else 0) for s in self.schedules)
+
+    def warmups(self, p: int) -> list[int]:
+        return sorted({warmup(s, self.S, p, self.B) for s in self.schedules})
+
+    # -- arrays ------------------------------------------------------------------------------
+    def _config_arrays(self, j: int) -> dict[str, np.ndarray]:
+        key = ("config", j)
+        if key not in self._stage:
+            c, B = self.costs, self.B
+            cc = c[self.configs[j]]
+            chain = cc.backward_act if self.has_split else cc.backward
+            gf = cc.tail_full if self.has_whole else np.inf
+            gw = cc.tail_weight if self.has_split else np.inf
+            work = cc.work
+            self._stage[key] = {
+                "T2": B * work + np.minimum(gf, gw),
+                "T1": B * work - (cc.backward - chain),
+                "F": cc.forward, "C": chain, "B": cc.backward,
+                "u0": np.minimum(gf, cc.backward_weight + gw if self.has_split else np.inf),
+                "G": np.minimum(gf, gw),
+                "act": np.asarray([x.activations for x in c.model.layers]) * cc.samples,
+            }
+        return self._stage[key]
+
+    def fits_mask(self, p: int, j: int) -> np.ndarray:
+        """(n, n): stage p can hold layers k..i with configuration j (memory; layers left over)."""
+        c, S, n = self.costs, self.S, self.n
+        band = slice(p, p + n)
+        ok = c.memory(self.configs[j], self.live_min(p))[band, band] <= c.device_memory
+        if p == 0:
+            ok[1:, :] = False
+        if p == S - 1:
+            ok[:, :n - 1] = False
+        if self.fixed is not None:
+            k, i = self.fixed[p]
+            keep = np.zeros_like(ok)
+            if 0 <= k - p < n and 0 <= i - p < n:
+                keep[k - p, i - p] = True
+            ok &= keep
+        return ok
+
+    _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G")
+
+    def stage(self, p: int) -> dict[str, np.ndarray]:
+        """Stage p's terms on its band, each (configs, n, n); ``T2`` and the increments are inf
+        where the stage cannot hold layers k..i with that configuration (memory, or layers
+        left over for the other stages).  See :mod:`.objective` for R1 (``T1``, ``T2``,
+        ``INC1``); R2 adds ``INC2 = f + x(p->p+1)`` (the fill); R3 (the cycle) uses
+        ``K3 = f + x(p->p+1)``, ``INC3 = f + c + x(p->p-1) + x(p->p+1)``, ``Bk = b``, ``BC = b - c``
+        and the gradient tail ``G`` (the drain after the stage's last op is at least that)."""
+        if p in self._stage:
+            return self._stage[p]
+        c, S, n = self.costs, self.S, self.n
+        band = slice(p, p + n)
+        out = {key: [] for key in self._KEYS}
+        for j, cfg in enumerate(self.configs):
+            ok = self.fits_mask(p, j)
+            if not ok.any():                    # never priced: no gradient programs needed
+                for key in self._KEYS:
+                    out[key].append(np.full((n, n), np.inf))
+                continue
+            arr = self._config_arrays(j)
+            t = cfg.tensor
+            acts = arr["act"]
+            if p + 1 < S:
+                a, b = c.transfer(t, p, p + 1)
+                xf = a + b * acts[p:p + n]                              # over the last layer i
+            else:
+                xf = np.zeros(n)
+            if p > 0:
+                a, b = c.transfer(t, p, p - 1)
+                xg = a + b * acts[p - 1:p - 1 + n]                      # over the first layer k (edge k-1 -> k)
+            else:
+                xg = np.zeros(n)
+            f, ch = arr["F"][band, band], arr["C"][band, band]
+            inc1 = f + ch + xf[None, :] + xg[:, None]
+            if p == 0:
+                inc1 = inc1 + arr["u0"][band, band]
+                t1 = np.zeros((n, n))
+            else:
+                t1 = arr["T1"][band, band] + xg[:, None]
+            values = {"T1": t1, "T2": arr["T2"][band, band], "INC1": inc1, "INC2": f + xf[None, :],
+                      "INC3": f + ch + xf[None, :] + xg[:, None], "K3": f + xf[None, :],
+                      "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band]}
+            for key in self._KEYS:
+                out[key].append(np.where(ok, values[key], np.inf))
+        self._stage[p] = {key: np.stack(v) for key, v in out.items()}
+        return self._stage[p]
+
+    def stage_arrays(self, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(T1, T2, INC1) of stage p (the arrays of R1 and of CP-SAT)."""
+        st = self.stage(p)
+        return st["T1"], st["T2"], st["INC1"]
+
+    def _cells(self, p: int, limit: float) -> dict:
+        """Stage p's cells that fit and whose ``T2`` is at most ``limit``, sorted by last layer
+        (a cached list with a somewhat larger limit is as good: the DPs mask the rest)."""
+        key = ("cells", p)
+        hit = self._stage.get(key)
+        if hit is not None and hit["limit"] >= limit and (hit["limit"] <= 1.5 * limit or hit["limit"] == limit):
+            return hit
+        st = self.stage(p)
+        keep = np.isfinite(st["INC1"]) & (st["T2"] <= limit)
+        j, k, i = np.nonzero(keep)
+        order = np.lexsort((j, k, i))
+        j, k, i = j[order], k[order], i[order]
+        cells = {key: st[key][j, k, i] for key in self._KEYS}
+        cells.update({"limit": limit, "j": j, "k": k + p, "i": i + p})
+        cells["starts"] = np.flatnonzero(np.r_[True, i[1:] != i[:-1]]) if len(i) else np.zeros(0, dtype=int)
+        cells["ends"] = (i + p)[cells["starts"]] if len(i) else np.zeros(0, dtype=int)
+        by_k = np.argsort(k, kind="stable")
+        cells["by_k"] = by_k
+        ks = k[by_k]
+        cells["starts_k"] = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]) if len(k) else np.zeros(0, dtype=int)
+        cells["firsts"] = (ks + p)[cells["starts_k"]] if len(k) else np.zeros(0, dtype=int)
+        # the cycle bound's (j + 1, C0) for each warm-up count of the family (objective.py)
+        cells["cycle"] = [((self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
+                           + (self.B - ((self.B - 1) // W) * W) * cells["Bk"] - cells["BC"] + cells["G"])
+                          for W in self.warmups(p)]
+        self._stage[key] = cells
+        return cells
+
+    def _cell(self, p: int, st: StagePlan) -> tuple[int, int, int]:
+        return self.configs.index(st.config), st.first - p, st.last - p
+
+    def _value(self, p: int, st: StagePlan) -> dict[str, float] | None:
+        if st.config not in self.configs:
+            return None
+        j, k, i = self._cell(p, st)
+        if not (0 <= k < self.n and 0 <= i < self.n):
+            return None
+        arrs = self.stage(p)
+        v = {key: float(arrs[key][j, k, i]) for key in self._KEYS}
+        return v if math.isfinite(v["INC1"]) else None
+
+    def _cycle_term(self, p: int, v: dict[str, float], y: float) -> float:
+        best = math.inf
+        for W in self.warmups(p):
+            j = (self.B - 1) // W
+            c0 = j * (v["Bk"] - v["BC"]) + (self.B - j * W) * v["Bk"] - v["BC"] + v["G"]
+            best = min(best, (j + 1) * (v["K3"] + y) + c0)
+        return best
+
+    def terms(self, stages) -> tuple[float, float, float]:
+        """(R1, R2, R3) of a whole plan."""
+        vals = [self._value(p, st) for p, st in enumerate(stages)]
+        if len(stages) != self.S or any(v is None for v in vals) or stages[-1].last != self.L - 1:
+            return math.inf, math.inf, math.inf
+        A = H = 0.0
+        r1 = r2 = 0.0
+        for p, v in enumerate(vals):
+            r1 = max(r1, v["T2"], A + v["T1"] if p > 0 else -math.inf)
+            r2 = max(r2, H + v["T2"])
+            A += v["INC1"]
+            H += v["INC2"]
+        r3, y = 0.0, 0.0
+        for p in range(self.S - 1, -1, -1):
+            r3 = max(r3, self._cycle_term(p, vals[p], y))
+            y += vals[p]["INC3"]
+        return r1, r2, r3
+
+    def relaxation(self, stages) -> float:
+        """R = max(R1, R2, R3) of a whole plan, from the same arrays as the dynamic programs."""
+        return max(self.terms(tuple(stages)))
+
+    def prefix_state(self, prefix: tuple[StagePlan, ...]) -> tuple[float, float, int]:
+        """(R1's accumulator after the prefix, largest R1 term of the prefix, next first layer)."""
+        A, M, start = 0.0, 0.0, 0
+        for p, st in enumerate(prefix):
+            v = self._value(p, st)
+            if v is None or st.first != start:
+                return math.inf, math.inf, start
+            M = max(M, v["T2"], A + v["T1"] if p > 0 else -math.inf)
+            A += v["INC1"]
+            start = st.last + 1
+        return A, M, start
+
+    # -- the dynamic programs ---------------------------------------------------------------
+    def feasible(self, tau: float, sub: Subspace | None = None, limit: float = math.inf) -> tuple[StagePlan, ...] | None:
+        """A plan of the subspace with R1 <= tau, or None when no plan has R <= tau (one of the
+        three relaxations has none).  ``limit >= tau``: cells whose own term reaches it are
+        left out beforehand."""
+        self.dp_runs += 1
+        prefix = sub.prefix if sub else ()
+        excluded = sub.excluded if sub else frozenset()
+        vals = [self._value(p, st) for p, st in enumerate(prefix)]
+        if any(v is None for v in vals):
+            return None
+        request = limit if tau <= limit else tau
+        cells = [self._cells(p, request) for p in range(len(prefix), self.S)]
+        masks = [self._excluded_mask(c, excluded) if q == 0 and excluded else None for q, c in enumerate(cells)]
+        plan = self._forward(tau, prefix, vals, cells, masks, "INC1")
+        if plan is None or self._forward(tau, prefix, vals, cells, masks, "INC2") is None:
+            return None
+        if not self._backward(tau, prefix, vals, cells, masks):
+            return None
+        return plan
+
+    def _excluded_mask(self, cells: dict, excluded) -> np.ndarray:
+        bad = np.zeros(len(cells["k"]), dtype=bool)
+        for st in excluded:
+            if st.config in self.configs:
+                j = self.configs.index(st.config)
+                bad |= (cells["j"] == j) & (cells["k"] == st.first) & (cells["i"] == st.last)
+        return bad
+
+    def _forward(self, tau, prefix, vals, cells, masks, inc: str) -> tuple[StagePlan, ...] | None:
+        """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, a marker for R2."""
+        L, j0 = self.L, len(prefix)
+        A = M = 0.0
+        for p, v in enumerate(vals):
+            if inc == "INC1":
+                M = max(M, v["T2"], A + v["T1"] if p > 0 else -math.inf)
+            else:
+                M = max(M, A + v["T2"])
+            A += v[inc]
+        if not M <= tau:
+            return None
+        start = prefix[-1].last + 1 if prefix else 0
+        acc = np.full(L + 1, np.inf)
+        acc[start] = A
+        history = []
+        for q, c in enumerate(cells):
+            Ak = acc[c["k"]]
+            if inc == "INC1":
+                ok = (Ak + c["T1"] <= tau) & (c["T2"] <= tau)
+            else:
+                ok = Ak + c["T2"] <= tau
+            if masks[q] is not None:
+                ok &= ~masks[q]
+            val = np.where(ok, Ak + c[inc], np.inf)
+            history.append((c, acc, val))
+            acc = np.full(L + 1, np.inf)
+            if len(val):
+                acc[c["ends"] + 1] = np.minimum.reduceat(val, c["starts"])
+            if not np.isfinite(acc).any():
+                return None
+        if not math.isfinite(acc[L]):
+            return None
+        if inc != "INC1":
+            return ()
+        stages = []
+        last, target = L - 1, acc[L]
+        for c, prev, val in reversed(history):
+            pick = np.flatnonzero((c["i"] == last) & (val == target))[0]
+            stages.append(StagePlan(int(c["k"][pick]), last, self.configs[int(c["j"][pick])]))
+            last = int(c["k"][pick]) - 1
+            target = prev[last + 1]
+        return tuple(prefix) + tuple(reversed(stages))
+
+    def _backward(self, tau, prefix, vals, cells, masks) -> bool:
+        """Is there a completion with every cycle term (R3) and ``T2`` at most tau?"""
+        L, j0 = self.L, len(prefix)
+        start = prefix[-1].last + 1 if prefix else 0
+        Y = np.full(L + 1, np.inf)
+        Y[L] = 0.0
+        for q in range(len(cells) - 1, -1, -1):
+            c = cells[q]
+            y = Y[c["i"] + 1]
+            ymax = np.full(len(y), -np.inf)
+            for jp1, c0 in c["cycle"]:
+                ymax = np.maximum(ymax, (tau - c0) / jp1 - c["K3"])
+            ok = (y <= ymax) & (c["T2"] <= tau)
+            if masks[q] is not None:
+                ok &= ~masks[q]
+            val = np.where(ok, y + c["INC3"], np.inf)[c["by_k"]]
+            Y = np.full(L + 1, np.inf)
+            if len(val):
+                Y[c["firsts"]] = np.minimum.reduceat(val, c["starts_k"])
+            if not np.isfinite(Y).any():
+                return False
+        # the prefix stages' cycle terms, with the completion's least round trip
+        acc = Y[start]
+        if not math.isfinite(acc):
+            return False
+        for p in range(j0 - 1, -1, -1):
+            if self._cycle_term(p, vals[p], acc) > tau:
+                return False
+            acc += vals[p]["INC3"]
+        return True
+
+    def minimize(self, sub: Subspace, cutoff: float = math.inf, tol: float = 1e-3,
+                 exact: float = 1e-9) -> tuple[float, tuple[StagePlan, ...] | None]:
+        """(lower bound of R over the subspace, a plan of it) by bisection on ``tau``.
+
+        With a finite ``cutoff`` one run first asks for a plan with ``R`` below it (else the
+        subspace is pruned: its bound is returned and no plan); then bisection narrows the
+        bound and improves the plan while it can (the three relaxations are checked apart,
+        so a ``tau`` they all pass need not hold a plan with ``R <= tau``)."""
+        lo = sub.bound
+        if math.isfinite(cutoff):
+            probe = cutoff * (1 - exact)
+            if lo >= probe:
+                return lo, None
+            plan = self.feasible(probe, sub, limit=cutoff)
+            if plan is None:
+                return max(lo, probe), None
+        else:
+            plan = self.feasible(math.inf, sub)
+            if plan is None:
+                return math.inf, None
+        up = self.relaxation(plan)
+        for _ in range(24):
+            if up - lo <= tol * up:
+                break
+            tau = (lo + up) / 2
+            cand = self.feasible(tau, sub, limit=min(cutoff, up))
+            if cand is None:
+                lo = tau
+                continue
+            r = self.relaxation(cand)
+            if r >= up:
+                break
+            plan, up = cand, r
+        return lo, plan
+
+    # -- memory -----------------------------------------------------------------------------
+    def least_memory(self) -> tuple[float, tuple[StagePlan, ...] | None]:
+        """The plan whose fullest device is least full (exact min-max over contiguous stages),
+        and that peak, with the family's fewest micro-batches in flight."""
+        if "least_memory" in self._stage:
+            return self._stage["least_memory"]
+        self._stage["least_memory"] = self._least_memory()
+        return self._stage["least_memory"]
+
+    def _least_memory(self) -> tuple[float, tuple[StagePlan, ...] | None]:
+        if not self.possible:
+            return math.inf, None
+        c, S, L, n = self.costs, self.S, self.L, self.n
+        V = np.full(L + 1, np.inf)          # V[k]: least peak of stages p.. starting at layer k
+        V[L] = 0.0
+        picks = []
+        for p in range(S - 1, -1, -1):
+            band = slice(p, p + n)
+            mem = np.stack([c.memory(cfg, self.live_min(p))[band, band] for cfg in self.configs])
+            if p == 0:
+                mem[:, 1:, :] = np.inf
+            if p == S - 1:
+                mem[:, :, :n - 1] = np.inf
+            if self.fixed is not None:
+                k, i = self.fixed[p]
+                keep = np.zeros(mem.shape[1:], dtype=bool)
+                if 0 <= k - p < n and 0 <= i - p < n:
+                    keep[k - p, i - p] = True
+                mem = np.where(keep[None], mem, np.inf)
+            rest = V[p + 1:p + 1 + n]
+            val = np.maximum(mem, rest[None, None, :])
+            val = np.where(np.isfinite(mem), val, np.inf)
+            flat = val.transpose(1, 0, 2).reshape(n, -1)        # per first layer k: (config, last)
+            arg = flat.argmin(axis=1)
+            V = np.full(L + 1, np.inf)
+            V[p:p + n] = flat[np.arange(n), arg]
+            picks.append(arg)
+        if not math.isfinite(V[0]):
+            return math.inf, None
+        stages, k = [], 0
+        for p, arg in enumerate(reversed(picks)):
+            j, i = divmod(int(arg[k - p]), n)
+            stages.append(StagePlan(k, i + p, self.configs[j]))
+            k = i + p + 1
+        return float(V[0]), tuple(stages)
