@@ -7,6 +7,7 @@ import yaml
 from conftest import CLUSTERS, SPECS, run_cli
 
 
+@pytest.mark.slow
 def test_help_everywhere():
     for args in ([], ["validate"], ["show"], ["cost"], ["schema"]):
         result = run_cli(*args, "--help")

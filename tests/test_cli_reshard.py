@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from conftest import CLUSTERS, SPECS, run_cli
 
 P3X4 = CLUSTERS / "aws-p3.8xlarge-4.yaml"
@@ -48,6 +50,7 @@ def _model(tmp_path, label, src, dst, shape="[8, 8]"):
     return path
 
 
+@pytest.mark.slow
 def test_reshard_bad_input_exits_2_with_the_line(tmp_path):
     cases = {
         "overlap": (_model(tmp_path, "overlap", "{hosts: [0, 1], devices_per_host: 4, spec: [S0, R]}",

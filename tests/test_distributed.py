@@ -325,6 +325,7 @@ def test_cli_execute_reshard_json():
     assert plan["predicted"] == pytest.approx(max(s["predicted_start"] + s["predicted"] for s in steps))
 
 
+@pytest.mark.slow
 def test_dry_run_is_deterministic_and_needs_no_torch(tmp_path):
     # A torch that cannot be imported, first on the path.
     fake = tmp_path / "fake"
@@ -344,6 +345,7 @@ def test_dry_run_is_deterministic_and_needs_no_torch(tmp_path):
     assert cal.returncode == 2 and "torch" in cal.stderr
 
 
+@pytest.mark.slow
 def test_cli_refuses_more_processes_than_allowed():
     r = run_cli("execute", "reduction", CLUSTERS / "p2-a100-4x16.yaml", MODELS / "p2-example.yaml", "--top", "1")
     assert r.returncode == 2 and "64 local processes" in r.stderr and "--max-ranks 16" in r.stderr

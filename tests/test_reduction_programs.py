@@ -146,6 +146,7 @@ def test_z3_synthesis_returns_the_enumerated_programs(levels, names, matrix, axe
         assert z3_programs == synthesize(low.hierarchy, size)
 
 
+@pytest.mark.slow
 def test_z3_synthesis_under_a_cost_bound(a100):
     from solver_planner.cost import CostModel
     from solver_planner.reduction.ranking import cost_program

@@ -107,6 +107,7 @@ def test_load_balance_beats_naive_where_seed_002_says_so():
     assert best.proven_optimal
 
 
+@pytest.mark.slow
 def test_plans_are_deterministic():
     topo = load_topology(CLUSTERS / "aws-p3.8xlarge-5.yaml")
     cost = CostModel(topo)

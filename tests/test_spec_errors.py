@@ -179,6 +179,7 @@ def test_cli_model_that_does_not_fit(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_bad_option_value_exits_2(tmp_path):
     cluster = tmp_path / "c.yaml"
     cluster.write_text(CLUSTER)
