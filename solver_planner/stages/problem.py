@@ -28,6 +28,8 @@ from .schedule import Schedule, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
+_SLACK = 1e-12
+
 
 def cheap_bound(costs: StageCosts, split: bool = True) -> float:
     """A lower bound of every plan's ``R`` without building the arrays.
@@ -293,6 +295,7 @@ class PairProblem:
         three relaxations has none).  ``limit >= tau``: cells whose own term reaches it are
         left out beforehand."""
         self.dp_runs += 1
+        tau = tau * (1 + _SLACK)          # sums in another order: never refuse a plan at exactly tau
         prefix = sub.prefix if sub else ()
         excluded = sub.excluded if sub else frozenset()
         vals = [self._value(p, st) for p, st in enumerate(prefix)]

@@ -1,0 +1,282 @@
+"""The objective against the simulator, on random unbalanced instances.
+
+The simulator (stages/pipeline.py) is what "iteration time" means; the objective
+(stages/objective.py) and the relaxations the dynamic programs minimise (stages/problem.py)
+are closed forms that must never exceed it, and must equal it where the formula is exact.
+Instances vary layers (compute, backward / weight split, parameters, activations, skips,
+ties), meshes, degrees, recomputation, ZeRO, buckets, overlap and schedules.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.cost import CostModel
+from solver_planner.spec.cluster import ClusterSpec
+from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family, simulate_schedule
+from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
+from solver_planner.stages.enumerate import all_plans
+from solver_planner.stages.objective import bounds, fits, relaxation
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.problem import PairProblem, Subspace
+from solver_planner.topology import Topology
+
+REL = 1e-9
+_TOPOLOGIES: dict = {}
+
+
+def topology(hosts: int, gpus: int, nic: str, sharing: str, memory: str = "64 GiB") -> Topology:
+    key = (hosts, gpus, nic, sharing, memory)
+    if key not in _TOPOLOGIES:
+        _TOPOLOGIES[key] = Topology(ClusterSpec.model_validate({
+            "name": f"toy-{hosts}x{gpus}",
+            "levels": [{"name": "host", "count": hosts}, {"name": "gpu", "count": gpus}],
+            "device": {"name": "toy", "flops": "100 TFLOP/s", "memory": memory},
+            "interconnects": [
+                {"name": "nvlink", "level": "gpu", "bandwidth": "50 GB/s", "latency": "2us"},
+                {"name": "eth", "level": "host", "bandwidth": nic, "latency": "20us", "sharing": sharing}],
+        }))
+    return _TOPOLOGIES[key]
+
+
+@st.composite
+def instances(draw, max_layers=6, comm=True):
+    """(plan, family) of a random model, cluster, mesh, micro-batch count and partition."""
+    hosts, gpus = draw(st.sampled_from([(2, 2), (2, 4), (1, 4), (4, 2)]))
+    topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "4 GB/s", "40 GB/s"])),
+                    draw(st.sampled_from(["host", "device"])))
+    n = draw(st.integers(2, max_layers))
+    layers = []
+    for i in range(n):
+        f = draw(st.floats(0.05, 3.0)) * 1e11
+        back = f * draw(st.floats(0.5, 3.0))
+        act = draw(st.floats(0.0, 40.0)) * 2**20
+        skips = ()
+        if i + 2 < n and draw(st.booleans()):
+            skips = (draw(st.integers(i + 2, n - 1)),)
+        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
+                             act, act * draw(st.floats(0.5, 4.0)), act * draw(st.floats(0.0, 1.0)),
+                             allreduces=draw(st.integers(0, 2)), skips=skips, weight=back * draw(st.floats(0.0, 1.0)),
+                             selective_saved=act * draw(st.floats(0.3, 1.0)), selective_flops=f * draw(st.floats(0, .3))))
+    # unique skip targets (a layer is read by at most one skip), as the spec requires names
+    seen, fixed = set(), []
+    for x in layers:
+        keep = tuple(j for j in x.skips if j not in seen)
+        seen |= set(keep)
+        fixed.append(Layer(**{**x.__dict__, "skips": keep}))
+    layers = fixed
+    if n >= 3 and draw(st.booleans()):
+        b = n - 1
+        layers[b] = Layer(**{**layers[b].__dict__, "tied_to": 0, "tied_params": layers[0].params + 2**20,
+                             "tied_optimizer": layers[0].optimizer})
+    opts = MemoryOptions(tuple(draw(st.sampled_from([("none",), ("none", "full"), ("selective",)]))),
+                         draw(st.sampled_from(["none", "zero-1", "zero-2", "zero-3", "distributed"])),
+                         draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])))
+    batch = draw(st.sampled_from([8, 16]))
+    model = LayerModel("random", layers, batch, None, options=opts)
+    shapes = [s for s in mesh_shapes(topo.num_hosts, topo.devices_per_host) if topo.num_devices // s.size <= n]
+    shape = draw(st.sampled_from(shapes))
+    B = draw(st.sampled_from([b for b in (1, 2, 4, 8) if batch % b == 0]))
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), comm)
+    if not costs.configs:
+        return None
+    S = costs.stages
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=S - 1, max_size=S - 1))) if S > 1 else []
+    edges = [0] + cuts + [n]
+    stages = [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(costs.configs))) for j in range(S)]
+    kind = draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"]))
+    return Partition(costs, stages), family(kind, S)
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                           HealthCheck.filter_too_much])
+
+
+@SETTINGS
+@given(instances())
+def test_every_bound_is_below_the_simulated_time(case):
+    if case is None:
+        return
+    plan, schedules = case
+    R1 = relaxation(plan, schedules)
+    pair = PairProblem(plan.costs, schedules)
+    R = pair.relaxation(plan.stages) if all(fits_band(pair, plan)) else -math.inf
+    for sch in schedules:
+        run = simulate_schedule(plan, sch)
+        b = bounds(plan, sch)
+        assert b.stage <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
+        assert b.cycle <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
+        assert b.port <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
+        assert R1 <= b.value * (1 + REL) and R <= b.value * (1 + REL), (R1, R, b)
+        assert not run.timeline.overlaps()
+
+
+def fits_band(pair: PairProblem, plan: Partition):
+    """Whether every stage fits in memory (the pair's arrays are inf elsewhere)."""
+    return [pair._value(p, st) is not None for p, st in enumerate(plan.stages)]
+
+
+@SETTINGS
+@given(instances())
+def test_the_relaxations_are_computed_the_same_way_twice(case):
+    """R1 of the dynamic program's arrays = R1 of objective.py; R2 and R3 re-derived here."""
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    if not all(fits_band(pair, plan)):
+        return
+    r1, r2, r3 = pair.terms(plan.stages)
+    assert r1 == pytest.approx(relaxation(plan, schedules), rel=1e-12)
+    split = any(s.split for s in schedules)
+    whole = any(not s.split for s in schedules)
+    S, B = plan.costs.stages, plan.costs.microbatches
+    f, b, ba = plan.forward, plan.backward, plan.backward_act
+    c = ba if split else b
+    g = [min(plan.tail_full[p] if whole else math.inf, plan.tail_weight[p] if split else math.inf) for p in range(S)]
+    xf = [edge_time(plan, p, p + 1) for p in range(S)]
+    xg = [edge_time(plan, p, p - 1) for p in range(S)]
+    H, want2 = 0.0, 0.0
+    for p in range(S):
+        want2 = max(want2, H + B * (f[p] + b[p]) + g[p])
+        H += f[p] + xf[p]
+    assert r2 == pytest.approx(want2, rel=1e-12)
+    want3, Y = 0.0, 0.0
+    from solver_planner.stages.schedule import warmup
+    for p in range(S - 1, -1, -1):
+        terms = []
+        for W in {warmup(s, S, p, B) for s in schedules}:
+            j = (B - 1) // W
+            R = xf[p] + Y
+            terms.append(j * (f[p] + R + c[p]) + f[p] + R + (B - j * W) * b[p] - (b[p] - c[p]) + g[p])
+        want3 = max(want3, min(terms))
+        Y += f[p] + c[p] + xg[p] + xf[p]
+    assert r3 == pytest.approx(want3, rel=1e-12)
+
+
+def edge_time(plan: Partition, p: int, q: int) -> float:
+    """The tensor crossing the cut between p and q (the last layer's output), sent by p."""
+    c = plan.costs
+    if q < 0 or q >= c.stages:
+        return 0.0
+    st = plan.stages[p]
+    layer = st.last if q > p else st.first - 1
+    return c.transfer_time(st.tensor, p, q, c.model.layers[layer].activations * c.samples(st.tensor))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=5))
+def test_one_stage_objective_is_exact(case):
+    """One stage: no pipeline, nothing shares a port; the gradient tail's flow-shop formula
+    and the stage bound are the simulated time."""
+    if case is None:
+        return
+    plan, schedules = case
+    c = plan.costs
+    one = MeshShape(c.topology.num_hosts, c.topology.devices_per_host)
+    costs = StageCosts(c.model, c.topology, one, c.microbatches, cost_tables(c.topology, CostModel(c.topology), one))
+    if not costs.configs:
+        return
+    single = Partition(costs, [StagePlan(0, c.model.num_layers - 1, costs.configs[-1])])
+    for sch in schedules:
+        run = simulate_schedule(single, sch)
+        assert bounds(single, sch).value == pytest.approx(run.iteration_time, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "eager-1f1b"])
+@pytest.mark.parametrize("S, B", [(2, 1), (2, 5), (4, 4), (4, 9)])
+def test_balanced_stages_without_communication_are_exact(kind, S, B):
+    """(S + B - 1)(f + b): the classic pipeline formula, as simulated and as the objective."""
+    topo = topology(1, 4, "4 GB/s", "host")
+    f = 4e11
+    layers = [Layer("b", f, 2.5 * f, 2**28, 2**29, 2**24, 2**25) for _ in range(2 * S)]
+    model = LayerModel("uniform", layers, 4 * B, None)
+    shape = MeshShape(1, 4 // S)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), comm=False)
+    plan = Partition(costs, [StagePlan(2 * p, 2 * p + 1, StageConfig(1)) for p in range(S)])
+    f, b, ba = plan.forward[0], plan.backward[0], plan.backward_act[0]
+    for sch in family(kind, S):
+        run = simulate_schedule(plan, sch)
+        # split backwards (weight delaying) drain with the activation-gradient part only
+        expected = (S + B - 1) * (f + b) - ((S - 1) * (b - ba) if sch.split else 0.0)
+        assert run.iteration_time == pytest.approx(expected, rel=1e-12), sch
+        assert bounds(plan, sch).value == pytest.approx(run.iteration_time, rel=1e-12), sch
+
+
+# -- the dynamic programs --------------------------------------------------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=6), st.floats(0.0, 1.0))
+def test_feasibility_dp_agrees_with_enumeration(case, where):
+    """feasible(tau) finds a plan (with R1 <= tau) whenever one has R <= tau, so "none" proves
+    every plan has R > tau; minimize's bound is below every plan's R."""
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    values = sorted(pair.relaxation(s) for s in all_plans(pair))
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        assert pair.feasible(math.inf) is None
+        return
+    for tau in (values[0], values[0] + where * (values[-1] - values[0]), values[0] * (1 - 1e-6)):
+        found = pair.feasible(tau)
+        if found is None:
+            assert values[0] > tau
+        else:
+            assert pair.terms(found)[0] <= tau * (1 + 1e-9)
+    lo, best = pair.minimize(Subspace(pair, bound=0.0))
+    assert lo <= values[0] * (1 + 1e-12) and best is not None and pair.relaxation(best) >= values[0]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=6), st.integers(0, 10_000))
+def test_lawler_children_partition_a_subspace(case, pick):
+    """Splitting a subspace around one of its plans loses and duplicates nothing."""
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    everything = list(all_plans(pair))
+    if not everything:
+        return
+    root = Subspace(pair)
+    chosen = everything[pick % len(everything)]
+    level1 = root.children(chosen, 0.0)
+    inside = [s for s in everything if s != chosen]
+    member = [[c for c in level1 if _contains(c, s)] for s in inside]
+    assert all(len(m) == 1 for m in member)
+    assert not any(_contains(c, chosen) for c in level1)
+    # and once more below, inside a child with a prefix and exclusions
+    for child in level1:
+        mine = [s for s in everything if _contains(child, s)]
+        if not mine:
+            continue
+        grand = child.children(mine[len(mine) // 2], 0.0)
+        for s in mine:
+            n = sum(_contains(g, s) for g in grand)
+            assert n == (0 if s == mine[len(mine) // 2] else 1)
+
+
+def _contains(sub: Subspace, stages) -> bool:
+    j = len(sub.prefix)
+    return tuple(stages[:j]) == sub.prefix and stages[j] not in sub.excluded
+
+
+def test_flow_shop_tail_matches_a_direct_schedule():
+    """g = (last reduction's end) - (last piece's end), pieces and buckets in order."""
+    from solver_planner.stages.costs import _flow_shop_tail
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 7))
+        pieces, reds = rng.uniform(0, 2, n), rng.uniform(0, 2, n) * (rng.random(n) < 0.7)
+        tail = _flow_shop_tail(pieces, reds)
+        for k, i in itertools.combinations_with_replacement(range(n), 2):
+            t = red_end = 0.0
+            for layer in range(i, k - 1, -1):
+                t += pieces[layer]
+                red_end = max(red_end, t) + reds[layer]
+            assert tail[k, i] == pytest.approx(max(red_end, t) - t, abs=1e-12)
