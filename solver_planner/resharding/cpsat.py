@@ -88,9 +88,10 @@ def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: fl
 
     solver = cp_model.CpSolver()
     # Deterministic time (CP-SAT's own work measure, about seconds) makes one worker give
-    # the same answer on every run; wall time is only a safety net.
+    # the same answer on every run; wall time is only a safety net, wide enough that a
+    # loaded machine (2 cores shared with other work) does not reach it first.
     solver.parameters.max_deterministic_time = time_limit
-    solver.parameters.max_time_in_seconds = 2 * time_limit + 1
+    solver.parameters.max_time_in_seconds = 10 * time_limit + 10
     solver.parameters.num_workers = workers
     # Quick restarts over several heuristics: on one worker this proves the partition-like
     # cases (tasks whose lengths must split evenly over the senders) in a fraction of a
