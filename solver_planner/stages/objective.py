@@ -58,8 +58,8 @@ import math
 from dataclasses import dataclass
 
 from .partition import Partition
-from .pipeline import stage_orders, weight_delays
-from .schedule import Schedule, live_peak, warmup
+from .pipeline import weight_delays
+from .schedule import Schedule, live_count, warmup
 
 __all__ = ["Bounds", "bounds", "objective", "relaxation", "family_split"]
 
@@ -185,8 +185,11 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
 
 
 def fits(plan: Partition, schedule: Schedule) -> bool:
-    live = [live_peak(o) for o in stage_orders(plan, schedule)]
-    return all(m <= plan.costs.device_memory for m in plan.memory(live))
+    """Every stage's peak memory, with the micro-batches the schedule keeps, fits."""
+    c = plan.costs
+    delays = weight_delays(plan, schedule)
+    live = [live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
+    return all(m <= c.device_memory for m in plan.memory(live))
 
 
 def objective(plan: Partition, schedules: list[Schedule]) -> tuple[float, Schedule | None]:

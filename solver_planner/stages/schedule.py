@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SCHEDULES", "Schedule", "family", "stage_order", "warmup", "live_peak"]
+__all__ = ["SCHEDULES", "Schedule", "family", "stage_order", "warmup", "live_peak", "live_count"]
 
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
 
@@ -114,3 +114,10 @@ def live_peak(order: list[tuple[str, int]]) -> int:
         elif op in ("B", "BW"):
             live -= 1
     return peak
+
+
+def live_count(schedule: Schedule, stages: int, p: int, microbatches: int, delay: bool = False) -> int:
+    """:func:`live_peak` of :func:`stage_order` without building it: the warm-up forwards, one
+    more when a delayed ``BW`` waits for the next forward."""
+    W = warmup(schedule, stages, p, microbatches)
+    return W + 1 if schedule.split and delay and microbatches > W else W

@@ -1,0 +1,182 @@
+"""Every claim the stage planner prints, tried against an independent brute force.
+
+The oracle below lists every plan of the search space itself (every mesh shape, micro-batch
+count, cut and configuration), simulates it under every schedule of the family, keeps the
+runs whose simulated peak memory fits, and takes the fastest.  Then, on small random
+instances: the plan returned is never slower than that (and equal when OPTIMAL is claimed),
+every bound is below it, the gap is computed from the bound, INFEASIBLE is claimed exactly
+when the oracle finds nothing, and its shortfall is the least over every plan.
+"""
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.errors import InfeasibleError
+from solver_planner.stages import Layer, LayerModel, MemoryOptions, StageSearch, family, plan_partition
+from solver_planner.stages import simulate_schedule
+from solver_planner.stages.costs import StageCosts, mesh_shapes
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.search import UnknownError
+
+from test_stages_objective import topology
+
+REL = 1e-9
+
+
+def oracle(search: StageSearch) -> dict:
+    """{(shape, B): fastest simulated time that fits} over every plan of the space."""
+    model, topo = search.model, search.topology
+    out = {}
+    for shape in mesh_shapes(topo.num_hosts, topo.devices_per_host):
+        S = topo.num_devices // shape.size
+        if S > model.num_layers:
+            continue
+        for B in [b for b in range(1, model.global_batch + 1) if model.global_batch % b == 0]:
+            costs = StageCosts(model, topo, shape, B, search.tables(shape), search.comm)
+            best = math.inf
+            for inner in itertools.combinations(range(1, model.num_layers), S - 1):
+                edges = (0,) + inner + (model.num_layers,)
+                for configs in itertools.product(costs.configs, repeat=S):
+                    plan = Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, configs[j]) for j in range(S)])
+                    for sch in family(search.schedule, S):
+                        run = simulate_schedule(plan, sch)
+                        if max(run.peak_memory) <= topo.device.memory:
+                            best = min(best, run.iteration_time)
+            if math.isfinite(best):
+                out[shape, B] = best
+    return out
+
+
+def least_peak(search: StageSearch) -> float:
+    """The least fullest-device memory of any plan (1F1B-like in-flight counts)."""
+    model, topo = search.model, search.topology
+    best = math.inf
+    for shape in mesh_shapes(topo.num_hosts, topo.devices_per_host):
+        S = topo.num_devices // shape.size
+        if S > model.num_layers:
+            continue
+        for B in [b for b in range(1, model.global_batch + 1) if model.global_batch % b == 0]:
+            costs = StageCosts(model, topo, shape, B, search.tables(shape), search.comm)
+            for inner in itertools.combinations(range(1, model.num_layers), S - 1):
+                edges = (0,) + inner + (model.num_layers,)
+                for configs in itertools.product(costs.configs, repeat=S):
+                    plan = Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, configs[j]) for j in range(S)])
+                    live = [min(S - p, B) for p in range(S)] if search.schedule != "gpipe" else [B] * S
+                    best = min(best, max(plan.memory(live)))
+    return best
+
+
+@st.composite
+def searches(draw, memory=("64 GiB",)):
+    hosts, gpus = draw(st.sampled_from([(2, 2), (1, 4)]))
+    topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "20 GB/s"])), draw(st.sampled_from(["host", "device"])),
+                    draw(st.sampled_from(memory)))
+    n = draw(st.integers(2, 4))
+    layers = []
+    for i in range(n):
+        f = draw(st.floats(0.05, 3.0)) * 1e11
+        act = draw(st.floats(0.0, 40.0)) * 2**20
+        skips = (n - 1,) if i == 0 and n >= 3 and draw(st.booleans()) else ()
+        layers.append(Layer(f"l{i}", f, f * draw(st.floats(0.5, 3.0)), draw(st.floats(0.0, 1.5)) * 2**30,
+                            draw(st.floats(0.0, 3.0)) * 2**30, act, act * draw(st.floats(0.5, 4.0)),
+                            allreduces=draw(st.integers(0, 2)), skips=skips))
+    opts = MemoryOptions(draw(st.sampled_from([("none",), ("none", "full")])),
+                         draw(st.sampled_from(["none", "zero-1", "zero-3"])), False, draw(st.booleans()),
+                         draw(st.sampled_from([8 * 2**20, 64 * 2**20])))
+    model = LayerModel("random", layers, 4, None, options=opts)
+    return StageSearch(model, topo, draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])))
+
+
+CHECK = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check_claims(res, best: float) -> None:
+    assert res.objective >= best * (1 - REL), "a plan faster than every plan of the space"
+    assert res.bound <= best * (1 + REL), "the bound is not a lower bound"
+    assert res.gap == pytest.approx((res.objective - res.bound) / res.objective, abs=1e-12)
+    if res.status.value == "OPTIMAL":
+        assert res.objective <= best * (1 + REL), "OPTIMAL, but brute force found a faster plan"
+    assert max(res.solution.run.peak_memory) <= res.solution.plan.costs.device_memory
+
+
+@pytest.mark.slow
+@CHECK
+@given(searches())
+def test_dp_returns_the_fastest_simulated_plan_and_true_certificates(search):
+    times = oracle(search)
+    res = plan_partition(search, "dp")
+    check_claims(res, min(times.values()))
+    assert res.status.value == "OPTIMAL"          # small instances: the branch and bound finishes
+
+
+@pytest.mark.slow
+@CHECK
+@given(searches())
+def test_brute_force_and_cpsat_agree_with_the_oracle(search):
+    best = min(oracle(search).values())
+    bf = plan_partition(search, "brute-force")
+    check_claims(bf, best)
+    assert bf.status.value == "OPTIMAL"
+    cp = plan_partition(StageSearch(search.model, search.topology, search.schedule), "cpsat", time_limit=5.0)
+    check_claims(cp, best)
+
+
+@pytest.mark.slow
+@CHECK
+@given(searches(), st.integers(1, 4))
+def test_budgets_and_greedy_keep_their_certificates(search, budget):
+    """Stopped early, a search still only claims what holds."""
+    best = min(oracle(search).values())
+    for res in (plan_partition(search, "greedy"), plan_partition(search, "dp", budget=budget),
+                plan_partition(search, "dp", simulations=1)):
+        check_claims(res, best)
+
+
+@pytest.mark.slow
+@CHECK
+@given(searches(), st.integers(2, 4))
+def test_top_lists_the_fastest_pairs(search, top):
+    times = oracle(search)
+    res = plan_partition(search, "dp", top=top)
+    listed = [(c.plan.costs.shape, c.plan.costs.microbatches) for c in res.solutions]
+    assert len(set(listed)) == len(listed) <= top
+    assert [c.time for c in res.solutions] == sorted(c.time for c in res.solutions)
+    for c, key in zip(res.solutions, listed):
+        assert c.time >= times[key] * (1 - REL)
+    if res.info["top_proven"]:
+        want = sorted(times.values())[:top]
+        assert [c.time for c in res.solutions] == pytest.approx(want, rel=REL)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(searches(memory=("256 MiB", "1 GiB", "3 GiB", "64 GiB")))
+def test_infeasible_exactly_when_nothing_fits_with_the_least_shortfall(search):
+    times = oracle(search)
+    try:
+        res = plan_partition(search, "dp")
+    except InfeasibleError as exc:
+        assert not times, "INFEASIBLE, but brute force found a plan that fits"
+        need = least_peak(search)
+        assert f"needs {need / 2**30:.2f} GiB" in str(exc)
+        return
+    except UnknownError:
+        pytest.fail("the branch and bound finishes on small instances: UNKNOWN is never right here")
+    assert times
+    check_claims(res, min(times.values()))
+
+
+def test_a_tiny_time_limit_is_unknown_or_a_plan_never_infeasible():
+    """Reproducer 5: a CP-SAT time-out is not a proof of infeasibility."""
+    search = StageSearch(LayerModel("m", [Layer(f"l{i}", 1e11, 2e11, 2**28, 2**29, 2**22, 2**23) for i in range(6)],
+                                    8, None), topology(2, 4, "1 GB/s", "host"))
+    try:
+        res = plan_partition(search, "cpsat", time_limit=1e-6, budget=3)
+    except UnknownError:
+        return
+    assert res.status.value in ("FEASIBLE", "OPTIMAL")
+    assert res.bound <= res.objective
