@@ -476,7 +476,7 @@ class StageCosts:
         tab = self.tables[t_src]
         key = ("ports", src, dst)
         if key not in tab.memo:
-            tab.memo[key] = sorted({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
+            tab.memo[key] = _names({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
         return tab.memo[key]
 
     def reduction_resources(self, t: int, p: int) -> list:
@@ -485,7 +485,7 @@ class StageCosts:
         key = ("reduction", p)
         if key not in tab.memo:
             res = tab.cost.collective("allreduce", tab.data_groups(p), 1.0).resources if tab.data > 1 else ()
-            tab.memo[key] = sorted(res)
+            tab.memo[key] = _names(res)
         return tab.memo[key]
 
     def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
@@ -501,8 +501,23 @@ class StageCosts:
             groups = [[sa * size + j, sb * size + j] for j in range(size)]
             nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
             c = self.tables[tb].cost.collective("allreduce", groups, nbytes)
-            self._transfers[key] = (c.time if self.comm else 0.0, sorted(c.resources))
+            self._transfers[key] = (c.time if self.comm else 0.0, _names(c.resources))
         return self._transfers[key]
+
+
+_PORT_NAMES: dict = {}
+
+
+def _names(resources) -> list[str]:
+    """Ports as their names: the simulator only compares them, and a string hashes once
+    (a dataclass hashes on every lookup)."""
+    out = []
+    for r in sorted(resources):
+        name = _PORT_NAMES.get(r)
+        if name is None:
+            name = _PORT_NAMES[r] = str(r)
+        out.append(name)
+    return out
 
 
 def _level_crossed(topology: Topology, a: int, b: int) -> int:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from ..simulate import Simulation
 from ..simulate.timeline import Timeline
-from ..topology import Resource
 from .partition import Partition
 from .schedule import Schedule, live_peak, stage_order
 
@@ -99,7 +98,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
     ids: dict[tuple[str, int, int], int] = {}
     last_send: dict[tuple[str, int, int], int] = {}
     sends: dict[tuple[str, int, int], int] = {}
-    exec_res = [Resource("stage", p, "exec") for p in range(S)]
+    exec_res = [f"stage[{p}].exec" for p in range(S)]
     last_task = [-1] * S
 
     def send(kind: str, src: int, dst: int, m: int, after: int) -> int:
@@ -212,9 +211,10 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
                 category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
     timeline = sim.run()
     busy = [0.0] * S
+    stage_of = {name: p for p, name in enumerate(exec_res)}
     for r in timeline.records:
         if r.category in ("forward", "backward"):
-            busy[r.resources[0].instance] += r.duration
+            busy[stage_of[r.resources[0]]] += r.duration
     live = [live_peak(o) for o in orders]
     transfer = sum(r.duration for r in timeline.records if r.category in ("activation", "gradient"))
     return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live, delays, transfer,

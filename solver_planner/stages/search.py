@@ -236,8 +236,9 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         elif chosen == "greedy":
             bound, proven, empty = _greedy(pairs, board, progress, info)
         else:
-            bound, proven, empty = _branch_and_bound(pairs, board, chosen, time_limit, seed, budget, simulations,
-                                                     progress, info)
+            # the simulation budget is per listed plan
+            bound, proven, empty = _branch_and_bound(pairs, board, chosen, time_limit, seed, budget,
+                                                     simulations * max(1, top), progress, info)
     ranked = board.ranked()
     if not ranked:
         if empty:
@@ -324,19 +325,17 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
             heapq.heappop(plans)
         if not subs and not plans:
             break
+        if tasks[0] >= simulations:
+            break                       # nothing found from here on could be simulated
         plan_first = plans and (not subs or plans[0][0] <= subs[0][0] or since >= DIVE)
         if plan_first:
-            if tasks[0] >= simulations:
-                if not subs or plans[0][0] <= subs[0][0]:
-                    break
-            else:
-                key, _, item = heapq.heappop(plans)
-                if "objective_proven_after" not in info and (not subs or key <= subs[0][0]):
-                    # every plan left has R (<= O) at least this: the least objective is proven
-                    info["objective_proven_after"] = time.perf_counter() - started
-                    info["least_objective"] = key
-                simulate(item, board.cutoff(item[0]))
-                continue
+            key, _, item = heapq.heappop(plans)
+            if "objective_proven_after" not in info and (not subs or key <= subs[0][0]):
+                # every plan left has R (<= O) at least this: the least objective is proven
+                info["objective_proven_after"] = time.perf_counter() - started
+                info["least_objective"] = key
+            simulate(item, board.cutoff(item[0]))
+            continue
         if not subs:
             break
         if solved >= budget:
