@@ -27,6 +27,11 @@ waiting for a busy port only delays tasks.
 
       CB_p = H_p + j C_p + f_p + R_p + (B - j W_p) b_p - (b_p - c_p) + D_p
 
+  **Phase bound**: the same order read as phases: the first chain op waits for the ``W``
+  warm-up forwards and the first round trip, ``B - W`` forwards and backwards alternate,
+  the last chain op waits for the last round trip and the backwards before it
+  (:func:`phase_time`); exact for equal stages.
+
   Under GPipe a channel ``p -> q`` carries all ``B`` activations, then ``q``'s last forward
   and a round trip pass before its first backward, then all ``B`` gradients::
 
@@ -35,7 +40,7 @@ waiting for a busy port only delays tasks.
 * **Port bound**.  The tasks holding one port (transfers, gradient reductions, tied
   all-reduces) run one at a time: ``PB_r = earliest start + sum of durations + least tail``.
 
-``objective = max(LB, CB, PB)``, for the schedule simulated; over a family of schedules
+``objective = max(LB, CB, phase, PB)``, for the schedule simulated; over a family of schedules
 the least over its members that fit in memory.  It equals the simulated time when the
 critical path is one of the bounds and no task waits for a port (one stage; equal stages
 without communication; tested), and is below it otherwise (tested on random plans).
@@ -66,19 +71,20 @@ __all__ = ["Bounds", "bounds", "objective", "relaxation", "family_split"]
 
 @dataclass(frozen=True)
 class Bounds:
-    """The three bounds of one plan under one schedule, and which is largest."""
+    """The bounds of one plan under one schedule, and which is largest."""
 
     stage: float
     cycle: float
     port: float
+    phase: float = 0.0
 
     @property
     def value(self) -> float:
-        return max(self.stage, self.cycle, self.port)
+        return max(self.stage, self.cycle, self.port, self.phase)
 
     @property
     def binding(self) -> str:
-        return max((self.stage, "stage"), (self.cycle, "cycle"), (self.port, "port"))[1]
+        return max((self.stage, "stage"), (self.cycle, "cycle"), (self.port, "port"), (self.phase, "phase"))[1]
 
 
 def _chain(plan: Partition, split: bool) -> list[float]:
@@ -118,20 +124,35 @@ def bounds(plan: Partition, schedule: Schedule) -> Bounds:
     # round trips and the cycle bound
     delays = weight_delays(plan, schedule)
     R = [_round_trip(p, S, f, ch, act, grad, chans) for p in range(S)]
-    cycle = 0.0
+    cycle = phase = 0.0
     for p in range(S):
         W = warmup(schedule, S, p, B)
         j = (B - 1) // W
         before_f = bw[p] if split and not delays[p] else 0.0
         C = f[p] + R[p] + ch[p] + before_f
         cycle = max(cycle, H[p] + j * C + f[p] + R[p] + (B - j * W) * b[p] - (b[p] - ch[p]) + D[p])
+        phase = max(phase, H[p] + phase_time(f[p], b[p], ch[p], R[p], W, B) + D[p])
     if schedule.kind == "gpipe":
         # every forward before any backward: a channel carries all its activations, the
         # receiver's last forward and a round trip pass, then it carries all the gradients
         for p, q in chans:
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
     port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
-    return Bounds(stage, cycle, port)
+    return Bounds(stage, cycle, port, phase)
+
+
+def phase_time(f: float, b: float, c: float, R: float, W: int, B: int) -> float:
+    """Least time from a stage's first forward to the end of its last chain op (phase bound).
+
+    With ``B > W``: the first chain op waits for the ``W`` warm-up forwards and for the first
+    round trip; up to the last forward come ``B - W`` forwards and chain ops (and the weight
+    parts in between); the last chain op waits for the last round trip and the ``W - 1``
+    backwards before it.  With ``B <= W`` (every forward first): the backwards follow the
+    forwards, and the last one waits for the last forward's round trip."""
+    if B > W:
+        return (max(f + R, W * f) + (B - W) * (f + c) + max(0, B - W - 1) * (b - c)
+                + max(R, (W - 1) * b) + c)
+    return max(max(f + R, B * f) + (B - 1) * b + c, B * f + R + c)
 
 
 def _round_trip(p: int, S: int, f, ch, act, grad, chans) -> float:

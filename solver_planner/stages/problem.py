@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from .costs import StageConfig, StageCosts
-from .objective import family_split
+from .objective import family_split, phase_time
 from .partition import Partition, StagePlan
 from .schedule import Schedule, warmup
 
@@ -153,7 +153,7 @@ class PairProblem:
             ok &= keep
         return ok
 
-    _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G")
+    _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF")
 
     def stage(self, p: int) -> dict[str, np.ndarray]:
         """Stage p's terms on its band, each (configs, n, n); ``T2`` and the increments are inf
@@ -161,7 +161,8 @@ class PairProblem:
         left over for the other stages).  See :mod:`.objective` for R1 (``T1``, ``T2``,
         ``INC1``); R2 adds ``INC2 = f + x(p->p+1)`` (the fill); R3 (the cycle) uses
         ``K3 = f + x(p->p+1)``, ``INC3 = f + c + x(p->p-1) + x(p->p+1)``, ``Bk = b``, ``BC = b - c``
-        and the gradient tail ``G`` (the drain after the stage's last op is at least that)."""
+        and the gradient tail ``G`` (the drain after the stage's last op is at least that);
+        with ``F = f`` and ``XF = x(p->p+1)`` also the phase bound."""
         if p in self._stage:
             return self._stage[p]
         c, S, n = self.costs, self.S, self.n
@@ -195,7 +196,8 @@ class PairProblem:
                 t1 = arr["T1"][band, band] + xg[:, None]
             values = {"T1": t1, "T2": arr["T2"][band, band], "INC1": inc1, "INC2": f + xf[None, :],
                       "INC3": f + ch + xf[None, :] + xg[:, None], "K3": f + xf[None, :],
-                      "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band]}
+                      "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band],
+                      "F": f, "XF": np.broadcast_to(xf[None, :], (n, n))}
             for key in self._KEYS:
                 out[key].append(np.where(ok, values[key], np.inf))
         self._stage[p] = {key: np.stack(v) for key, v in out.items()}
@@ -227,8 +229,8 @@ class PairProblem:
         ks = k[by_k]
         cells["starts_k"] = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]) if len(k) else np.zeros(0, dtype=int)
         cells["firsts"] = (ks + p)[cells["starts_k"]] if len(k) else np.zeros(0, dtype=int)
-        # the cycle bound's (j + 1, C0) for each warm-up count of the family (objective.py)
-        cells["cycle"] = [((self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
+        # the cycle bound's (j + 1, C0) for each warm-up count W of the family (objective.py)
+        cells["cycle"] = [(W, (self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
                            + (self.B - ((self.B - 1) // W) * W) * cells["Bk"] - cells["BC"] + cells["G"])
                           for W in self.warmups(p)]
         self._stage[key] = cells
@@ -248,12 +250,36 @@ class PairProblem:
         return v if math.isfinite(v["INC1"]) else None
 
     def _cycle_term(self, p: int, v: dict[str, float], y: float) -> float:
+        """R3's term of stage p with round trip ``x(p->p+1) + y``: over the family's warm-up
+        counts, the least of max(cycle, phase) (objective.py, without fill and drain)."""
         best = math.inf
+        b = v["Bk"]
         for W in self.warmups(p):
             j = (self.B - 1) // W
             c0 = j * (v["Bk"] - v["BC"]) + (self.B - j * W) * v["Bk"] - v["BC"] + v["G"]
-            best = min(best, (j + 1) * (v["K3"] + y) + c0)
+            cycle = (j + 1) * (v["K3"] + y) + c0
+            R = v["XF"] + y
+            phase = phase_time(v["F"], b, b - v["BC"], R, W, self.B) + v["G"]
+            best = min(best, max(cycle, phase))
         return best
+
+    def _phase_ymax(self, c: dict, W: int, tau: float) -> np.ndarray:
+        """Per cell, the largest incoming round trip y whose phase term stays at most tau."""
+        f, b, bc, G, xf = c["F"], c["Bk"], c["BC"], c["G"], c["XF"]
+        ch = b - bc
+        B = self.B
+        if B > W:
+            T = tau - G - ((B - W) * (f + ch) + max(0, B - W - 1) * bc + ch)
+            r1, r2 = W * f - f, (W - 1) * b          # where max(f + R, W f) and max(R, (W-1) b) bend
+            lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
+            g0 = W * f + (W - 1) * b
+            ghi = g0 + (hi - lo)
+            R = np.where(T < g0, -np.inf, np.where(T <= ghi, lo + (T - g0), hi + (T - ghi) / 2))
+        else:
+            T = tau - G
+            ok = B * f + (B - 1) * b + ch <= T
+            R = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
+        return R - xf
 
     def terms(self, stages) -> tuple[float, float, float]:
         """(R1, R2, R3) of a whole plan."""
@@ -373,8 +399,9 @@ class PairProblem:
             c = cells[q]
             y = Y[c["i"] + 1]
             ymax = np.full(len(y), -np.inf)
-            for jp1, c0 in c["cycle"]:
-                ymax = np.maximum(ymax, (tau - c0) / jp1 - c["K3"])
+            for W, jp1, c0 in c["cycle"]:
+                cyc = (tau - c0) / jp1 - c["K3"]
+                ymax = np.maximum(ymax, np.minimum(cyc, self._phase_ymax(c, W, tau)))
             ok = (y <= ymax) & (c["T2"] <= tau)
             if masks[q] is not None:
                 ok &= ~masks[q]
