@@ -103,7 +103,6 @@ def check_claims(res, best: float) -> None:
     assert max(res.solution.run.peak_memory) <= res.solution.plan.costs.device_memory
 
 
-@pytest.mark.slow
 @CHECK
 @given(searches())
 def test_dp_returns_the_fastest_simulated_plan_and_true_certificates(search):
@@ -113,7 +112,6 @@ def test_dp_returns_the_fastest_simulated_plan_and_true_certificates(search):
     assert res.status.value == "OPTIMAL"          # small instances: the branch and bound finishes
 
 
-@pytest.mark.slow
 @CHECK
 @given(searches())
 def test_brute_force_and_cpsat_agree_with_the_oracle(search):
@@ -125,7 +123,6 @@ def test_brute_force_and_cpsat_agree_with_the_oracle(search):
     check_claims(cp, best)
 
 
-@pytest.mark.slow
 @CHECK
 @given(searches(), st.integers(1, 4))
 def test_budgets_and_greedy_keep_their_certificates(search, budget):

@@ -92,7 +92,7 @@ def instances(draw, max_layers=6, comm=True):
     return Partition(costs, stages), family(kind, S)
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                            HealthCheck.filter_too_much])
 
 
@@ -287,3 +287,25 @@ def test_flow_shop_tail_matches_a_direct_schedule():
                 t += pieces[layer]
                 red_end = max(red_end, t) + reds[layer]
             assert tail[k, i] == pytest.approx(max(red_end, t) - t, abs=1e-12)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=5))
+def test_cpsat_minimises_r1_and_r2_exactly(case):
+    """CP-SAT's model (R1 and R2 in integer nanoseconds, rounded down) against enumeration."""
+    from solver_planner.solve import Status
+    from solver_planner.stages.cpsat import minimize_cpsat
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    values = [max(pair.terms(s)[:2]) for s in all_plans(pair)]
+    values = [v for v in values if math.isfinite(v)]
+    status, bound, stages = minimize_cpsat(pair, Subspace(pair), time_limit=10.0)
+    if not values:
+        assert status is Status.INFEASIBLE and stages is None
+        return
+    assert status is Status.OPTIMAL
+    best = min(values)
+    assert bound <= best * (1 + 1e-12)
+    assert max(pair.terms(stages)[:2]) <= best + 1e-9 * (2 * pair.S + 2)   # rounding: under a ns per term

@@ -23,10 +23,11 @@ next one, or a farther one for a skip connection) moves from replica ``j`` of ``
 same position of ``q``, all lanes at once, on the links between those devices
 (:meth:`StageCosts.transfer`, affine in bytes, cached per route signature).
 
-Gradient reduction (seed 001 ch. 5, what DDP's buckets do): each layer's gradients form a
-bucket, reduced over the stage's data-parallel replicas as soon as the last micro-batch's
-backward has produced them, buckets one after another (the best P² program when replicas
-span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  With backward
+Gradient reduction (seed 001 ch. 5, what DDP's buckets do): each layer's gradients are cut
+into buckets of at most ``gradient_bucket`` bytes (25 MiB, DDP's default), reduced over the
+stage's data-parallel replicas as soon as the last micro-batch's backward has produced
+them, buckets one after another (each bucket with the best P² program for its size when
+replicas span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  With backward
 pieces ``c_j`` and reductions ``s_j`` in backward order, the stage ends ``G = max_j (c_1 +
 ... + c_j + s_j + ... + s_n)`` after its last backward starts (a two-machine flow shop in a
 fixed order); ``g = G - sum c`` is the tail the reduction adds (seed 001's tail factor

@@ -2,8 +2,10 @@
 
 One Boolean per (stage p, configuration, first layer k, last layer i) that fits in memory;
 each stage picks one; stage p+1 starts where stage p ends; the subspace's prefix is fixed
-and its excluded choices are absent.  Integer nanoseconds: ``A_{p+1} = A_p + INC_p``,
-``M >= T2_p``, ``M >= A_p + T1_p`` (the terms of :mod:`.problem`), minimise ``M``.  Every
+and its excluded choices are absent.  Integer nanoseconds: ``A_{p+1} = A_p + INC1_p``,
+``H_{p+1} = H_p + INC2_p``, ``M >= T2_p``, ``M >= A_p + T1_p``, ``M >= H_p + T2_p`` (R1 and R2
+of :mod:`.problem`; R3 runs backwards with a minimum over warm-up counts and is left to
+the dynamic program), minimise ``M``.  Every
 coefficient is rounded *down*, so the model's optimum, and the bound CP-SAT proves, are
 below the true least ``R``: the bound stays a proven lower bound of the simulated time.
 The solution is priced afresh with the exact arrays.
@@ -23,6 +25,11 @@ from .problem import PairProblem, Subspace
 __all__ = ["minimize_cpsat", "TIME_UNIT", "model_size"]
 
 TIME_UNIT = 1e-9
+
+
+def _fill(pair: PairProblem, prefix) -> float:
+    """R2's accumulator after the prefix (the fill of the first micro-batch)."""
+    return sum(pair._value(p, st)["INC2"] for p, st in enumerate(prefix))
 
 
 def model_size(pair: PairProblem) -> int:
@@ -73,23 +80,28 @@ def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, t
     top = 0
     coef: dict[tuple, tuple[int, int, int]] = {}
     for (p, j, k, i), v in x.items():
-        T1, T2, INC = pair.stage_arrays(p)
-        coef[p, j, k, i] = (ns(T1[j, k, i]), ns(T2[j, k, i]), ns(INC[j, k, i]))
+        st = pair.stage(p)
+        coef[p, j, k, i] = (ns(st["T1"][j, k, i]), ns(st["T2"][j, k, i]), ns(st["INC1"][j, k, i]),
+                            ns(st["INC2"][j, k, i]))
         top += max(coef[p, j, k, i][2], 0)
     big = ns(A0) + top + max(max(abs(c[0]) + abs(c[1]) for c in coef.values()), 1) + ns(M0) + 1
     mx = m.new_int_var(0, big, "R")
     m.add(mx >= ns(M0))
     if math.isfinite(cutoff):
         m.add(mx <= ns(cutoff))
-    acc = ns(A0)
+    acc, fill = ns(A0), ns(_fill(pair, sub.prefix))
     for p in range(j0, S):
         items = [(coef[key], v) for key, v in x.items() if key[0] == p]
         m.add(mx >= sum(c[1] * v for c, v in items))
+        m.add(mx >= fill + sum(c[1] * v for c, v in items))
         if p > 0:
             m.add(mx >= acc + sum(c[0] * v for c, v in items))
         nxt = m.new_int_var(0, big, f"A{p + 1}")
         m.add(nxt == acc + sum(c[2] * v for c, v in items))
         acc = nxt
+        nh = m.new_int_var(0, big, f"H{p + 1}")
+        m.add(nh == fill + sum(c[3] * v for c, v in items))
+        fill = nh
     m.minimize(mx)
     solver = cp_model.CpSolver()
     solver.parameters.max_deterministic_time = time_limit

@@ -172,6 +172,10 @@ def evaluate(plan: Partition, schedules: list[Schedule], cutoff: float = math.in
         if bd.value >= limit * (1 - TOLERANCE):
             continue
         run = simulate_schedule(plan, s)
+        if bd.value > run.iteration_time * (1 + 1e-9):
+            # the objective is proven to be a lower bound: a violation is a bug, said loudly
+            raise PlannerError(f"objective {bd.value!r} above the simulated {run.iteration_time!r} for {plan}"
+                               f" under {s}: please report")
         tried[s] = run.iteration_time
         work[0] += len(run.timeline)
         if best is None or run.iteration_time < best.time:
