@@ -69,7 +69,7 @@ def stages(
                                          help="Evaluate one configuration d,t,p,k (data, tensor, pipeline degrees,"
                                               " micro-batches); the best layer split unless --split."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
-    baselines: bool = typer.Option(False, "--baselines",
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (seed 004 Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
                                help="Subspaces the branch and bound solves before it stops with a gap."),
@@ -130,7 +130,7 @@ def _print(data: dict, model: str, cluster: str) -> None:
     gap = data["gap"]
     out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"
               f" {units.format_time(data['solve_time'])}; {s.get('subspaces', s.get('plans_priced', 0))} subspaces,"
-              f" {s.get('simulations', 0)} simulations over {s['pairs']} mesh/micro-batch pairs)")
+              f" {s.get("simulations", 0)} simulation(s) over {s["pairs"]} mesh/micro-batch pairs)")
     if "best_1f1b" in data:
         b = data["best_1f1b"]
         speed = data["eager_speedup"]

@@ -187,18 +187,30 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
             out[name] = {"possible": False, "config": label,
                          "reason": f"{N} stages need at least {N} layers (the model has {model.num_layers})"}
             continue
+        if name == "data" and not any((model.global_batch // b) % N == 0 for b in range(1, model.global_batch + 1)
+                                      if model.global_batch % b == 0):
+            out[name] = {"possible": False, "config": label,
+                         "reason": f"a global batch of {model.global_batch} does not split over {N} replicas"}
+            continue
         search = StageSearch(model, topology, schedule, comm, **restrict)
         try:
             res = plan_partition(search, method if method != "brute-force" else "dp", time_limit, seed,
                                  budget=budget, simulations=simulations)
         except PlannerError as exc:
-            out[name] = {"possible": False, "config": label, "reason": str(exc)}
+            out[name] = {"possible": False, "config": label, "reason": _short(str(exc))}
             continue
         cand = res.solution
         out[name] = {"possible": True, "config": plan_config(cand), "iteration_time": cand.time,
                      "status": res.status.value, "best_speedup": cand.time / best,
                      "memory": max(cand.run.peak_memory)}
     return out
+
+
+def _short(reason: str) -> str:
+    """The shortfall part of an infeasibility message."""
+    if "needs" in reason:
+        return "does not fit: needs" + reason.split("needs", 1)[1]
+    return reason
 
 
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
