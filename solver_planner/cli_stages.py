@@ -130,7 +130,7 @@ def _print(data: dict, model: str, cluster: str) -> None:
     gap = data["gap"]
     out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"
               f" {units.format_time(data['solve_time'])}; {s.get('subspaces', s.get('plans_priced', 0))} subspaces,"
-              f" {s.get("simulations", 0)} simulation(s) over {s["pairs"]} mesh/micro-batch pairs)")
+              f" {s.get('simulations', 0)} simulation(s) over {s['pairs']} mesh/micro-batch pairs)")
     if "best_1f1b" in data:
         b = data["best_1f1b"]
         speed = data["eager_speedup"]
