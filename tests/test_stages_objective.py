@@ -20,7 +20,7 @@ from solver_planner.spec.cluster import ClusterSpec
 from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family, simulate_schedule
 from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
 from solver_planner.stages.enumerate import all_plans
-from solver_planner.stages.objective import bounds, fits, relaxation
+from solver_planner.stages.objective import bounds, relaxation
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.problem import PairProblem, Subspace
 from solver_planner.topology import Topology

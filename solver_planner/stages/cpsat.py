@@ -47,7 +47,7 @@ def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, t
     A0, M0, start = pair.prefix_state(sub.prefix)
     if not math.isfinite(A0) or M0 >= cutoff:
         return Status.INFEASIBLE, max(M0, sub.bound), None
-    S, n, j0 = pair.S, pair.n, len(sub.prefix)
+    S, j0 = pair.S, len(sub.prefix)
     ns = lambda s: int(math.floor(s / TIME_UNIT))       # noqa: E731 - rounding down keeps bounds valid
     m = cp_model.CpModel()
     x: dict[tuple[int, int, int, int], cp_model.IntVar] = {}

@@ -88,7 +88,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
     if isinstance(schedule, str):
         schedule = Schedule(schedule, plan.costs.stages - 1 if schedule == "eager-1f1b" else 0)
     c = plan.costs
-    model, S, B, size = c.model, c.stages, c.microbatches, c.shape.size
+    model, S, size = c.model, c.stages, c.shape.size
     orders = stage_orders(plan, schedule)
     delays = weight_delays(plan, schedule)
     sim = Simulation()

@@ -1,23 +1,32 @@
-"""One (mesh shape, micro-batch count) pair: its plans, and the exact dynamic program over them.
+"""One (mesh shape, micro-batch count) pair: its plans, and exact dynamic programs over them.
 
-The dynamic program minimises the relaxation ``R`` of :mod:`.objective` over contiguous
-stages.  ``R`` is a maximum of terms ``T2_p`` (stage-local) and ``A_p + T1_p`` with an
-accumulator ``A`` that only grows along the stages, so "is there a plan with ``R <= tau``?"
-is a forward dynamic program over (stage, first layer) keeping the least ``A`` (a smaller
-``A`` never hurts a later stage; seed 003's ``F(s, k | t_max)`` recurrence with the
-accumulator in place of the stage-time sum), and the least ``R`` is found by bisection on
-``tau``.  A *subspace* fixes the first stages (a prefix) and excludes some choices for the
-next one: the branch and bound of :mod:`.search` splits on these (Lawler's k-best scheme).
+``R = max(R1, R2, R3)`` relaxes the objective of :mod:`.objective` so that contiguous stages
+can be handled by dynamic programs, each exact for its own part:
+
+* R1, the stage bound's fill and drain through the first stage: ``max_p (T2_p, A_p + T1_p)``
+  with ``A`` growing along the stages (``INC1``);
+* R2, the fill before a stage's own gradient tail: ``max_p (H_p + T2_p)``, ``H`` growing by
+  ``INC2 = f + x(p->p+1)``;
+* R3, the cycle and phase bounds of the 1F1B family, which need the round trip through the
+  *later* stages: a backward program whose accumulator ``Y`` grows by ``INC3``.
+
+"Is there a plan with ``R <= tau``?" is, for R1 and R2, a forward program over (stage,
+first layer) keeping the least accumulator (a smaller one never hurts a later stage; seed
+003's ``F(s, k | t_max)`` recurrence with the accumulator in place of the stage-time sum),
+and for R3 the same backwards.  Each is necessary, so when one says no, no plan has
+``R <= tau``; the plan returned comes from R1's.  Bisection on ``tau`` finds the bound.  A
+*subspace* fixes the first stages (a prefix) and excludes some choices for the next one:
+the branch and bound of :mod:`.search` splits on these (Lawler's k-best scheme).
 
 Each stage ``p`` of ``S`` may hold layers ``p .. L - S + p`` only (every stage keeps one layer),
-so every array is stored on that band of ``n = L - S + 1`` first and last layers.
+so every array is stored on that band of ``n = L - S + 1`` first and last layers; the
+programs run over the cells that fit in memory and whose own term is below the cutoff.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
@@ -347,7 +356,7 @@ class PairProblem:
 
     def _forward(self, tau, prefix, vals, cells, masks, inc: str) -> tuple[StagePlan, ...] | None:
         """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, a marker for R2."""
-        L, j0 = self.L, len(prefix)
+        L = self.L
         A = M = 0.0
         for p, v in enumerate(vals):
             if inc == "INC1":

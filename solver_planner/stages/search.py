@@ -1,27 +1,32 @@
-"""The stage planner: a branch and bound over every mesh shape, micro-batch count and partition
-whose leaves are simulated.
+"""The stage planner: a branch and bound over every mesh shape, micro-batch count, partition
+and stage configuration, whose leaves are simulated.
 
 What is minimised is the simulated iteration time (:mod:`.pipeline`).  Every plan has a
-closed-form lower bound, the objective ``O`` (:mod:`.objective`), and a weaker one a dynamic
-program over contiguous stages minimises exactly, the relaxation ``R <= O``.  The search
-keeps a heap of *subspaces* (a pair, a fixed prefix of stages, choices excluded for the next
-stage; :mod:`.problem`) keyed by a proven lower bound of ``R`` over them:
+closed-form lower bound, the objective ``O`` (:mod:`.objective`), and a weaker one that
+dynamic programs over contiguous stages handle exactly, the relaxation ``R <= O``
+(:mod:`.problem`).  Two heaps: *subspaces* (a pair, a fixed prefix of stages, choices
+excluded for the next stage) keyed by a proven lower bound of ``R`` over them, and priced
+plans keyed by their ``O``.  The least key of both is a lower bound of every plan not
+simulated yet.  In a loop:
 
-1. pop the subspace with the least bound; stop if it cannot beat the best simulated plan;
-2. ask the method for a plan of it with ``R`` below the best simulated time (``dp``: one run of
-   the dynamic program, then bisection to the subspace's least ``R``; ``cpsat``: CP-SAT
-   minimises ``R``); none: the subspace is pruned;
-3. price the plan with ``O`` for each schedule of the family; simulate those whose ``O`` can
-   still beat the best; keep the fastest;
-4. push the subspace minus that plan (Lawler's partition) with the same bound.
+1. drop what cannot beat its pair's cutoff (the best simulated time; with ``top > 1``, its
+   pair's own best or the top-th best, whichever is less);
+2. if the least key is a priced plan (or every ``DIVE`` subspaces, for an early
+   incumbent), simulate it under each schedule of the family that fits and whose ``O`` can
+   still win;
+3. otherwise solve the least subspace: ``dp`` asks the dynamic programs for a plan with
+   ``R`` below the cutoff (none: pruned) and bisects toward the subspace's least ``R``;
+   ``cpsat`` minimises ``R1`` and ``R2`` with CP-SAT; the plan is priced and the subspace
+   minus it is pushed back as Lawler's disjoint subspaces, with the bound found.
 
-When the heap empties every plan has been simulated or proven slower: the best is OPTIMAL
-(to a relative ``1e-9``).  A budget (subspaces solved; deterministic) stops it earlier with
-FEASIBLE and the gap to the least bound left in the heap, which is a lower bound of every
-plan not simulated.  ``greedy`` simulates seed 001's balanced plan of each pair;
-``brute-force`` prices every plan (small cases, refused beyond ``BRUTE_FORCE_LIMIT`` before
-starting).  No plan at all: INFEASIBLE when the least-memory plan of every pair (an exact
-min-max dynamic program) does not fit, with its shortfall; otherwise UNKNOWN.
+When both heaps empty, every plan has been simulated or proven slower: the best is
+OPTIMAL (to a relative ``1e-9``).  Budgets (subspaces solved, simulated tasks; both
+deterministic) stop it earlier: OPTIMAL still when nothing left can beat the best, else
+FEASIBLE with the gap to the least key left.  ``greedy`` simulates seed 001's balanced plan
+of each pair (bound: :func:`.problem.cheap_bound`); ``brute-force`` prices every plan and
+simulates them by increasing ``O`` (refused beyond ``BRUTE_FORCE_LIMIT`` before starting).
+No plan at all: INFEASIBLE when the least-memory plan of every pair (an exact min-max
+dynamic program) does not fit, with its shortfall; otherwise UNKNOWN.
 """
 
 from __future__ import annotations
@@ -47,9 +52,8 @@ from .pipeline import PipelineRun, simulate_schedule
 from .problem import PairProblem, Subspace, cheap_bound
 from .schedule import SCHEDULES, Schedule, family
 
-__all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "UnknownError", "RefusedError",
-           "OptionError",
-           "BRUTE_FORCE_LIMIT", "CPSAT_MAX_CELLS", "DEFAULT_BUDGET",
+__all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "UnknownError",
+           "RefusedError", "OptionError", "BRUTE_FORCE_LIMIT", "CPSAT_MAX_CELLS", "DEFAULT_BUDGET",
            "DEFAULT_SIMULATIONS"]
 
 METHODS = ("auto", "dp", "cpsat", "greedy", "brute-force")
@@ -229,7 +233,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         if not pairs:
             raise OptionError(search.impossible_message())
         chosen = "dp" if method == "auto" else method
-        _guard(chosen, pairs, time_limit, progress)
+        _guard(chosen, pairs)
         board = _Board(max(1, top))
         for cand in incumbents or []:
             if any(p.costs.shape == cand.plan.costs.shape and p.B == cand.plan.costs.microbatches for p in pairs):
@@ -263,7 +267,7 @@ def _limits(method: str, time_limit: float, budget: int) -> str:
     return f"{budget} subspaces"
 
 
-def _guard(method: str, pairs: list[PairProblem], time_limit: float, progress) -> None:
+def _guard(method: str, pairs: list[PairProblem]) -> None:
     """Refuse, before starting, what the method cannot finish."""
     if method == "brute-force":
         total = sum(count_plans(p) for p in pairs)
