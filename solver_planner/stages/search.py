@@ -311,6 +311,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         heapq.heappush(subs, (lb, next(counter), Subspace(pair, bound=lb)))
     open_bound = math.inf          # subspaces a method could not settle (CP-SAT time-outs)
     solved = sims = since = 0
+    least_o = math.inf             # the least objective of the plans priced so far
     tasks = [0]
     found = False
     last = time.monotonic()
@@ -331,6 +332,11 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
             heapq.heappop(subs)
         while plans and plans[0][0] >= board.cutoff(plans[0][2][0]) * (1 - TOLERANCE):
             heapq.heappop(plans)
+        if "objective_proven_after" not in info and least_o < math.inf and (not subs or subs[0][0] >= least_o):
+            # every plan not priced yet has R (<= O) at least the least O priced (or cannot
+            # beat the best simulated time, which is above it): the least objective is proven
+            info["objective_proven_after"] = time.perf_counter() - started
+            info["least_objective"] = least_o
         if not subs and not plans:
             break
         if tasks[0] >= simulations:
@@ -338,10 +344,6 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         plan_first = plans and (not subs or plans[0][0] <= subs[0][0] or since >= DIVE)
         if plan_first:
             key, _, item = heapq.heappop(plans)
-            if "objective_proven_after" not in info and (not subs or key <= subs[0][0]):
-                # every plan left has R (<= O) at least this: the least objective is proven
-                info["objective_proven_after"] = time.perf_counter() - started
-                info["least_objective"] = key
             simulate(item, board.cutoff(item[0]))
             continue
         if not subs:
@@ -375,6 +377,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         plan = pair.plan(stages)
         priced = _price(plan, pair.schedules)
         if priced:
+            least_o = min(least_o, priced[0][0].value)
             item = (pair, plan, priced, pair.relaxation(stages))
             if len(board.entries) < board.top and not board.has(pair) and tasks[0] < simulations:
                 # until ``top`` pairs have a simulated plan, a pair's first plan is simulated
