@@ -84,10 +84,8 @@ def stages(
     candidate is simulated and the fastest wins.  The objective printed is a proven lower
     bound of the simulated time; the bound and gap hold over every plan of the search space.
 
-    Exit codes: 0 plan found, 1 proven that no plan fits in memory (the smallest shortfall is
-    printed), 2 bad spec or option (or an instance the method refuses), 3 no plan found within
-    the limits and none proven impossible.
-    """
+    Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
+    """  # noqa: E501 - one line, so that the help text does not break mid-sentence
     if schedule not in SCHEDULES:
         fail(f"unknown schedule {schedule!r}; expected one of: {', '.join(SCHEDULES)}", 2)
     if method not in METHODS:
