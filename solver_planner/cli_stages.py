@@ -46,8 +46,13 @@ def _plan_table(row: dict, memory: float) -> Table:
 
 
 def _config(row: dict) -> str:
+    """d,t,p,k; a degree that differs between stages as its values, e.g. 2/4."""
     c = row["config"]
-    return f"{c['data']},{c['tensor']},{c['pipeline']},{c['microbatches']}"
+
+    def degree(v) -> str:
+        return "/".join(str(x) for x in sorted(set(v))) if isinstance(v, list) else str(v)
+
+    return f"{degree(c['data'])},{degree(c['tensor'])},{c['pipeline']},{c['microbatches']}"
 
 
 @handles_errors
