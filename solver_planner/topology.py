@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 from pathlib import Path
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from .spec.cluster import ClusterSpec, load_cluster_spec, parse_sharing
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Level", "Device", "Interconnect", "Resource", "Route", "Topology", "load_topology"]
 
@@ -230,12 +232,14 @@ class Topology:
 
     # -- inspection ----------------------------------------------------------------------
     @cached_property
-    def graph(self) -> nx.Graph:
+    def graph(self) -> "nx.Graph":
         """Devices, ports and switches as a networkx graph (for inspection and plots).
 
         Nodes carry ``kind`` ('device', 'port', 'switch'); a path between two devices on
         different hosts passes their NIC ports.
         """
+        import networkx as nx  # only for inspection and plots: loading it takes 0.1 s
+
         g = nx.Graph(name=self.name)
         for d in range(self.num_devices):
             g.add_node(("device", d), kind="device", coords=self.coords(d))

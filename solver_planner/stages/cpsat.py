@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from ..solve import Status
 from .partition import StagePlan
@@ -49,6 +48,8 @@ def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, t
         return Status.INFEASIBLE, max(M0, sub.bound), None
     S, j0 = pair.S, len(sub.prefix)
     ns = lambda s: int(math.floor(s / TIME_UNIT))       # noqa: E731 - rounding down keeps bounds valid
+    from ortools.sat.python import cp_model  # imported here: OR-Tools takes 0.25 s to load
+
     m = cp_model.CpModel()
     x: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
     excluded = {pair._cell(j0, st) for st in sub.excluded}
