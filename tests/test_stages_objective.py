@@ -309,3 +309,28 @@ def test_cpsat_minimises_r1_and_r2_exactly(case):
     best = min(values)
     assert bound <= best * (1 + 1e-12)
     assert max(pair.terms(stages)[:2]) <= best + 1e-9 * (2 * pair.S + 2)   # rounding: under a ns per term
+
+
+def test_a_tied_layer_without_buckets_of_its_own_is_reduced_after_its_backward():
+    """Found by the property above (hypothesis 6.170): the tied copy's all-reduce waited only
+    for the stage's last bucket, which came from a later layer, and ran while the tied
+    layer's own backward was still computing its gradient; the simulation then undercut
+    the stage bound."""
+    topo = topology(2, 4, "1 GB/s", "device")
+    act = 30 * 2**20
+    # embed's backward is long and has nothing to reduce; mid's few buckets finish early
+    layers = [Layer("embed", 2e11, 4e12, 0.0, 0.0, act, act, 0.0, allreduces=0),
+              Layer("mid", 2e11, 5e11, 8 * 2**20, 0.0, act, act, 0.0, allreduces=0),
+              Layer("logits", 2e11, 5e11, 2**29, 0.0, act, act, 0.0, allreduces=0, tied_to=0,
+                    tied_params=2**20)]
+    model = LayerModel("tied", layers, 8, None, options=MemoryOptions(gradient_bucket=4 * 2**20))
+    shape = next(s for s in mesh_shapes(topo.num_hosts, topo.devices_per_host) if s.size == 4)
+    costs = StageCosts(model, topo, shape, 1, cost_tables(topo, CostModel(topo), shape), True)
+    config = next(cfg for cfg in costs.configs if cfg.tensor == 1)
+    plan = Partition(costs, [StagePlan(0, 1, config), StagePlan(2, 2, config)])
+    for sch in family("1f1b", 2):
+        run = simulate_schedule(plan, sch)
+        assert bounds(plan, sch).value <= run.iteration_time * (1 + REL)
+        embed_done = max(r.end for r in run.timeline.records if r.name.endswith("layer 0"))
+        tie = next(r for r in run.timeline.records if r.name.startswith("tie"))
+        assert tie.start >= embed_done

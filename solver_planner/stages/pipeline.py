@@ -99,7 +99,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
     last_send: dict[tuple[str, int, int], int] = {}
     sends: dict[tuple[str, int, int], int] = {}
     exec_res = [f"stage[{p}].exec" for p in range(S)]
-    last_task = [-1] * S
+    last_task: list[list[int]] = [[] for _ in range(S)]
 
     def send(kind: str, src: int, dst: int, m: int, after: int) -> int:
         key = (kind, src, dst, m)
@@ -157,7 +157,10 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
                               category=category, devices=(p * size,))
                 deps = [tid]
                 reduce(cc.layer_buckets(layer, layer in copy_layers), tid, f"layer {layer}")
-        last_task[p] = prev_red if prev_red is not None else tid
+        # a tied copy's all-reduce waits for the stage's last op (which may compute the tied
+        # layer's gradient after every bucket is done, e.g. a layer with nothing else to
+        # reduce) and for its last bucket
+        last_task[p] = [tid] + ([prev_red] if prev_red is not None else [])
         return tid
 
     # the engine takes a task after its dependencies: add each stage's ops in order, in
@@ -207,7 +210,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
     for a, b, q in plan.copies:
         p = plan.owner[a]
         duration, res = c.tie_sync(plan, a, b)
-        sim.add(f"tie {a}<->{b}", duration, res, [last_task[p], last_task[q]], stream="comm",
+        sim.add(f"tie {a}<->{b}", duration, res, last_task[p] + last_task[q], stream="comm",
                 category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
     timeline = sim.run()
     busy = [0.0] * S
