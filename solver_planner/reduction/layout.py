@@ -1,7 +1,7 @@
 """Where every chunk lives, and what each call of a reduction program hands the library.
 
 This module writes down *the one meaning* of a reduction program.  Every checker
-implements it: the rules (:mod:`.verify`), the z3 proof (:mod:`.smt`), the numpy executor
+implements it: the rules (:mod:`.verify`), the z3 proof (:mod:`.proof`), the numpy executor
 (:mod:`.execute`) and the torch.distributed lowering (:mod:`solver_planner.distributed.lower`).
 
 1. **Buffers.**  Every device's buffer is the reduction's data cut into ``k`` equal chunks,
