@@ -24,7 +24,7 @@ from solver_planner.reduction.layout import Atoms, buffers, chunks_of, contiguou
 from solver_planner.reduction.proof import prove, verify_z3
 from solver_planner.reduction.ranking import cost_program, replay
 from solver_planner.reduction.semantics import Semantics, Violation
-from solver_planner.reduction.synthesis import candidates, lower_program, synthesize
+from solver_planner.reduction.synthesis import candidates, lower_program, program_size, synthesize
 from solver_planner.reduction.verify import check_program, system_steps, verify_steps
 
 AR, RS, AG, RED, BC = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.REDUCE,
@@ -100,6 +100,12 @@ def test_rules_z3_and_numpy_agree_on_random_programs(seed):
         p = random_program(rng, 4, 24)
         rules, proved, ran = verdicts(p.num_devices, p.chunks, p.steps, p.reduction_groups)
         assert rules == proved == ran, (p, rules, proved, ran)
+        # A call the library cannot run: the layout and the executor find it independently.
+        refused = trace(p.num_devices, p.chunks, p.steps).problem
+        executed = execute(p.num_devices, p.chunks, p.steps, p.reduction_groups)
+        assert (refused is not None) == executed.ill_formed, (p, refused, executed.message)
+        if refused is not None:
+            assert executed.step == refused.step
         seen[rules] += 1
     assert seen[True] > 20 and seen[False] > 20
 
@@ -167,8 +173,7 @@ def test_the_paper_counts_3_and_47_and_what_the_instruction_count_adds():
         assert set(paper) <= set(full) and len(full) == 142
         strict = Semantics(h.size, h.size, strict_broadcast=True)
         for program in set(full) - set(paper):
-            size = sum(1 if i.form.kind == "InsideGroup" else 2 for i in program)
-            if size <= 5:
+            if program_size(program, "paper") <= 5:
                 state = strict.initial(range(h.size))
                 rejected = False
                 for kind, groups in lower_program(h, program):
@@ -241,3 +246,21 @@ def test_run_helpers_agree_with_sets_of_chunks(a, b, p, q):
     if not a & b:
         assert merge([x, y]) == runs_of_mask(a | b)
     assert chunks_of(take(x, p, q)) == chunks_of(x)[p:q]
+
+
+def test_the_lowering_predicts_what_the_ranking_costs(a100):
+    """Two implementations of a step's cost (the ranking's, from the synthesis states, and the
+    torch lowering's, from the layout's buffers) agree on every synthesized program,
+    local copies included."""
+    cost = CostModel(a100)
+    low = Lowering(ParallelismMatrix.of([[2, 16]]), (2, 16), ("node", "gpu"), [0])
+    k, chunk_elems = low.hierarchy.size, 1 << 20
+    nbytes = k * chunk_elems * 4
+    copying = 0
+    for program in synthesize(low.hierarchy, 4):
+        ranked = cost_program(cost, low, program, nbytes)
+        plan = lower_reduction(system_steps(low, program), low.num_devices, k, low.reduction_groups(), chunk_elems,
+                               cost)
+        assert [s.predicted for s in plan.steps] == pytest.approx(ranked.step_times, rel=1e-12), program
+        copying += any(s.copies for s in plan.steps)
+    assert copying > 0, "some programs need local copies"

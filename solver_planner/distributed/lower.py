@@ -36,7 +36,7 @@ from typing import Sequence
 from ..cost import Collective, CostModel
 from ..errors import LoweringError
 from ..reduction.dsl import COLLECTIVE_NAMES
-from ..reduction.layout import buffers, contiguous, copies, trace
+from ..reduction.layout import buffers, contiguous, trace
 from ..resharding.mesh import Box
 from ..resharding.plan import ReshardingPlan
 from ..resharding.schedule import TIME_UNIT
@@ -95,17 +95,18 @@ def lower_reduction(steps: Steps, num_devices: int, chunks: int, reduction_group
             if not bufs or not call.before[0]:
                 continue  # nothing held, or a broadcast root holding nothing: no call
             gi, root = groups(call.group), call.group[0]
-            flags = copies(call)
             for d in call.group:
                 send, recv = bufs[d]
-                if flags[d].pack != (not contiguous(send)) or flags[d].unpack != (not contiguous(recv)):
-                    raise AssertionError(f"step {s + 1}: copies of rank {d} disagree with its buffers")
                 keeps = kind is not Collective.REDUCE or d == root
                 calls[d].append(Call(s, OPS[kind], gi, root if kind in (Collective.REDUCE, Collective.BROADCAST)
                                      else None, send if send else None, recv if keeps and recv else None))
-                if flags[d].pack or flags[d].unpack:
+                # A buffer torch cannot read or write in place is copied: read from the
+                # buffers here, independently of layout.copies (which the ranking uses; a
+                # test compares the two predictions).
+                staged = len(send) * (not contiguous(send)) + len(recv) * (not contiguous(recv))
+                if staged:
                     copying.append(d)
-                    copied = max(copied, flags[d].chunks)
+                    copied = max(copied, staged)
             active.append(list(call.group))
             moved = len(bufs[root][1]) if kind is Collective.ALLGATHER else max(len(bufs[root][0]), len(bufs[root][1]))
             sizes.append(moved * chunk_bytes)  # NCCL's convention: the all-gather's output

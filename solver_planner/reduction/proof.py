@@ -27,7 +27,7 @@ from ..solve import Stopwatch
 from .hierarchy import Lowering
 from .layout import REDUCING, Atoms, Trace, first_difference, size, trace
 from .semantics import Violation
-from .verify import Steps, Verdict, check_program, local_copies
+from .verify import Steps, Verdict, check_program, verdict_of
 
 __all__ = ["Proof", "prove", "verify_z3"]
 
@@ -101,15 +101,15 @@ class _Terms:
 
 
 def prove(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]],
-          timeout: float = 30.0, hint: tuple[int, int] | None = None) -> Proof:
+          timeout: float = 30.0, hint: tuple[int, int] | None = None, layout: Trace | None = None) -> Proof:
     """Prove ``steps`` compute every reduction group's exact sums, or refute it.
 
     ``hint``: a (device, chunk) suspected to end wrong (the rules' finding).  z3 first
     looks for data that makes that one value wrong, building only the terms it depends
     on; if there is none, the full claim decides.  The hint only saves time: the verdict
-    is always z3's.
+    is always z3's.  ``layout``: :func:`.layout.trace` of the same steps, if already made.
     """
-    tr = trace(num_devices, k, steps)
+    tr = layout if layout is not None else trace(num_devices, k, steps)
     if tr.problem is not None:
         return Proof("invalid", tr.problem)
     full = ((0, k),)
@@ -332,16 +332,13 @@ def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdic
         n, k, groups = lowering.num_devices, lowering.hierarchy.size, lowering.reduction_groups()
         outcome = check_program(n, k, steps, groups)
         hint = (outcome.failure.device, outcome.failure.chunk) if outcome.failure is not None else None
-        proof = prove(n, k, steps, groups, timeout, hint)
+        proof = prove(n, k, steps, groups, timeout, hint, outcome.trace)
         if proof.status == "unknown":
             return Verdict("unknown", "z3", None, sw.seconds, "z3 did not decide within the time limit")
     detail = f"{proof.terms} distinct sum(s) checked" if proof.terms else "decided without data"
     if outcome.valid != (proof.status == "valid"):
         raise PlannerError(f"the z3 proof says {proof.status} but the rules say"
                            f" {'valid' if outcome.valid else 'invalid'}: this is a bug, please report it")
-    if proof.status == "valid":
-        return Verdict("valid", "z3", None, sw.seconds, detail, None,
-                       [outcome.fig8] if outcome.fig8 is not None else [], local_copies(outcome.trace))
-    if proof.where is not None and proof.where.rule == "post-condition":
+    if proof.status == "invalid" and proof.where is not None and proof.where.rule == "post-condition":
         detail += f"; z3's counterexample: device {proof.where.device}, chunk {proof.where.chunk} {proof.where.message}"
-    return Verdict("invalid", "z3", outcome.cause, sw.seconds, detail, outcome.failure)
+    return verdict_of(outcome, "z3", sw.seconds, detail)

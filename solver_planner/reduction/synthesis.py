@@ -55,7 +55,7 @@ def candidates(hierarchy: SynthesisHierarchy) -> list[Candidate]:
         groups = tuple(hierarchy.groups(slice_level, form))
         if all(len(g) < 2 for g in groups):
             continue  # no communication
-        weight = 1 if form.kind == "InsideGroup" else 2
+        weight = form_weight(form)
         for coll in COLLECTIVE_ORDER:
             key = (coll, groups)
             if key not in seen:
@@ -67,11 +67,16 @@ def candidates(hierarchy: SynthesisHierarchy) -> list[Candidate]:
     return out
 
 
+def form_weight(form) -> int:
+    """An instruction's size under the paper's metric: 1 for ``InsideGroup``, 2 otherwise."""
+    return 1 if form.kind == "InsideGroup" else 2
+
+
 def program_size(program: Program, metric: str = "instructions") -> int:
     """A program's size under ``metric`` (see the module docstring)."""
     if metric == "instructions":
         return len(program)
-    return sum(1 if ins.form.kind == "InsideGroup" else 2 for ins in program)
+    return sum(form_weight(ins.form) for ins in program)
 
 
 def hierarchy_semantics(hierarchy: SynthesisHierarchy, strict_broadcast: bool = False
