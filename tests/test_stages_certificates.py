@@ -27,46 +27,41 @@ from test_stages_objective import topology
 REL = 1e-9
 
 
-def oracle(search: StageSearch) -> dict:
-    """{(shape, B): fastest simulated time that fits} over every plan of the space."""
+def every_plan(search: StageSearch):
+    """(shape, B, plan) for every plan of the search space, enumerated here (not by the
+    library), so that the oracle stays independent of the code under test."""
     model, topo = search.model, search.topology
-    out = {}
     for shape in mesh_shapes(topo.num_hosts, topo.devices_per_host):
         S = topo.num_devices // shape.size
         if S > model.num_layers:
             continue
         for B in [b for b in range(1, model.global_batch + 1) if model.global_batch % b == 0]:
             costs = StageCosts(model, topo, shape, B, search.tables(shape), search.comm)
-            best = math.inf
             for inner in itertools.combinations(range(1, model.num_layers), S - 1):
                 edges = (0,) + inner + (model.num_layers,)
                 for configs in itertools.product(costs.configs, repeat=S):
-                    plan = Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, configs[j]) for j in range(S)])
-                    for sch in family(search.schedule, S):
-                        run = simulate_schedule(plan, sch)
-                        if max(run.peak_memory) <= topo.device.memory:
-                            best = min(best, run.iteration_time)
-            if math.isfinite(best):
-                out[shape, B] = best
+                    yield shape, B, Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, configs[j])
+                                                      for j in range(S)])
+
+
+def oracle(search: StageSearch) -> dict:
+    """{(shape, B): fastest simulated time that fits} over every plan of the space."""
+    out: dict = {}
+    for shape, B, plan in every_plan(search):
+        for sch in family(search.schedule, plan.costs.stages):
+            run = simulate_schedule(plan, sch)
+            if max(run.peak_memory) <= search.topology.device.memory:
+                out[shape, B] = min(out.get((shape, B), math.inf), run.iteration_time)
     return out
 
 
 def least_peak(search: StageSearch) -> float:
     """The least fullest-device memory of any plan (1F1B-like in-flight counts)."""
-    model, topo = search.model, search.topology
     best = math.inf
-    for shape in mesh_shapes(topo.num_hosts, topo.devices_per_host):
-        S = topo.num_devices // shape.size
-        if S > model.num_layers:
-            continue
-        for B in [b for b in range(1, model.global_batch + 1) if model.global_batch % b == 0]:
-            costs = StageCosts(model, topo, shape, B, search.tables(shape), search.comm)
-            for inner in itertools.combinations(range(1, model.num_layers), S - 1):
-                edges = (0,) + inner + (model.num_layers,)
-                for configs in itertools.product(costs.configs, repeat=S):
-                    plan = Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, configs[j]) for j in range(S)])
-                    live = [min(S - p, B) for p in range(S)] if search.schedule != "gpipe" else [B] * S
-                    best = min(best, max(plan.memory(live)))
+    for _, B, plan in every_plan(search):
+        S = plan.costs.stages
+        live = [min(S - p, B) for p in range(S)] if search.schedule != "gpipe" else [B] * S
+        best = min(best, max(plan.memory(live)))
     return best
 
 

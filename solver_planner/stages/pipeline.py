@@ -174,26 +174,16 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
             order = orders[p]
             while pos[p] < len(order):
                 op, m = order[pos[p]]
-                deps: list[int] = []
-                ok = True
-                if op == "F":
-                    for q in inputs[p]:
-                        src = ids.get(("F", q, m))
-                        if src is None:
-                            ok = False
-                            break
-                        deps.append(send("act", q, p, m, src))
-                elif op in ("B", "BA"):
-                    for r in outputs[p]:
-                        src = ids.get(("G", r, m))
-                        if src is None:
-                            ok = False
-                            break
-                        deps.append(send("grad", r, p, m, src))
-                    if ok and p == S - 1:
-                        deps.append(ids["F", p, m])
-                if not ok:
-                    break
+                # a forward waits for its inputs' activations, a backward for its outputs'
+                # gradients (the last stage's for its own forward); BW waits for nothing else
+                kind, key, peers = {"F": ("act", "F", inputs[p]), "B": ("grad", "G", outputs[p]),
+                                    "BA": ("grad", "G", outputs[p])}.get(op, (None, None, []))
+                srcs = [ids.get((key, q, m)) for q in peers]
+                if None in srcs:
+                    break                   # a peer has not added that op yet: next round
+                deps = [send(kind, q, p, m, src) for q, src in zip(peers, srcs)]
+                if op in ("B", "BA") and p == S - 1:
+                    deps.append(ids["F", p, m])
                 if prev[p] is not None:
                     deps.append(prev[p])
                 final = pos[p] == len(order) - 1
