@@ -20,7 +20,7 @@ from solver_planner.spec.cluster import ClusterSpec
 from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family, simulate_schedule
 from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
 from solver_planner.stages.enumerate import all_plans
-from solver_planner.stages.objective import bounds, relaxation
+from solver_planner.stages.objective import bounds, family_split
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.problem import PairProblem, Subspace
 from solver_planner.topology import Topology
@@ -90,6 +90,38 @@ def instances(draw, max_layers=6, comm=True):
     stages = [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(costs.configs))) for j in range(S)]
     kind = draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"]))
     return Partition(costs, stages), family(kind, S)
+
+
+def relaxation(plan: Partition, schedules) -> float:
+    """R1 of stages/objective.py's docstring, written out for a whole plan: the reference the
+    dynamic programs' R1 is checked against."""
+    c = plan.costs
+    S, B = c.stages, c.microbatches
+    has_split, has_whole = family_split(schedules)
+    f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
+    ch = ba if has_split else b
+    values = []
+    acc = 0.0
+    for p in range(S):
+        gf, gw = plan.tail_full[p], plan.tail_weight[p]
+        g = min(gf if has_whole else math.inf, gw if has_split else math.inf)
+        w = f[p] + b[p]
+        values.append(B * w + g)
+        xg = edge_transfer_time(plan, p, p - 1, plan.stages[p].first - 1) if p > 0 else 0.0
+        xf = edge_transfer_time(plan, p, p + 1, plan.stages[p].last) if p + 1 < S else 0.0
+        if p == 0:
+            acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
+        else:
+            values.append(acc + xg + B * w - (b[p] - ch[p]))
+        acc = acc + f[p] + xf + ch[p] + xg
+    return max(values)
+
+
+def edge_transfer_time(plan: Partition, p: int, q: int, layer: int) -> float:
+    """Layer ``layer``'s output (or its gradient) between neighbouring stages p and q."""
+    c = plan.costs
+    st = plan.stages[p]
+    return c.transfer_time(st.tensor, p, q, c.model.layers[layer].activations * c.samples(st.tensor))
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,

@@ -184,3 +184,23 @@ def test_weight_delaying_hides_gradient_transfers_on_a_slow_link():
     d = rep.as_dict()
     assert d["weight_delay"] and d["iteration_time"] < d["best_1f1b"]["iteration_time"]
     assert any("weight delay" in s for s in d["schedules_tried"])
+
+
+def test_the_gradient_program_named_is_the_one_priced():
+    """Under ZeRO-3 a bucket is reduce-scattered (each replica keeps its shard), and its time
+    is the reduce-scatter's; otherwise the bucket's best all-reduce program."""
+    topo = topology(2, 2, "4 GB/s", "host")
+    shape = MeshShape(2, 2)
+    bucket = 4 * 2**20
+    for sharding in ("none", "zero-3"):
+        s = StageSearch(_model(MemoryOptions(sharding=sharding, gradient_bucket=bucket)), topo)
+        costs = StageCosts(s.model, topo, shape, 2, s.tables(shape))
+        tab = s.tables(shape)[1]
+        name = costs.bucket_program(1, bucket)
+        if sharding == "zero-3":
+            a, b = tab.data_reducescatter
+            assert name == "ReduceScatter"
+        else:
+            a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
+            assert name == name_priced
+        assert float(costs[StageConfig(1)].bucket_time(bucket)) == pytest.approx(a + b * bucket, rel=1e-9)

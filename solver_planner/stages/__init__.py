@@ -8,7 +8,7 @@ closed-form lower bounds, :mod:`.problem` the dynamic programs over contiguous s
 from .costs import MeshShape, StageConfig, StageCosts, mesh_shapes
 from .layers import Layer, LayerModel, layer_model, transformer_layers
 from .memory import MemoryOptions
-from .objective import Bounds, bounds, objective, relaxation
+from .objective import Bounds, bounds
 from .partition import Partition, StagePlan
 from .pipeline import PipelineRun, simulate_schedule
 from .problem import PairProblem, Subspace
@@ -16,7 +16,7 @@ from .schedule import SCHEDULES, Schedule, family, stage_order
 from .search import METHODS, Candidate, RefusedError, StageSearch, UnknownError, plan_partition
 
 __all__ = ["MeshShape", "StageConfig", "StageCosts", "mesh_shapes", "Layer", "LayerModel", "layer_model",
-           "transformer_layers", "MemoryOptions", "Bounds", "bounds", "objective", "relaxation", "Partition",
+           "transformer_layers", "MemoryOptions", "Bounds", "bounds", "Partition",
            "StagePlan", "PipelineRun", "simulate_schedule", "PairProblem", "Subspace", "SCHEDULES", "Schedule",
            "family", "stage_order", "METHODS", "Candidate", "RefusedError", "StageSearch", "UnknownError",
            "plan_partition"]

@@ -322,6 +322,12 @@ class StageCosts:
         self._configs: dict[StageConfig, ConfigCosts] = {}
         self._transfers: dict[tuple, tuple[float, float]] = {}
 
+    def bucket_program(self, t: int, nbytes: float) -> str:
+        """The program one gradient bucket of ``nbytes`` is reduced with (as ``_costs`` prices it)."""
+        if self.model.options.sharding == "zero-3":
+            return "ReduceScatter"          # ZeRO-3 keeps only its shard of the gradients
+        return self.tables[t].gradient_program(nbytes)
+
     def samples(self, t: int) -> float:
         return self.micro_size / (self.shape.size // t)
 

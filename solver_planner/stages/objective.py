@@ -45,7 +45,8 @@ the least over its members that fit in memory.  It equals the simulated time whe
 critical path is one of the bounds and no task waits for a port (one stage; equal stages
 without communication; tested), and is below it otherwise (tested on random plans).
 
-**Relaxation R** (what a dynamic program over contiguous stages minimises exactly): the
+**Relaxation R1** (one of the parts a dynamic program over contiguous stages minimises
+exactly, :meth:`.problem.PairProblem.relaxation`; the tests check it against this formula): the
 stage bound with ``H_p`` and ``D_p`` taken along neighbouring stages only, each transfer
 carrying only the tensor that crosses the cut (the last layer's output), and the drain
 ending at the first stage (or the stage itself)::
@@ -53,8 +54,8 @@ ending at the first stage (or the stage itself)::
       R = max_p max( B w_p + g_p,  A_p + x(p->p-1) + B w_p - (b_p - c_p) )
       A_0 = u_0,   A_{p+1} = A_p + f_p + x(p->p+1) + c_p + x(p->p-1)
 
-so ``R <= objective <= simulated`` for every plan: the search enumerates plans by ``R`` and
-stops when ``R`` reaches the best simulated time (:mod:`.search`).
+so ``R1 <= objective <= simulated`` for every plan; the search enumerates plans by
+``R = max(R1, R2, R3)`` and stops when ``R`` reaches the best simulated time (:mod:`.search`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from .partition import Partition
 from .pipeline import weight_delays
 from .schedule import Schedule, live_count, warmup
 
-__all__ = ["Bounds", "bounds", "objective", "relaxation", "family_split"]
+__all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time"]
 
 
 @dataclass(frozen=True)
@@ -213,61 +214,6 @@ def fits(plan: Partition, schedule: Schedule) -> bool:
     return all(m <= c.device_memory for m in plan.memory(live))
 
 
-def objective(plan: Partition, schedules: list[Schedule]) -> tuple[float, Schedule | None]:
-    """Least bound over the schedules of a family that fit in memory (inf, None if none fits)."""
-    best, which = math.inf, None
-    for s in schedules:
-        if fits(plan, s):
-            v = bounds(plan, s).value
-            if v < best:
-                best, which = v, s
-    return best, which
-
-
 def family_split(schedules: list[Schedule]) -> tuple[bool, bool]:
     """(some member splits backward, some member does not)."""
     return any(s.split for s in schedules), any(not s.split for s in schedules)
-
-
-def relaxation(plan: Partition, schedules: list[Schedule]) -> float:
-    """R of the module docstring for a whole plan (what :mod:`.dp` minimises)."""
-    c = plan.costs
-    S, B = c.stages, c.microbatches
-    has_split, has_whole = family_split(schedules)
-    f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
-    ch = ba if has_split else b
-    values = []
-    acc = 0.0
-    for p in range(S):
-        gf, gw = plan.tail_full[p], plan.tail_weight[p]
-        g = min(gf if has_whole else math.inf, gw if has_split else math.inf)
-        w = f[p] + b[p]
-        values.append(B * w + g)
-        xg = edge_gradient_time(plan, p)
-        xf = edge_activation_time(plan, p)
-        if p == 0:
-            acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
-        else:
-            values.append(acc + xg + B * w - (b[p] - ch[p]))
-        acc = acc + f[p] + xf + ch[p] + xg
-    return max(values)
-
-
-def edge_activation_time(plan: Partition, p: int) -> float:
-    """Stage p's last layer's output to stage p + 1 (the relaxation's forward transfer)."""
-    c = plan.costs
-    if p + 1 >= c.stages:
-        return 0.0
-    st = plan.stages[p]
-    nbytes = c.model.layers[st.last].activations * c.samples(st.tensor)
-    return c.transfer_time(st.tensor, p, p + 1, nbytes)
-
-
-def edge_gradient_time(plan: Partition, p: int) -> float:
-    """Gradient of stage p-1's last output back from stage p (the relaxation's backward transfer)."""
-    c = plan.costs
-    if p == 0:
-        return 0.0
-    st = plan.stages[p]
-    nbytes = c.model.layers[st.first - 1].activations * c.samples(st.tensor)
-    return c.transfer_time(st.tensor, p, p - 1, nbytes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -77,7 +79,6 @@ def plan_row(cand: Candidate) -> dict:
     rows = []
     for p, st in enumerate(plan.stages):
         cc = c[st.config]
-        tab = c.tables[st.tensor]
         grad = float(cc.grad_bytes[st.first, st.last])
         rows.append({
             "layers": [st.first, st.last],
@@ -95,7 +96,7 @@ def plan_row(cand: Candidate) -> dict:
             "gradient_bytes": grad,
             "gradient_reduction": float(cc.reduction_all[st.first, st.last]) if c.comm else 0.0,
             "gradient_tail": (plan.tail_weight if cand.schedule.split else plan.tail_full)[p],
-            "gradient_program": tab.gradient_program(min(grad, c.model.options.gradient_bucket))
+            "gradient_program": c.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket))
             if c.comm and cc.data > 1 and grad > 0 else "none",
         })
     exact = abs(cand.bounds.value - cand.time) <= 1e-9 * cand.time
@@ -108,7 +109,7 @@ def plan_row(cand: Candidate) -> dict:
         "objective": cand.bounds.value,
         "objective_exact": exact,
         "binding_bound": cand.bounds.binding,
-        "bounds": {"stage": cand.bounds.stage, "cycle": cand.bounds.cycle, "port": cand.bounds.port},
+        "bounds": dataclasses.asdict(cand.bounds),
         "relaxation": cand.relaxation,
         "schedule": str(cand.schedule),
         "eagerness": cand.schedule.eagerness,

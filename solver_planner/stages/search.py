@@ -46,7 +46,7 @@ from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mes
 from .cpsat import minimize_cpsat, model_size
 from .enumerate import all_plans, balanced_greedy, count_plans
 from .layers import LayerModel
-from .objective import Bounds, bounds, fits, relaxation
+from .objective import Bounds, bounds, fits
 from .partition import Partition
 from .pipeline import PipelineRun, simulate_schedule
 from .problem import PairProblem, Subspace, cheap_bound
@@ -84,7 +84,7 @@ class Candidate:
     plan: Partition
     run: PipelineRun
     bounds: Bounds
-    objective: float                  # least O over the family's schedules that fit
+    family_bound: float               # least O over the family's schedules that fit (<= bounds.value)
     relaxation: float
     tried: dict[Schedule, float] = field(default_factory=dict)
 
@@ -161,12 +161,12 @@ class StageSearch:
                 f" batch of {self.model.global_batch}; stage counts of its mesh shapes: {', '.join(map(str, sizes))}")
 
 
-def evaluate(plan: Partition, schedules: list[Schedule], cutoff: float = math.inf,
-             relax: float | None = None, priced: list | None = None, work: list[int] | None = None) -> Candidate | None:
-    """Simulate the schedules of the family that fit and whose objective can beat ``cutoff``;
-    the fastest, or None if none can.  ``work[0]`` counts the simulated tasks."""
+def evaluate(plan: Partition, members: list[tuple[Bounds, Schedule]], relax: float, cutoff: float = math.inf,
+             work: list[int] | None = None) -> Candidate | None:
+    """Simulate the schedules of the family (``members``: :func:`_price`'s list) whose objective
+    can beat ``cutoff``; the fastest, or None if none can.  ``relax``: the plan's relaxation
+    R (:meth:`PairProblem.relaxation`).  ``work[0]`` counts the simulated tasks."""
     work = work if work is not None else [0]
-    members = priced if priced is not None else _price(plan, schedules)
     if not members:
         return None
     best: Candidate | None = None
@@ -183,11 +183,9 @@ def evaluate(plan: Partition, schedules: list[Schedule], cutoff: float = math.in
         tried[s] = run.iteration_time
         work[0] += len(run.timeline)
         if best is None or run.iteration_time < best.time:
-            best = Candidate(plan, run, bd, members[0][0].value, relax if relax is not None else 0.0)
+            best = Candidate(plan, run, bd, members[0][0].value, relax)
     if best is not None:
         best.tried = tried
-        if relax is None:
-            best.relaxation = relaxation(plan, schedules)
     return best
 
 
@@ -320,7 +318,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
     def simulate(item, cutoff: float) -> None:
         nonlocal sims, since
         pair, plan, priced, relax = item
-        cand = evaluate(plan, pair.schedules, cutoff, relax, priced, tasks)
+        cand = evaluate(plan, priced, relax, cutoff, tasks)
         since = 0
         if cand is not None:
             sims += len(cand.tried)
@@ -408,15 +406,15 @@ def _brute_force(pairs: list[PairProblem], board: _Board, progress, info: dict) 
         plans = []
         for stages in all_plans(pair):
             plan = pair.plan(stages)
-            plans.append((min((bounds(plan, s).value for s in pair.schedules if fits(plan, s)), default=math.inf),
-                          stages, plan))
+            members = _price(plan, pair.schedules)
+            plans.append((members[0][0].value if members else math.inf, stages, plan, members))
         priced += len(plans)
         empty &= not plans
-        for value, stages, plan in sorted(plans, key=lambda e: (e[0], e[1])):
+        for value, stages, plan, members in sorted(plans, key=lambda e: (e[0], e[1])):
             cutoff = board.cutoff(pair)
             if value >= cutoff * (1 - TOLERANCE):
                 break
-            cand = evaluate(plan, pair.schedules, cutoff)
+            cand = evaluate(plan, members, pair.relaxation(stages), cutoff)
             if cand is not None:
                 sims += len(cand.tried)
                 board.add(cand)
@@ -432,9 +430,7 @@ def _greedy(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tu
         if stages is None:
             continue
         plan = pair.plan(stages)
-        if not all(math.isfinite(pair.stage_arrays(p)[2][pair._cell(p, st)]) for p, st in enumerate(stages)):
-            continue                                 # does not fit in memory
-        cand = evaluate(plan, pair.schedules)
+        cand = evaluate(plan, _price(plan, pair.schedules), pair.relaxation(stages))   # None if nothing fits
         if cand is not None:
             sims += len(cand.tried)
             board.add(cand)
