@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .errors import InfeasibleError, MissingDependencyError, PlannerError, SpecError
+from .errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
 from .spec import load_cluster_spec
 from .topology import Topology
 
@@ -51,8 +51,10 @@ def handles_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (SpecError, MissingDependencyError) as exc:
+        except (SpecError, OptionError, MissingDependencyError) as exc:
             fail(str(exc), 2)
+        except UnknownError as exc:
+            fail(f"unknown: {exc}", 3)
         except InfeasibleError as exc:
             fail(f"infeasible: {exc}", 1)
         except PlannerError as exc:

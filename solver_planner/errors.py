@@ -2,8 +2,9 @@
 
 Every error the library raises on purpose derives from :class:`PlannerError`, so a caller
 (the CLI in particular) can tell a user mistake from a bug.  The CLI maps them to exit
-codes: :class:`SpecError` and :class:`MissingDependencyError` exit 2, :class:`InfeasibleError`
-and the others exit 1.
+codes: :class:`SpecError`, :class:`OptionError` and :class:`MissingDependencyError` exit 2,
+:class:`UnknownError` (a search that ran out of limits without an answer) exits 3,
+:class:`InfeasibleError` and the others exit 1.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["PlannerError", "SpecError", "SpecIssue", "InfeasibleError", "UnitError", "LoweringError",
-           "MissingDependencyError"]
+           "MissingDependencyError", "OptionError", "RefusedError", "UnknownError"]
 
 
 class PlannerError(Exception):
@@ -70,3 +71,15 @@ class LoweringError(PlannerError):
 
 class MissingDependencyError(PlannerError):
     """An optional package (torch) is needed; the message says how to install it."""
+
+
+class OptionError(PlannerError):
+    """The options ask for something impossible for this cluster and model (exit 2)."""
+
+
+class RefusedError(OptionError):
+    """The method cannot finish this instance; said before starting (exit 2)."""
+
+
+class UnknownError(PlannerError):
+    """Nothing was found within the limits and nothing was proven impossible (exit 3)."""

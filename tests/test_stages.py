@@ -253,7 +253,7 @@ def test_cli_infeasible_exits_1_with_the_smallest_shortfall():
 ])
 def test_malformed_config_split_and_stages_are_option_errors(config, split, stages, message):
     from solver_planner.stages.report import parse_config, plan_stages
-    from solver_planner.stages.search import OptionError
+    from solver_planner.errors import OptionError
     topo = load_topology(CLUSTERS / "aws-p3.8xlarge-2.yaml")
     spec = load_model_spec(SPECS / "models" / "u-transformer.yaml")
     with pytest.raises(OptionError, match=message):
@@ -264,3 +264,20 @@ def test_cli_option_error_exits_2_on_one_line():
     res = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "u-transformer.yaml",
                   "--config", "2,2,x,4")
     assert res.returncode == 2 and "d,t,p,k" in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["-s", "zigzag"], 2, "unknown schedule"), (["-m", "magic"], 2, "unknown method"),
+    (["--split", "0,2"], 2, "--split expects"), (["--split", "x"], 2, "--split expects"),
+    (["-m", "cpsat", "-t", "0.001", "--budget", "1", "--stages", "2"], (0, 3), ""),
+])
+def test_option_errors_and_unknown_map_to_their_exit_codes_in_the_shared_handler(args, code, message):
+    from typer.testing import CliRunner
+
+    from solver_planner.cli import app
+    res = CliRunner().invoke(app, ["stages", str(CLUSTERS / "aws-p3.8xlarge-2.yaml"),
+                                   str(SPECS / "models" / "gpt3-2.6b.yaml"), "--no-baselines", *args])
+    assert res.exit_code in (code if isinstance(code, tuple) else (code,)), res.output
+    assert message in res.output and "Traceback" not in res.output
+    if res.exit_code == 3:
+        assert "unknown:" in res.output

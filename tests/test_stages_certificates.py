@@ -20,7 +20,7 @@ from solver_planner.stages import Layer, LayerModel, MemoryOptions, StageSearch,
 from solver_planner.stages import simulate_schedule
 from solver_planner.stages.costs import StageCosts, mesh_shapes
 from solver_planner.stages.partition import Partition, StagePlan
-from solver_planner.stages.search import UnknownError
+from solver_planner.errors import UnknownError
 
 from test_stages_objective import topology
 

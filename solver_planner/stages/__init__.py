@@ -13,7 +13,8 @@ from .partition import Partition, StagePlan
 from .pipeline import PipelineRun, simulate_schedule
 from .problem import PairProblem, Subspace
 from .schedule import SCHEDULES, Schedule, family, stage_order
-from .search import METHODS, Candidate, RefusedError, StageSearch, UnknownError, plan_partition
+from ..errors import RefusedError, UnknownError
+from .search import METHODS, Candidate, StageSearch, plan_partition
 
 __all__ = ["MeshShape", "StageConfig", "StageCosts", "mesh_shapes", "Layer", "LayerModel", "layer_model",
            "transformer_layers", "MemoryOptions", "Bounds", "bounds", "Partition",

@@ -13,9 +13,10 @@ from ..spec.model import ModelSpec
 from ..topology import Topology
 from .costs import MeshShape
 from .layers import LayerModel, layer_model
-from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, Candidate, OptionError, StageSearch, plan_partition
+from ..errors import OptionError
+from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, Candidate, StageSearch, plan_partition
 
-__all__ = ["StagesReport", "plan_stages", "parse_config", "plan_row", "Config"]
+__all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,17 @@ class Config:
 
     def __str__(self) -> str:
         return f"{self.data},{self.tensor},{self.pipeline},{self.microbatches}"
+
+
+def parse_split(text: str) -> tuple[int, ...]:
+    """``10,12,12,10``: layers per stage, positive integers."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise OptionError(f"--split expects layers per stage as positive integers, e.g. 10,12,12,10; got {text!r}")
+    return counts
 
 
 def parse_config(text: str) -> Config:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cost import CostModel
-from ..errors import InfeasibleError, PlannerError
+from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
@@ -52,9 +52,8 @@ from .pipeline import PipelineRun, simulate_schedule
 from .problem import PairProblem, Subspace, cheap_bound
 from .schedule import SCHEDULES, Schedule, family
 
-__all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "UnknownError",
-           "RefusedError", "OptionError", "BRUTE_FORCE_LIMIT", "CPSAT_MAX_CELLS", "DEFAULT_BUDGET",
-           "DEFAULT_SIMULATIONS"]
+__all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "BRUTE_FORCE_LIMIT",
+           "CPSAT_MAX_CELLS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
 
 METHODS = ("auto", "dp", "cpsat", "greedy", "brute-force")
 TOLERANCE = 1e-9               # relative: OPTIMAL means no plan is faster by more than this
@@ -62,18 +61,6 @@ BRUTE_FORCE_LIMIT = 20_000     # plans brute force may price (each is simulated)
 CPSAT_MAX_CELLS = 200_000      # Booleans of one pair's CP-SAT model
 DEFAULT_BUDGET = 2000          # subspaces solved before the search stops with a gap
 DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the search stops with a gap (~10 s)
-
-
-class UnknownError(PlannerError):
-    """No plan was found within the limits and none was proven impossible (exit 3)."""
-
-
-class OptionError(PlannerError):
-    """The options ask for something impossible on this cluster and model (exit 2)."""
-
-
-class RefusedError(OptionError):
-    """The method cannot finish this instance; said before starting (exit 2)."""
 
 
 @dataclass
@@ -114,7 +101,7 @@ class StageSearch:
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise PlannerError(f"unknown schedule '{self.schedule}'; expected one of: {', '.join(SCHEDULES)}")
+            raise OptionError(f"unknown schedule '{self.schedule}'; expected one of: {', '.join(SCHEDULES)}")
         self.cost = CostModel(self.topology)
         self._tables: dict[MeshShape, dict[int, CostTables]] = {}
 
@@ -225,7 +212,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
                    progress: Callable[[str], None] | None = None) -> SolveResult[Candidate]:
     """The fastest simulated plan over all pairs (and the ``top`` fastest, one per pair)."""
     if method not in METHODS:
-        raise PlannerError(f"unknown method '{method}'; expected one of: {', '.join(METHODS)}")
+        raise OptionError(f"unknown method '{method}'; expected one of: {', '.join(METHODS)}")
     with Stopwatch() as sw:
         pairs = search.pairs()
         if not pairs:
