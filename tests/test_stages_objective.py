@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from solver_planner.cost import CostModel
 from solver_planner.spec.cluster import ClusterSpec
-from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family, simulate_schedule
+from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, Schedule, family, simulate_schedule
 from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
 from solver_planner.stages.enumerate import all_plans
 from solver_planner.stages.objective import bounds, family_split
@@ -107,21 +107,13 @@ def relaxation(plan: Partition, schedules) -> float:
         g = min(gf if has_whole else math.inf, gw if has_split else math.inf)
         w = f[p] + b[p]
         values.append(B * w + g)
-        xg = edge_transfer_time(plan, p, p - 1, plan.stages[p].first - 1) if p > 0 else 0.0
-        xf = edge_transfer_time(plan, p, p + 1, plan.stages[p].last) if p + 1 < S else 0.0
+        xg, xf = edge_time(plan, p, p - 1), edge_time(plan, p, p + 1)
         if p == 0:
             acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
         else:
             values.append(acc + xg + B * w - (b[p] - ch[p]))
         acc = acc + f[p] + xf + ch[p] + xg
     return max(values)
-
-
-def edge_transfer_time(plan: Partition, p: int, q: int, layer: int) -> float:
-    """Layer ``layer``'s output (or its gradient) between neighbouring stages p and q."""
-    c = plan.costs
-    st = plan.stages[p]
-    return c.transfer_time(st.tensor, p, q, c.model.layers[layer].activations * c.samples(st.tensor))
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -156,7 +148,7 @@ def fits_band(pair: PairProblem, plan: Partition):
 @SETTINGS
 @given(instances())
 def test_the_relaxations_are_computed_the_same_way_twice(case):
-    """R1 of the dynamic program's arrays = R1 of objective.py; R2 and R3 re-derived here."""
+    """R1 of the dynamic program's arrays = the reference formula above; R2 and R3 re-derived here."""
     if case is None:
         return
     plan, schedules = case
@@ -366,3 +358,34 @@ def test_a_tied_layer_without_buckets_of_its_own_is_reduced_after_its_backward()
         embed_done = max(r.end for r in run.timeline.records if r.name.endswith("layer 0"))
         tie = next(r for r in run.timeline.records if r.name.startswith("tie"))
         assert tie.start >= embed_done
+
+
+def test_a_two_stage_1f1b_iteration_matches_its_hand_computed_timeline():
+    """The simulated time checked from above as well: 2 stages of one layer each, 2
+    micro-batches, tensor-parallel only (no gradient reduction), one activation and one
+    gradient channel on opposite port directions.  The timeline written out by hand."""
+    topo = topology(1, 4, "4 GB/s", "host")
+    act = 64 * 2**20
+    layers = [Layer("a", 3e11, 7e11, 0.0, 0.0, act, act, 0.0, allreduces=0),
+              Layer("b", 5e11, 4e11, 0.0, 0.0, act, act, 0.0, allreduces=0)]
+    model = LayerModel("two", layers, 2, None)
+    shape = MeshShape(1, 2)
+    costs = StageCosts(model, topo, shape, 2, cost_tables(topo, CostModel(topo), shape), True)
+    config = next(cfg for cfg in costs.configs if cfg.tensor == 2)   # d = 1: nothing to reduce
+    plan = Partition(costs, [StagePlan(0, 0, config), StagePlan(1, 1, config)])
+    f0, f1 = plan.forward
+    b0, b1 = plan.backward
+    xa, xg = plan.activation_time(0, 1), plan.gradient_time(1, 0)
+    assert min(f0, f1, b0, b1, xa, xg) > 0
+    F01 = 2 * f0                               # stage 0: F m0, F m1 (warm-up), B m0, B m1
+    A0 = f0 + xa                               # activations go in micro-batch order
+    A1 = max(F01, A0) + xa
+    B10 = A0 + f1 + b1                         # stage 1: F m0, B m0, F m1, B m1
+    G0 = B10 + xg
+    B11 = max(B10, A1) + f1 + b1
+    G1 = max(B11, G0) + xg
+    B00 = max(F01, G0) + b0
+    B01 = max(B00, G1) + b0
+    run = simulate_schedule(plan, Schedule("1f1b"))
+    assert run.iteration_time == pytest.approx(B01, rel=1e-12)
+    assert bounds(plan, Schedule("1f1b")).value <= run.iteration_time * (1 + REL)

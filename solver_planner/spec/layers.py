@@ -68,6 +68,12 @@ class LayerSpec(SpecModel):
         default=None, description="an earlier layer whose parameters this one shares (tied embeddings): a "
         "stage holding this layer without that one keeps a copy and all-reduces its gradient with it")
 
+    @property
+    def backward(self) -> float:
+        """Backward FLOPs per sample: ``backward_flops``, or twice the forward's (one product
+        for the input gradient and one for the weight gradient per matrix multiply)."""
+        return 2 * self.flops if self.backward_flops is None else self.backward_flops
+
 
 class TransformerSpec(SpecModel):
     """A GPT-style decoder: embedding, ``layers`` blocks, and the logits layer."""

@@ -179,7 +179,7 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
                 issues.append(source.issue(at, "tied layers must both appear once (no repeat)"))
             elif order.index(layer.tied_to) >= i:
                 issues.append(source.issue(at, f"layer '{layer.tied_to}' does not come before '{layer.name}'"))
-        backward = 2 * layer.flops if layer.backward_flops is None else layer.backward_flops
+        backward = layer.backward
         if layer.weight_flops is not None and layer.weight_flops > backward:
             issues.append(source.issue(("layers", i, "weight_flops"), f"the weight-gradient part"
                                        f" ({layer.weight_flops:g} FLOP) exceeds the backward ({backward:g} FLOP)"))

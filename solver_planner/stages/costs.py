@@ -468,7 +468,7 @@ class StageCosts:
         lanes = tab.lane_pairs(src, dst)
         topo = self.topology
         # the time depends only on which levels each lane crosses (equal meshes, identical hosts)
-        key = ("route", tuple(_level_crossed(topo, a, b) for a, b in lanes))
+        key = ("route", tuple(topo.divergence_level(a, b) for a, b in lanes))
         if key not in memo:
             memo[key] = _affine(lambda x: tab.cost.transfers_time(lanes, x))
         memo["transfer", src, dst] = memo[key]
@@ -525,11 +525,6 @@ def _names(resources) -> list[str]:
             name = _PORT_NAMES[r] = str(r)
         out.append(name)
     return out
-
-
-def _level_crossed(topology: Topology, a: int, b: int) -> int:
-    ca, cb = topology.coords(a), topology.coords(b)
-    return next((lv for lv, (x, y) in enumerate(zip(ca, cb)) if x != y), len(ca))
 
 
 def range_max(values: np.ndarray) -> np.ndarray:

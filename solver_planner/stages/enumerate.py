@@ -32,7 +32,7 @@ def balanced_greedy(pair: PairProblem) -> tuple[StagePlan, ...] | None:
     cuts.append((start, L - 1))
     out = []
     for p, (k, i) in enumerate(cuts):
-        T1, T2, INC = pair.stage_arrays(p)
+        _, T2, INC = pair.stage_arrays(p)
         kb, ib = k - p, i - p
         fits = [j for j in range(len(pair.configs)) if math.isfinite(INC[j, kb, ib])]
         if fits:

@@ -126,7 +126,7 @@ def _from_specs(specs: list[LayerSpec], training: TrainingSpec) -> list[Layer]:
         layer = Layer(
             name=spec.name,
             forward=spec.flops,
-            backward=2 * spec.flops if spec.backward_flops is None else spec.backward_flops,
+            backward=spec.backward,
             params=spec.params,
             optimizer=spec.params * opt if spec.optimizer_state is None else spec.optimizer_state,
             activations=spec.activations,
@@ -172,13 +172,6 @@ class LayerModel:
         ck = ("column", key)
         if ck not in self._cache:
             self._cache[ck] = np.asarray([getattr(x, key) for x in self.layers], dtype=float)
-        return self._cache[ck]
-
-    def range_sums(self, key: str) -> np.ndarray:
-        """``M[k, i]`` = sum of ``key`` over layers k..i (inclusive), 0 below the diagonal."""
-        ck = ("range", key)
-        if ck not in self._cache:
-            self._cache[ck] = range_sums(self.column(key))
         return self._cache[ck]
 
     def edges(self) -> list[tuple[int, int, float]]:

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..spec.layers import OPTIMIZER_SHARDING, RECOMPUTE
+
 __all__ = ["RECOMPUTE_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "transient_per_sample",
            "recompute_flops", "static_bytes", "gathered_bytes"]
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-SHARDINGS = ("none", "zero-1", "zero-2", "zero-3", "distributed")
+RECOMPUTE_MODES = tuple(m for m in RECOMPUTE if m != "auto")   # "auto": the search picks among these
+SHARDINGS = OPTIMIZER_SHARDING
 
 
 @dataclass(frozen=True)

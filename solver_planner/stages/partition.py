@@ -128,12 +128,3 @@ class Partition:
         own = self.owner
         return [(a, b, own[b]) for a, b in self.costs.model.ties() if own[a] != own[b]]
 
-    def tie_time(self) -> float:
-        """All-reduce of each tied copy's gradient with the shared layer's (0 without copies)."""
-        c = self.costs
-        if not c.comm or not self.copies:
-            return 0.0
-        return sum(c.tie_sync(self, a, b)[0] for a, b, _ in self.copies)
-
-    def describe(self) -> str:
-        return repr(self)

@@ -22,7 +22,7 @@ bound of this time; tests compare the two on random plans.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..simulate import Simulation
 from ..simulate.timeline import Timeline
@@ -44,8 +44,6 @@ class PipelineRun:
     busy: list[float]
     peak_memory: list[float]
     in_flight: list[int]
-    delays: list[bool] = field(default_factory=list)
-    transfer_time: float = 0.0
 
     @property
     def bubble_ratio(self) -> float:
@@ -54,11 +52,6 @@ class PipelineRun:
             return 0.0
         return 1.0 - sum(self.busy) / (len(self.busy) * self.iteration_time)
 
-    @property
-    def fits(self) -> bool:
-        return all(m <= self.device_memory for m in self.peak_memory)
-
-    device_memory: float = float("inf")
 
 
 def weight_delays(plan: Partition, schedule: Schedule) -> list[bool]:
@@ -79,18 +72,11 @@ def stage_orders(plan: Partition, schedule: Schedule) -> list[list[tuple[str, in
     return [stage_order(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
 
 
-def peak_live(plan: Partition, schedule: Schedule) -> list[int]:
-    return [live_peak(o) for o in stage_orders(plan, schedule)]
-
-
-def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> PipelineRun:
+def simulate_schedule(plan: Partition, schedule: Schedule) -> PipelineRun:
     """Build and run the task graph of one iteration of ``plan`` under ``schedule``."""
-    if isinstance(schedule, str):
-        schedule = Schedule(schedule, plan.costs.stages - 1 if schedule == "eager-1f1b" else 0)
     c = plan.costs
     model, S, size = c.model, c.stages, c.shape.size
     orders = stage_orders(plan, schedule)
-    delays = weight_delays(plan, schedule)
     sim = Simulation()
     chans = plan.channels
     inputs = {p: [q for (q, r) in chans if r == p] for p in range(S)}     # stages p reads from
@@ -209,6 +195,4 @@ def simulate_schedule(plan: Partition, schedule: Schedule | str = "1f1b") -> Pip
         if r.category in ("forward", "backward"):
             busy[stage_of[r.resources[0]]] += r.duration
     live = [live_peak(o) for o in orders]
-    transfer = sum(r.duration for r in timeline.records if r.category in ("activation", "gradient"))
-    return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live, delays, transfer,
-                       device_memory=c.device_memory)
+    return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live)

@@ -74,12 +74,10 @@ def warmup(schedule: Schedule, stages: int, p: int, microbatches: int) -> int:
     return max(1, min(stages - p + extra, microbatches))
 
 
-def stage_order(schedule: Schedule | str, stages: int, p: int, microbatches: int,
+def stage_order(schedule: Schedule, stages: int, p: int, microbatches: int,
                 delay: bool = False) -> list[tuple[str, int]]:
     """The (op, micro-batch) sequence stage ``p`` runs; ops are ``F`` and ``B``, or ``F``,
     ``BA`` and ``BW`` with weight delaying (``delay``: ``BW`` after the next forward)."""
-    if isinstance(schedule, str):
-        schedule = Schedule(schedule, stages - 1 if schedule == "eager-1f1b" else 0)
     B = microbatches
     W = warmup(schedule, stages, p, B)
     order: list[tuple[str, int]] = [("F", m) for m in range(W)]
