@@ -37,10 +37,11 @@ def cost_of():
     return CostModel
 
 
-def run_cli(*args, cwd=ROOT):
-    """Run the real command in a subprocess, as a user would."""
+def run_cli(*args, cwd=ROOT, env=None):
+    """Run the real command in a subprocess, as a user would (``env``: extra variables)."""
+    import os
     return subprocess.run([sys.executable, "-m", "solver_planner", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
+                          capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 # Property tests draw the same examples on every CI run (DESIGN.md: determinism).

@@ -17,16 +17,8 @@ from solver_planner.stages.schedule import live_count, live_peak, warmup
 from solver_planner.cost import CostModel
 from solver_planner.topology import Topology, load_topology
 
-from conftest import CLUSTERS, ROOT, SPECS, run_cli
+from conftest import CLUSTERS, SPECS, run_cli
 
-
-def run_cli_env(*args, **env):
-    """The real command with extra environment variables (e.g. another hash seed)."""
-    import os
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-m", "solver_planner", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **env})
 
 SMALL_CLUSTER = """
 name: small-2x2
@@ -208,7 +200,7 @@ def test_eager_family_contains_1f1b_and_weight_delaying():
 def test_cli_json_shape_and_determinism():
     args = ("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml", "--json")
     a = run_cli(*args)
-    b = run_cli_env(*args, PYTHONHASHSEED="123")
+    b = run_cli(*args, env={"PYTHONHASHSEED": "123"})
     assert a.returncode == 0, a.stderr
     da, db = json.loads(a.stdout), json.loads(b.stdout)
     for d in (da, db):

@@ -277,8 +277,8 @@ class ConfigCosts:
         x = float(self.grad_bytes[first, last])
         if x <= 0 or self.reduction_all[first, last] == 0:
             return []
-        n = int(np.ceil(x / self.bucket_cap))
-        times = [float(self.bucket_time(self.bucket_cap))] * (n - 1) + [float(self.bucket_time(x - (n - 1) * self.bucket_cap))]
+        n, full, last_t = bucket_split(x, self.bucket_cap, self.bucket_time)
+        times = [float(full)] * int(n) + [float(last_t)]
         return [t for t in times if t > 0]
 
     def layer_buckets(self, layer: int, copy: bool = False) -> list[float]:
@@ -388,11 +388,8 @@ class StageCosts:
         def chunked(x):
             """(full buckets, time of one, time of the last) and the total time of x bytes."""
             x = np.asarray(x, dtype=float)
-            n = np.ceil(x / cap)
-            last = x - np.maximum(n - 1, 0) * cap
-            full_t, last_t = bucket_time(np.full_like(x, cap)), bucket_time(last)
-            total = np.where(x > 0, np.maximum(n - 1, 0) * full_t + last_t, 0.0)
-            return (np.maximum(n - 1, 0), full_t, last_t), total
+            n, full_t, last_t = bucket_split(x, cap, bucket_time)
+            return (n, full_t, last_t), np.where(x > 0, n * full_t + last_t, 0.0)
 
         chunks, red = chunked(grads)
         chunks_copy, red_copy = chunked(grads + copy)
@@ -525,6 +522,14 @@ def _names(resources) -> list[str]:
             name = _PORT_NAMES[r] = str(r)
         out.append(name)
     return out
+
+
+def bucket_split(x, cap: float, bucket_time):
+    """``x`` gradient bytes in buckets of at most ``cap`` (DDP's): how many full buckets
+    precede the last one, the time of a full one and of the last (element-wise on arrays)."""
+    x = np.asarray(x, dtype=float)
+    full = np.maximum(np.ceil(x / cap) - 1, 0)
+    return full, bucket_time(np.full_like(x, cap)), bucket_time(x - full * cap)
 
 
 def range_max(values: np.ndarray) -> np.ndarray:
