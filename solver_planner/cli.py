@@ -15,6 +15,7 @@ from rich.table import Table
 from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .cli_execute import calibrate, execute_app
+from .cli_plan import check, plan
 from .cli_reduce import place, reduce_app
 from .cli_reshard import reshard
 from .cli_stages import stages
@@ -203,6 +204,8 @@ app.command()(handles_errors(place))
 app.add_typer(reduce_app, name="reduce")
 app.command()(reshard)
 app.command()(stages)
+app.command()(plan)
+app.command()(check)
 app.add_typer(execute_app, name="execute")
 app.command()(calibrate)
 

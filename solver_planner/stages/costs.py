@@ -52,7 +52,7 @@ from ..topology import Topology
 from .layers import LayerModel, range_sums
 from .memory import gathered_bytes, recompute_flops, saved_per_sample, static_bytes, transient_per_sample
 
-__all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts",
+__all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
 
 _PROBE = 1e9  # bytes at which affine terms are sampled
@@ -480,7 +480,7 @@ class StageCosts:
         tab = self.tables[t_src]
         key = ("ports", src, dst)
         if key not in tab.memo:
-            tab.memo[key] = _names({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
+            tab.memo[key] = port_names({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
         return tab.memo[key]
 
     def reduction_resources(self, t: int, p: int) -> list:
@@ -489,7 +489,7 @@ class StageCosts:
         key = ("reduction", p)
         if key not in tab.memo:
             res = tab.cost.collective("allreduce", tab.data_groups(p), 1.0).resources if tab.data > 1 else ()
-            tab.memo[key] = _names(res)
+            tab.memo[key] = port_names(res)
         return tab.memo[key]
 
     def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
@@ -505,14 +505,14 @@ class StageCosts:
             groups = [[sa * size + j, sb * size + j] for j in range(size)]
             nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
             c = self.tables[tb].cost.collective("allreduce", groups, nbytes)
-            self._transfers[key] = (c.time if self.comm else 0.0, _names(c.resources))
+            self._transfers[key] = (c.time if self.comm else 0.0, port_names(c.resources))
         return self._transfers[key]
 
 
 _PORT_NAMES: dict = {}
 
 
-def _names(resources) -> list[str]:
+def port_names(resources) -> list[str]:
     """Ports as their names: the simulator only compares them, and a string hashes once
     (a dataclass hashes on every lookup)."""
     out = []

@@ -23,13 +23,14 @@ bound of this time; tests compare the two on random plans.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from ..simulate import Simulation
 from ..simulate.timeline import Timeline
 from .partition import Partition
 from .schedule import Schedule, live_peak, stage_order
 
-__all__ = ["PipelineRun", "weight_delays", "stage_orders", "simulate_schedule"]
+__all__ = ["PipelineRun", "weight_delays", "stage_orders", "simulate_schedule", "exec_resource"]
 
 _LATE = 1e15      # priority of gradient buckets: after any pipeline transfer ready at the same moment
 
@@ -54,29 +55,53 @@ class PipelineRun:
 
 
 
-def weight_delays(plan: Partition, schedule: Schedule) -> list[bool]:
+def exec_resource(p: int) -> str:
+    """The simulator resource of stage ``p``'s compute stream."""
+    return f"stage[{p}].exec"
+
+
+Transfers = Mapping[tuple[str, int, int], tuple[float, Sequence]]
+
+
+def _transfer(plan: Partition, kind: str, src: int, dst: int, transfers: Transfers | None) -> tuple[float, Sequence]:
+    """(time, ports) of one micro-batch's tensors from stage ``src`` to ``dst`` (``kind``
+    'act' or 'grad'): the stage planner's lanes, or what ``transfers`` says (the end-to-end
+    plan's broadcast schedules, :mod:`solver_planner.plan`)."""
+    if transfers is not None and (kind, src, dst) in transfers:
+        return transfers[kind, src, dst]
+    c = plan.costs
+    duration = plan.activation_time(src, dst) if kind == "act" else plan.gradient_time(src, dst)
+    return duration, c.transfer_resources(plan.stages[src].tensor, src, dst) if c.comm else ()
+
+
+def weight_delays(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> list[bool]:
     """Seed 002 §4, "delay the least to cover all communications": a stage's ``BW`` waits for
     the next forward only when its gradient transfers outlast ``BW``."""
     if not schedule.weight_delay:
         return [False] * len(plan.stages)
     out = []
     for p in range(len(plan.stages)):
-        sends = sum(plan.gradient_time(p, q) for (q, r) in plan.channels if r == p)
+        sends = sum(_transfer(plan, "grad", p, q, transfers)[0] for (q, r) in plan.channels if r == p)
         out.append(sends > plan.backward_weight[p])
     return out
 
 
-def stage_orders(plan: Partition, schedule: Schedule) -> list[list[tuple[str, int]]]:
+def stage_orders(plan: Partition, schedule: Schedule, transfers: Transfers | None = None
+                 ) -> list[list[tuple[str, int]]]:
     c = plan.costs
-    delays = weight_delays(plan, schedule)
+    delays = weight_delays(plan, schedule, transfers)
     return [stage_order(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
 
 
-def simulate_schedule(plan: Partition, schedule: Schedule) -> PipelineRun:
-    """Build and run the task graph of one iteration of ``plan`` under ``schedule``."""
+def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> PipelineRun:
+    """Build and run the task graph of one iteration of ``plan`` under ``schedule``.
+
+    ``transfers[(kind, src, dst)] = (seconds, ports)`` replaces the stage planner's price of
+    a channel's per-micro-batch transfer ('act' from ``src`` to a later ``dst``, 'grad' back).
+    """
     c = plan.costs
     model, S, size = c.model, c.stages, c.shape.size
-    orders = stage_orders(plan, schedule)
+    orders = stage_orders(plan, schedule, transfers)
     sim = Simulation()
     chans = plan.channels
     inputs = {p: [q for (q, r) in chans if r == p] for p in range(S)}     # stages p reads from
@@ -84,23 +109,19 @@ def simulate_schedule(plan: Partition, schedule: Schedule) -> PipelineRun:
     ids: dict[tuple[str, int, int], int] = {}
     last_send: dict[tuple[str, int, int], int] = {}
     sends: dict[tuple[str, int, int], int] = {}
-    exec_res = [f"stage[{p}].exec" for p in range(S)]
+    exec_res = [exec_resource(p) for p in range(S)]
     last_task: list[list[int]] = [[] for _ in range(S)]
 
     def send(kind: str, src: int, dst: int, m: int, after: int) -> int:
         key = (kind, src, dst, m)
         if key not in sends:
-            t = plan.stages[src].tensor
-            if kind == "act":
-                duration = plan.activation_time(src, dst)
-            else:
-                duration = plan.gradient_time(src, dst)
+            duration, ports = _transfer(plan, kind, src, dst, transfers)
             deps = [after]
             prev = last_send.get((kind, src, dst))
             if prev is not None:
                 deps.append(prev)
-            tid = sim.add(f"{kind} {src}->{dst} mb{m}", duration, c.transfer_resources(t, src, dst) if c.comm else (),
-                          deps, stream="comm", category="activation" if kind == "act" else "gradient",
+            tid = sim.add(f"{kind} {src}->{dst} mb{m}", duration, ports, deps, stream="comm",
+                          category="activation" if kind == "act" else "gradient",
                           devices=(src * size,))
             sends[key] = last_send[kind, src, dst] = tid
         return sends[key]

@@ -1,0 +1,172 @@
+"""``solver-planner plan`` and ``solver-planner check``: one verified plan for a whole job.
+Thin: argument parsing and printing only (the library is :mod:`solver_planner.plan`)."""
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from . import units
+from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .plan import STRATEGIES, make_plan
+from .plan.check import check_plan
+from .plan.planfile import PlanFileError, plan_document, read_plan, write_plan
+from .simulate import write_chrome_trace
+from .spec import load_model_spec
+from .stages import METHODS, SCHEDULES
+from .stages.report import parse_config, parse_split
+
+
+def _progress(text: str) -> None:
+    if sys.stderr.isatty():
+        typer.echo(f"\r\x1b[K{text}", err=True, nl=False)
+
+
+def _writable(path: Optional[Path], what: str) -> None:
+    """Refuse an output path before the work starts (exit 2)."""
+    if path is None:
+        return
+    parent = path.expanduser().resolve().parent
+    if not parent.is_dir():
+        fail(f"{what} {path}: folder {parent} does not exist", 2)
+    if path.is_dir():
+        fail(f"{what} {path} is a folder", 2)
+
+
+@handles_errors
+def plan(
+    cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
+    model: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                 help="Model spec with 'layers' (or 'transformer') and 'training'."),
+    schedule: str = typer.Option("eager-1f1b", "--schedule", "-s",
+                                 help=f"Pipeline schedule family: {', '.join(SCHEDULES)}."),
+    method: str = typer.Option("auto", "--method", help=f"Stage search: {', '.join(METHODS)}."),
+    cross_mesh: str = typer.Option("broadcast", "--cross-mesh",
+                                   help="Stage boundaries: broadcast (seed 002's schedules), send-recv (Alpa's"
+                                        " baseline) or free (Signal Send/Recv: the upper bound)."),
+    overlap: bool = typer.Option(True, "--overlap/--no-overlap",
+                                 help="Overlap boundary transfers with computation (--no-overlap: each transfer"
+                                      " holds both stages' compute streams)."),
+    num_stages: Optional[int] = typer.Option(None, "--stages", min=1, help="Only plans with this many stages."),
+    config: Optional[str] = typer.Option(None, "--config", help="One configuration d,t,p,k (as for 'stages')."),
+    split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001,
+                                     help="CP-SAT limit per subproblem (roughly seconds)."),
+    proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
+                                        help="z3 time limit per gradient program (seconds)."),
+    seed: int = typer.Option(0, "--seed", help="Solver seed (one worker: reproducible)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan file (YAML) here."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
+    stage's placement and proven gradient program, a broadcast schedule at every stage
+    boundary, and the iteration simulated with all of them (seed 002 §5.2-5.3).
+
+    Exit codes: 0 plan found; 1 no plan fits in memory, or a part could not be proved; 2 bad spec or option; 3 a search or proof ran out of time with nothing proven.
+    """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    if cross_mesh not in STRATEGIES:
+        fail(f"unknown --cross-mesh '{cross_mesh}'; expected one of: {', '.join(STRATEGIES)}", 2)
+    _writable(output, "--output")
+    _writable(trace, "--trace")
+    topo = topology_of(cluster)
+    spec = load_model_spec(model)
+    try:
+        result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
+                           parse_config(config) if config is not None else None,
+                           parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
+                           progress=_progress)
+    finally:
+        if sys.stderr.isatty():
+            typer.echo("\r\x1b[K", err=True, nl=False)
+    doc = write_plan(result, output) if output is not None else plan_document(result)
+    if output is not None:
+        typer.echo(f"wrote {output}", err=True)
+    if trace is not None:
+        typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo)}", err=True)
+    unproved = [s for s in result.parts if s.proof in ("invalid", "unknown")]
+    if as_json:
+        print_json(doc)
+    else:
+        _print(doc)
+    if any(s.proof == "invalid" for s in unproved):
+        fail(f"stage {unproved[0].index}: its gradient program is not a valid all-reduce: {unproved[0].proof_detail}",
+             1)
+    if unproved:
+        fail(f"stage {unproved[0].index}: z3 did not prove its gradient program within {proof_timeout:g} s", 3)
+
+
+def _print(doc: dict) -> None:
+    out = console()
+    s = doc["schedule"]
+    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {len(doc['stages'])} stages of"
+              f" {'x'.join(map(str, doc['mesh']))} meshes, {doc['microbatches']} micro-batches of"
+              f" {doc['microbatch_size']}, {s['kind']}"
+              + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
+                 if s["kind"] == "eager-1f1b" else ""))
+    table = Table("stage", "layers", "devices", "d", "t", "placement", "gradient program", "proof", "memory")
+    for st in doc["stages"]:
+        first, last = st["layers"]
+        table.add_row(str(st["index"]), f"{first}-{last} ({st['layer_names'][0]}..{st['layer_names'][1]})",
+                      f"{st['devices'][0]}-{st['devices'][-1]}", str(st["data"]), str(st["tensor"]),
+                      str(st["matrix"]).replace(" ", ""), st["gradient_program"], st["proof"],
+                      units.format_bytes(st["memory"]))
+    out.print(table)
+    if doc["boundaries"]:
+        table = Table("boundary", "tensor", "specs", "strategy", "unit tasks", "time / micro-batch", "status")
+        for b in doc["boundaries"]:
+            table.add_row(f"{b['kind']} {b['src']}->{b['dst']}", f"{b['tensor']['shape']} {b['tensor']['dtype']}",
+                          f"{b['src_spec']} -> {b['dst_spec']}", b["strategy"], str(b.get("unit_tasks", "-")),
+                          units.format_time(b["time"]), b.get("status", "-"))
+        out.print(table)
+    bd = doc["breakdown"]
+    hid = doc["communication_hidden"]
+    out.print(f"  iteration {units.format_time(doc['iteration_time'])} (simulated): {doc['throughput']:.1f} samples/s,"
+              f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}")
+    out.print("  per stage on average: " + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}"
+                                                    for k, v in bd.items()))
+    out.print(f"  cross-mesh transfers {units.format_time(hid['cross_mesh_total'])} per iteration,"
+              f" {hid['hidden_fraction']:.1%} hidden; with them free the iteration takes"
+              f" {units.format_time(doc['cross_mesh_free_time'])}")
+    search = doc["search"]
+    if search:
+        out.print(f"  stage search {search['status']} ({search['method']}, gap {search['gap']:.2%}); solve times: "
+                  + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}" for k, v in doc["solve_times"].items()))
+
+
+@handles_errors
+def check(
+    cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
+    model: Path = typer.Argument(..., exists=True, dir_okay=False, help="Model spec (YAML)."),
+    plan_file: Path = typer.Argument(..., dir_okay=False, help="Plan file written by 'plan -o'."),
+    proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
+                                        help="z3 time limit per gradient program (seconds)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Re-check a plan file against CLUSTER and MODEL: every gradient program proved again
+    with z3, every boundary schedule re-checked and replayed, the iteration simulated again
+    and compared with the recorded times and memory.
+
+    Exit codes: 0 every part holds; 1 a part does not (the first is named); 2 unreadable plan file or spec; 3 a proof timed out.
+    """  # noqa: E501
+    topo = topology_of(cluster)
+    spec = load_model_spec(model)
+    try:
+        doc = read_plan(plan_file)
+    except PlanFileError as exc:
+        fail(str(exc), 2)
+    rep = check_plan(topo, spec, doc, proof_timeout)
+    if as_json:
+        print_json(rep.as_dict())
+    else:
+        out = console()
+        for f in rep.findings:
+            mark = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "unknown": "[yellow]unknown[/]"}[f.status]
+            out.print(f"{mark:>8}  {f.part}: {f.message}")
+    first = rep.first_failure
+    if first is not None:
+        fail(f"{first.part}: {first.message}", 1)
+    if rep.exit_code == 3:
+        fail("a proof timed out; nothing failed", 3)

@@ -1,0 +1,202 @@
+"""One training plan from a cluster and a model: the stage planner's partition, each stage's
+placement and proven gradient program, a broadcast schedule at every stage boundary, and
+the whole iteration simulated with them (seed 002 §5.2-5.3).
+
+A composition, not a fifth solver (DESIGN.md): every part comes from its own public API
+(:func:`solver_planner.stages.report.plan_stages`, :func:`.parts.stage_parts`,
+:func:`.boundaries.solve_boundaries`, :func:`solver_planner.stages.simulate_schedule`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..cost import CostModel
+from ..errors import InfeasibleError
+from ..spec.model import ModelSpec
+from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
+from ..stages.memory import recompute_flops
+from ..stages.report import Config, plan_stages
+from ..topology import Topology
+from .boundaries import Boundary, solve_boundaries, transfers_of
+from .parts import StagePart, stage_parts
+
+__all__ = ["TrainingPlan", "make_plan", "compose", "simulate_plan", "breakdown", "model_flops"]
+
+
+@dataclass
+class TrainingPlan:
+    """A whole plan and what its simulation says."""
+
+    topology: Topology
+    model: ModelSpec
+    partition: Partition
+    schedule: Schedule
+    family: str
+    parts: list[StagePart]
+    boundaries: list[Boundary]
+    run: PipelineRun
+    cross_mesh: str
+    solve_times: dict[str, float] = field(default_factory=dict)
+    stage_planner_time: float = 0.0             # the stage planner's simulated time of this partition
+    free_time: float = 0.0                      # the same iteration with cross-mesh communication free
+    tried: dict[str, float] = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+    overlap: bool = True
+
+    @property
+    def iteration_time(self) -> float:
+        return self.run.iteration_time
+
+    @property
+    def global_batch(self) -> int:
+        return self.partition.costs.model.global_batch
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.global_batch / self.iteration_time if self.iteration_time > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization: the model's forward and backward FLOPs per second (no
+        recomputation counted) over the cluster's peak (Narayanan et al. 2021's definition)."""
+        peak = self.topology.num_devices * self.topology.device.flops
+        return model_flops(self.partition) / (self.iteration_time * peak) if self.iteration_time > 0 else 0.0
+
+
+def model_flops(plan: Partition) -> float:
+    """Forward and backward FLOPs of one iteration over the global batch."""
+    m = plan.costs.model
+    return float((m.column("forward") + m.column("backward")).sum()) * m.global_batch
+
+
+def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tuple[PipelineRun, dict[str, float]]:
+    """The fastest member of ``schedules`` that fits in memory when the boundaries run
+    ``transfers``; and the simulated time of each member (the ones that do not fit too)."""
+    best: PipelineRun | None = None
+    tried: dict[str, float] = {}
+    memory = plan.costs.device_memory
+    for s in schedules:
+        run = simulate_schedule(plan, s, transfers)
+        fits = max(run.peak_memory) <= memory
+        tried[str(s)] = run.iteration_time if fits else float("inf")
+        if fits and (best is None or run.iteration_time < best.iteration_time):
+            best = run
+    if best is None:
+        raise InfeasibleError("no schedule of the family fits in device memory with the plan's boundaries")
+    return best, tried
+
+
+def breakdown(plan: TrainingPlan) -> dict[str, float]:
+    """Where the iteration goes, averaged over stages (seconds; the first four add up to the
+    iteration time): ``compute`` and ``tensor`` (tensor-parallel collectives inside
+    forward and backward), ``data_parallel`` (after a stage's last backward until it ends:
+    its exposed gradient reduction and the wait for the slowest stage), ``pipeline`` (idle
+    between a stage's first and last op: bubbles and waits for transfers); and
+    ``cross_mesh_exposed``, the part of the iteration the boundaries' transfers add (the
+    iteration time minus the same iteration with them free)."""
+    part = plan.partition
+    c = part.costs
+    T = plan.iteration_time
+    S = c.stages
+    no_comm = {}
+    compute = tensor = tail = idle = 0.0
+    last_end = [0.0] * S
+    first_start = [T] * S
+    for r in plan.run.timeline.records:
+        if r.category in ("forward", "backward"):
+            p = r.devices[0] // c.shape.size
+            last_end[p] = max(last_end[p], r.end)
+            first_start[p] = min(first_start[p], r.start)
+    for p, st in enumerate(part.stages):
+        cfg = st.config
+        if cfg not in no_comm:
+            no_comm[cfg] = _pure_compute(part, p)
+        pure = no_comm[cfg] * c.microbatches
+        busy = plan.run.busy[p]
+        compute += pure
+        tensor += max(0.0, busy - pure)
+        tail += T - last_end[p]
+        idle += last_end[p] - busy
+    return {"compute": compute / S, "tensor": tensor / S, "data_parallel": tail / S, "pipeline": idle / S,
+            "cross_mesh_exposed": max(0.0, T - plan.free_time)}
+
+
+def _pure_compute(part: Partition, p: int) -> float:
+    """Compute time of one micro-batch through stage ``p`` at peak rate, no collectives."""
+    c = part.costs
+    st = part.stages[p]
+    m = c.model
+    t = st.tensor
+    per_flop = c.samples(t) / t / c.topology.device.flops
+    sl = slice(st.first, st.last + 1)
+    flops = (m.column("forward")[sl].sum() + m.column("backward")[sl].sum()
+             + recompute_flops(m.layers, st.config.recompute)[sl].sum())
+    return float(flops * per_flop)
+
+
+def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
+              cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
+              config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
+              time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0,
+              progress: Callable[[str], None] | None = None) -> TrainingPlan:
+    """Plan ``model`` on ``topology`` end to end: the stage planner's best plan for the
+    ``schedule`` family (``method``, ``stages``, ``config``, ``layer_counts`` as for
+    ``solver-planner stages``), then :func:`compose`."""
+    say = progress or (lambda _t: None)
+    t0 = time.perf_counter()
+    say("searching stages")
+    rep = plan_stages(topology, model, schedule, method, time_limit, seed, stages=stages, config=config,
+                      layer_counts=layer_counts)
+    elapsed = time.perf_counter() - t0
+    search = {"status": rep.result.status.value, "method": rep.result.method, "bound": rep.result.bound,
+              "gap": rep.result.gap, "objective": rep.best.time}
+    out = compose(topology, model, rep.best.plan, schedule, cross_mesh, overlap, time_limit, seed, proof_timeout,
+                  progress, stage_planner_time=rep.best.time, search=search)
+    out.solve_times = {"stages": elapsed, **out.solve_times}
+    return out
+
+
+def compose(topology: Topology, model: ModelSpec, part: Partition, schedule: str = "1f1b",
+            cross_mesh: str = "broadcast", overlap: bool = True, time_limit: float = 10.0, seed: int = 0,
+            proof_timeout: float = 30.0, progress: Callable[[str], None] | None = None,
+            stage_planner_time: float = 0.0, search: dict | None = None) -> TrainingPlan:
+    """Place and prove every stage of ``part``, schedule every boundary, simulate the iteration.
+
+    Parameters
+    ----------
+    schedule : the family the iteration runs ('1f1b', 'gpipe', 'eager-1f1b'); its fastest
+        member that fits, with the boundaries' real schedules, is the plan's.
+    cross_mesh : 'broadcast' (seed 002 §3's schedules), 'send-recv' (Alpa's baseline) or
+        'free' (cross-mesh communication costs nothing: seed 002's "Signal Send/Recv" bound).
+    overlap : False makes each boundary transfer synchronous (it holds the compute streams
+        of both stages while it runs: seed 002 §5.3's "Broadcast" row); True runs it on the
+        communication streams, overlapping computation ("Overlap", and eager-1F1B).
+    """
+    say = progress or (lambda _t: None)
+    times: dict[str, float] = {}
+    c = part.costs
+    t0 = time.perf_counter()
+    say("placing stages and proving their gradient programs")
+    memory = [float(m) for m in part.memory([1] * c.stages)]
+    parts = stage_parts(part, topology, memory, proof_timeout)
+    times["placement_and_proofs"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cost = CostModel(topology)
+    bounds = solve_boundaries(part, parts, topology, cost, cross_mesh, time_limit=time_limit, seed=seed,
+                              progress=say)
+    times["resharding"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    say("simulating the iteration")
+    transfers = transfers_of(bounds, synchronous=not overlap)
+    run, tried = simulate_plan(part, family(schedule, c.stages), transfers)
+    free_run = simulate_schedule(part, run.schedule, {b.key: (0.0, ()) for b in bounds})
+    times["simulation"] = time.perf_counter() - t0
+    for p, stage in enumerate(parts):
+        stage.memory = run.peak_memory[p]
+    return TrainingPlan(topology, model, part, run.schedule, schedule, parts, bounds, run, cross_mesh, times,
+                        stage_planner_time=stage_planner_time, free_time=free_run.iteration_time, tried=tried,
+                        search=search or {}, overlap=overlap)

@@ -1,0 +1,130 @@
+"""The plan file: everything needed to re-check a plan and to launch it, as YAML.
+
+Format ``solver-planner-plan``, version 1.  Times are seconds, memory bytes; a boundary's
+schedule gives each unit task's sender device and its start and end in integer units of
+``time_unit`` seconds (the resharding scheduler's own unit, so the check is exact).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import PlannerError
+from ..resharding import TIME_UNIT
+from .compose import TrainingPlan, breakdown
+from .launch import launch_layout
+
+__all__ = ["FORMAT", "VERSION", "plan_document", "write_plan", "read_plan", "PlanFileError"]
+
+FORMAT = "solver-planner-plan"
+VERSION = 1
+MAX_PLAN_BYTES = 64 * 2**20      # a plan of 100 000 devices stays far below this
+
+
+class PlanFileError(PlannerError):
+    """A plan file that cannot be read as a plan (exit 2), as opposed to one whose
+    contents do not hold (exit 1, :mod:`.check`)."""
+
+
+def plan_document(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan as plain data (what ``-o`` writes and ``--json`` prints)."""
+    part = plan.partition
+    c = part.costs
+    run = plan.run
+    stages = []
+    for s in plan.parts:
+        stages.append({
+            "index": s.index, "layers": [s.first, s.last], "layer_names": list(s.layer_names),
+            "devices": list(s.devices), "mesh": list(s.mesh), "data": s.data, "tensor": s.tensor,
+            "recompute": s.recompute, "axes": ["data", "tensor"], "matrix": s.matrix.as_lists(),
+            "placements_allowed": s.alternatives, "gradient_program": s.program, "proof": s.proof,
+            "proof_detail": s.proof_detail, "memory": s.memory, "in_flight": run.in_flight[s.index],
+            "busy": run.busy[s.index],
+        })
+    bounds = []
+    for b in plan.boundaries:
+        entry: dict[str, Any] = {
+            "kind": b.kind, "src": b.src, "dst": b.dst, "tensor": {"shape": list(b.problem.shape),
+                                                                   "dtype": b.problem.dtype},
+            "src_spec": str(b.problem.src.spec), "dst_spec": str(b.problem.dst.spec), "time": b.time,
+        }
+        rp = b.plan
+        if rp is not None:
+            res = b.result
+            entry.update({
+                "strategy": rp.strategy, "status": res.status.value, "bound": res.bound, "method": res.method,
+                "unit_tasks": len(rp.tasks),
+                "schedule": [{"task": i, "slice": rp.problem.describe_slice(rp.tasks[i].slice),
+                              "sender_device": rp.sender(i).device, "receivers": list(rp.tasks[i].receivers),
+                              "start": rp.schedule.start[i], "end": rp.schedule.end[i]}
+                             for i in rp.schedule.order()],
+            })
+        else:
+            entry["strategy"] = "free"
+        bounds.append(entry)
+    s = plan.schedule
+    return {
+        "format": FORMAT, "version": VERSION,
+        "cluster": plan.topology.name, "model": plan.model.name, "devices": plan.topology.num_devices,
+        "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay},
+        "cross_mesh": plan.cross_mesh, "overlap": plan.overlap,
+        "mesh": c.shape.as_list(), "microbatches": c.microbatches, "microbatch_size": c.micro_size,
+        "global_batch": c.model.global_batch,
+        "iteration_time": plan.iteration_time,
+        "throughput": plan.throughput, "mfu": plan.mfu, "bubble_ratio": run.bubble_ratio,
+        "stage_planner_time": plan.stage_planner_time, "cross_mesh_free_time": plan.free_time,
+        "communication_hidden": _hidden(plan),
+        "breakdown": breakdown(plan), "schedules_tried": plan.tried, "search": plan.search,
+        "solve_times": plan.solve_times, "time_unit": TIME_UNIT,
+        "stages": stages, "boundaries": bounds, "launch": launch_layout(plan),
+    }
+
+
+def _hidden(plan: TrainingPlan) -> dict[str, float]:
+    """Cross-mesh transfer time of one iteration, and the part the schedule hides."""
+    total = sum(b.time for b in plan.boundaries) * plan.partition.costs.microbatches
+    exposed = max(0.0, plan.iteration_time - plan.free_time)
+    return {"cross_mesh_total": total, "cross_mesh_exposed": exposed,
+            "hidden_fraction": 1.0 - exposed / total if total > 0 else 1.0}
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Repeated values written out in full: a plan file has no anchors (``read_plan`` refuses them)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def write_plan(plan: TrainingPlan, path: Path) -> dict[str, Any]:
+    doc = plan_document(plan)
+    Path(path).write_text(yaml.dump(doc, Dumper=_NoAliases, sort_keys=False, width=120), encoding="utf-8")
+    return doc
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """The plan file's data, or :class:`PlanFileError` saying why it is not a plan file."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanFileError(f"{p}: no such plan file")
+    if p.stat().st_size > MAX_PLAN_BYTES:
+        raise PlanFileError(f"{p}: {p.stat().st_size} bytes is more than a plan file holds ({MAX_PLAN_BYTES})")
+    try:
+        text = p.read_text(encoding="utf-8")
+        # aliases are refused: a plan file is written by this tool and never needs them
+        if "*" in text and any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise PlanFileError(f"{p}: YAML aliases are not allowed in a plan file")
+        doc = yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise PlanFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise PlanFileError(f"{p}{where}: not YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')")
+    if doc.get("version") != VERSION:
+        raise PlanFileError(f"{p}: plan file version {doc.get('version')!r}; this version reads version {VERSION}")
+    return doc
