@@ -58,7 +58,10 @@ def plan(
                                         help="z3 time limit per gradient program (seconds)."),
     seed: int = typer.Option(0, "--seed", help="Solver seed (one worker: reproducible)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan file (YAML) here."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
+    trace: Optional[Path] = typer.Option(None, "--trace",
+                                         help="Write the simulated iteration as a Perfetto trace: one track per"
+                                              " stage (its first device; all its devices run the same ops) and"
+                                              " stream, and one per link port."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
@@ -85,7 +88,7 @@ def plan(
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
     if trace is not None:
-        typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo)}", err=True)
+        typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo, links=True)}", err=True)
     unproved = [s for s in result.parts if s.proof in ("invalid", "unknown")]
     if as_json:
         print_json(doc)

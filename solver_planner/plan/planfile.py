@@ -17,7 +17,7 @@ from ..resharding import TIME_UNIT
 from .compose import TrainingPlan, breakdown
 from .launch import launch_layout
 
-__all__ = ["FORMAT", "VERSION", "plan_document", "write_plan", "read_plan", "PlanFileError"]
+__all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
 
 FORMAT = "solver-planner-plan"
 VERSION = 1
@@ -98,9 +98,14 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+def write_document(doc: dict[str, Any], path: Path) -> None:
+    """Write plan data as YAML (no anchors or aliases)."""
+    Path(path).write_text(yaml.dump(doc, Dumper=_NoAliases, sort_keys=False, width=120), encoding="utf-8")
+
+
 def write_plan(plan: TrainingPlan, path: Path) -> dict[str, Any]:
     doc = plan_document(plan)
-    Path(path).write_text(yaml.dump(doc, Dumper=_NoAliases, sort_keys=False, width=120), encoding="utf-8")
+    write_document(doc, path)
     return doc
 
 
@@ -119,10 +124,14 @@ def read_plan(path: Path) -> dict[str, Any]:
         doc = yaml.safe_load(text)
     except UnicodeDecodeError as exc:
         raise PlanFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        raise PlanFileError(f"{p}:{line}: not YAML: character {exc.character!r} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
-        raise PlanFileError(f"{p}{where}: not YAML: {getattr(exc, 'problem', exc)}") from None
+        reason = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        raise PlanFileError(f"{p}{where}: not YAML: {reason}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')")
     if doc.get("version") != VERSION:

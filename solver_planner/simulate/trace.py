@@ -24,8 +24,9 @@ __all__ = ["to_chrome_trace", "write_chrome_trace"]
 _US = 1e6  # trace timestamps are in microseconds
 
 
-def to_chrome_trace(timeline: Timeline, topology: Topology | None = None) -> dict[str, Any]:
-    """The trace as a JSON-ready dict (``{"traceEvents": [...], "displayTimeUnit": "ms"}``)."""
+def to_chrome_trace(timeline: Timeline, topology: Topology | None = None, links: bool = False) -> dict[str, Any]:
+    """The trace as a JSON-ready dict (``{"traceEvents": [...], "displayTimeUnit": "ms"}``);
+    ``links``: every task also on one track per resource it holds (a process "links")."""
     events: list[dict[str, Any]] = []
     processes: dict[str, int] = {}
     threads: dict[tuple[int, str], int] = {}
@@ -49,6 +50,8 @@ def to_chrome_trace(timeline: Timeline, topology: Topology | None = None) -> dic
                 places.append((proc, f"device {d} {rec.stream}"))
         else:
             places = [("resources", str(rec.resources[0]) if rec.resources else rec.stream)]
+        if links and rec.devices:
+            places += [("links", str(r)) for r in rec.resources]
         args = {"task": rec.id, **{k: v for k, v in rec.args.items() if _jsonable(v)}}
         if rec.resources:
             args["resources"] = [str(r) for r in rec.resources]
@@ -76,8 +79,9 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
-def write_chrome_trace(timeline: Timeline, path: str | Path, topology: Topology | None = None) -> Path:
+def write_chrome_trace(timeline: Timeline, path: str | Path, topology: Topology | None = None,
+                       links: bool = False) -> Path:
     """Write the trace to ``path`` and return it."""
     path = Path(path)
-    path.write_text(json.dumps(to_chrome_trace(timeline, topology)), encoding="utf-8")
+    path.write_text(json.dumps(to_chrome_trace(timeline, topology, links)), encoding="utf-8")
     return path

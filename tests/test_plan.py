@@ -1,0 +1,263 @@
+"""The end-to-end plan: `check` replays what `plan` recorded, tampered plans are caught, the
+composition changes nothing but the boundaries, and eager-1F1B never loses to 1F1B."""
+
+import copy
+import json
+import random
+
+import pytest
+import yaml
+
+from conftest import CLUSTERS, SPECS, run_cli
+from solver_planner.plan import compose, make_plan
+from solver_planner.plan.check import check_plan
+from solver_planner.plan.planfile import PlanFileError, plan_document, read_plan, write_document, write_plan
+from solver_planner.spec import load_model_spec
+from solver_planner.stages import simulate_schedule
+from solver_planner.stages.report import Config
+from solver_planner.topology import load_topology
+
+P3 = CLUSTERS / "aws-p3.8xlarge-2.yaml"
+GPT = SPECS / "models" / "gpt3-2.6b.yaml"
+
+
+def model_file(tmp_path, layers, batch=64, name="m", microbatches=None, extra=""):
+    training = {"global_batch": batch, "dtype": "float16", "optimizer": "adam"}
+    if microbatches is not None:
+        training["microbatches"] = microbatches
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "layers": layers, "training": training}) + extra)
+    return path
+
+
+def random_layers(rng: random.Random, skips: bool, n: int | None = None):
+    n = n or rng.randint(4, 8)
+    layers = []
+    for i in range(n):
+        layer = {"name": f"l{i}", "flops": f"{rng.uniform(5, 400):.1f} GFLOP", "params": f"{rng.uniform(1, 300):.1f} MiB",
+                 "activations": f"{rng.uniform(0.5, 40):.2f} MiB", "allreduces": rng.choice([0, 1, 2])}
+        layers.append(layer)
+    if skips and n >= 4:
+        a = rng.randint(0, n - 3)
+        layers[a]["skip_to"] = [f"l{rng.randint(a + 2, n - 1)}"]
+    return layers
+
+
+@pytest.fixture(scope="module")
+def p3():
+    return load_topology(P3)
+
+
+def test_plan_then_check_replays_the_recorded_time(tmp_path):
+    out = tmp_path / "plan.yaml"
+    r = run_cli("plan", str(P3), str(GPT), "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    r = run_cli("check", str(P3), str(GPT), str(out), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and rep["replayed_iteration_time"] == pytest.approx(doc["iteration_time"], rel=1e-9)
+    assert read_plan(out)["iteration_time"] == doc["iteration_time"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_plans_check_and_eager_never_loses(tmp_path, p3, seed):
+    """Random layers (with a skip connection on odd seeds), stage counts and schedules: the
+    plan file checks, its replay equals the plan, and on the same partition the eager-1F1B
+    family is never slower than 1F1B."""
+    rng = random.Random(seed)
+    path = model_file(tmp_path, random_layers(rng, skips=seed % 2 == 1), batch=rng.choice([16, 32, 64]))
+    spec = load_model_spec(path)
+    schedule = rng.choice(["1f1b", "eager-1f1b", "gpipe"])
+    plan = make_plan(p3, spec, schedule, stages=rng.choice([2, 4, None]), proof_timeout=60)
+    doc = plan_document(plan)
+    rep = check_plan(p3, spec, copy.deepcopy(doc))
+    assert rep.exit_code == 0, rep.first_failure
+    assert rep.iteration_time == pytest.approx(plan.iteration_time, rel=1e-12)
+    assert all(s.proof in ("valid", "not needed") for s in plan.parts)
+    one = compose(p3, spec, plan.partition, "1f1b")
+    eager = compose(p3, spec, plan.partition, "eager-1f1b")
+    assert eager.iteration_time <= one.iteration_time * (1 + 1e-12)
+
+
+def test_free_cross_mesh_equals_the_stage_planner_without_communication(tmp_path, p3):
+    """With data and tensor degrees 1 the only communication is cross-mesh: the plan with it
+    free (the boundaries' override) and the stage planner with every communication zeroed
+    (its cost tables' switch) are two routes to the same iteration."""
+    rng = random.Random(7)
+    path = model_file(tmp_path, random_layers(rng, skips=True, n=10), batch=32)
+    cfg = "1,1,8,8"
+    r1 = run_cli("plan", str(P3), str(path), "--config", cfg, "--cross-mesh", "free", "-s", "1f1b", "--json")
+    assert r1.returncode == 0, r1.stderr
+    a = json.loads(r1.stdout)
+    split = ",".join(str(s["layers"][1] - s["layers"][0] + 1) for s in a["stages"])
+    r2 = run_cli("stages", str(P3), str(path), "--config", cfg, "--split", split, "--no-comm", "--json",
+                 "--no-baselines")
+    assert r2.returncode == 0, r2.stderr
+    b = json.loads(r2.stdout)
+    assert [s["layers"] for s in a["stages"]] == [s["layers"] for s in b["stages"]]
+    assert a["iteration_time"] == pytest.approx(b["iteration_time"], rel=1e-12)
+
+
+def test_priced_boundaries_add_time_only_where_they_are_exposed(reduced):
+    topo, spec, _ = reduced
+    plan = make_plan(topo, spec, "1f1b", config=REDUCED)
+    free = simulate_schedule(plan.partition, plan.schedule, {b.key: (0.0, ()) for b in plan.boundaries})
+    assert plan.free_time == pytest.approx(free.iteration_time, rel=1e-12)
+    assert plan.iteration_time >= plan.free_time * (1 - 1e-12)
+    assert plan.boundaries and all(b.time > 0 and b.plan is not None for b in plan.boundaries)
+
+
+# -- tampering ---------------------------------------------------------------------------------
+
+P3X4 = CLUSTERS / "aws-p3.8xlarge-4.yaml"
+REDUCED = Config(4, 2, 2, 16)     # d=4 over two hosts per stage: a synthesized P² program to prove
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    """A plan whose stages reduce over replicas on two hosts (a proven P² program each) and
+    whose boundaries have several unit tasks."""
+    topo = load_topology(P3X4)
+    layers = [{"name": "l", "repeat": 8, "flops": "80 GFLOP", "params": "200 MiB", "activations": "8 MiB",
+               "allreduces": 2}]
+    spec = load_model_spec(model_file(tmp_path_factory.mktemp("reduced"), layers, batch=128, name="reduced"))
+    plan = make_plan(topo, spec, "1f1b", config=REDUCED)
+    assert any(s.program != "none" and "host" in s.program and s.proof == "valid" for s in plan.parts)
+    return topo, spec, plan_document(plan)
+
+
+def _check(reduced, doc):
+    topo, spec, _ = reduced
+    return check_plan(topo, spec, doc)
+
+
+def test_untouched_plan_checks(reduced):
+    assert _check(reduced, copy.deepcopy(reduced[2])).exit_code == 0
+
+
+def test_a_wrong_program_is_caught(reduced):
+    doc = copy.deepcopy(reduced[2])
+    p = next(s["index"] for s in doc["stages"] if s["gradient_program"] != "none")
+    doc["stages"][p]["gradient_program"] = "ReduceScatter(host, InsideGroup)"
+    rep = _check(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.part == f"stage {p}"
+    assert "not a valid all-reduce" in rep.first_failure.message
+
+
+def test_a_valid_program_other_than_the_priced_one_is_caught(reduced):
+    doc = copy.deepcopy(reduced[2])
+    p = next(s["index"] for s in doc["stages"] if s["gradient_program"] != "none")
+    other = "AllReduce(root, InsideGroup)" if doc["stages"][p]["gradient_program"] != "AllReduce(root, InsideGroup)" \
+        else "Reduce(host, InsideGroup); AllReduce(host, Master(root)); Broadcast(host, InsideGroup)"
+    doc["stages"][p]["gradient_program"] = other
+    rep = _check(reduced, doc)
+    assert rep.exit_code == 1 and "not the one the plan's times price" in rep.first_failure.message
+
+
+def test_an_overlapping_schedule_is_caught(reduced):
+    topo = reduced[0]
+    doc = copy.deepcopy(reduced[2])
+    # two tasks sent from one host: they share its NIC
+    first, second = next((a, b) for bd in doc["boundaries"] for a in bd.get("schedule", [])
+                         for b in bd.get("schedule", []) if a is not b and a["start"] < b["start"]
+                         and topo.host(a["sender_device"]) == topo.host(b["sender_device"]))
+    length = second["end"] - second["start"]
+    second["start"], second["end"] = first["start"], first["start"] + length
+    rep = _check(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.part.startswith("boundary")
+    assert "overlap" in rep.first_failure.message
+
+
+def test_a_sender_without_the_slice_is_caught(reduced):
+    doc = copy.deepcopy(reduced[2])
+    b = next(b for b in doc["boundaries"] if b.get("schedule"))
+    b["schedule"][0]["sender_device"] = b["schedule"][0]["receivers"][0]     # a device of the receiving stage
+    rep = _check(reduced, doc)
+    assert rep.exit_code == 1 and "does not hold the slice" in rep.first_failure.message
+
+
+def test_an_edited_time_is_caught(reduced):
+    doc = copy.deepcopy(reduced[2])
+    doc["iteration_time"] *= 0.99
+    rep = _check(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.part == "iteration"
+
+
+def test_a_stage_that_does_not_fit_is_caught(tmp_path, p3):
+    """Moving layers onto one stage (every recorded schedule still feasible) overflows it."""
+    layers = [{"name": "l", "repeat": 12, "flops": "50 GFLOP", "params": "1 GiB", "activations": "1 MiB"}]
+    spec = load_model_spec(model_file(tmp_path, layers, batch=16))
+    plan = make_plan(p3, spec, "1f1b", config=Config(1, 2, 4, 16))
+    doc = plan_document(plan)
+    assert [s["layers"] for s in doc["stages"]] == [[0, 2], [3, 5], [6, 8], [9, 11]]
+    assert check_plan(p3, spec, copy.deepcopy(doc)).exit_code == 0
+    for st, layers in zip(doc["stages"], ([0, 8], [9, 9], [10, 10], [11, 11])):
+        st["layers"] = layers
+    rep = check_plan(p3, spec, doc)
+    assert rep.exit_code == 1 and rep.first_failure.part == "memory", rep.first_failure
+    assert "GiB per device" in rep.first_failure.message
+
+
+def test_wrong_inputs_and_files(tmp_path, reduced):
+    path = tmp_path / "plan.yaml"
+    write_document(reduced[2], path)
+    r = run_cli("check", str(CLUSTERS / "aws-p3.8xlarge-3.yaml"), str(GPT), str(path))
+    assert r.returncode == 1 and "inputs" in r.stderr and "Traceback" not in r.stderr
+    for text in ("format: something-else\n", "a: [1, 2\n", "a: &x [1]\nb: *x\nformat: solver-planner-plan\n",
+                 "\x00\x01", "format: solver-planner-plan\nversion: 99\n"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_bytes(text.encode("utf-8", "surrogatepass"))
+        with pytest.raises(PlanFileError):
+            read_plan(bad)
+        r = run_cli("check", str(P3), str(GPT), str(bad))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("check", str(P3), str(GPT), str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "no such plan file" in r.stderr
+
+
+def test_output_paths_are_checked_before_the_work(tmp_path):
+    r = run_cli("plan", str(P3), str(GPT), "-o", str(tmp_path / "nowhere" / "plan.yaml"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("plan", str(P3), str(GPT), "--cross-mesh", "carrier-pigeon")
+    assert r.returncode == 2 and "--cross-mesh" in r.stderr
+
+
+def test_written_plan_has_no_aliases_and_reads_back(tmp_path, reduced):
+    topo, spec, _ = reduced
+    plan = make_plan(topo, spec, "1f1b", config=REDUCED)
+    path = tmp_path / "plan.yaml"
+    doc = write_plan(plan, path)
+    assert "&id" not in path.read_text() and "*id" not in path.read_text()
+    assert read_plan(path)["boundaries"] == json.loads(json.dumps(doc["boundaries"]))
+
+
+# -- launch layout -------------------------------------------------------------------------------
+
+def test_launch_layout_matches_the_priced_groups(reduced):
+    """Every rank once; a stage's mesh rows are the tensor groups the stage planner priced,
+    its columns the data groups; coordinates are the placement matrix's (seed 000 §2.1)."""
+    topo, spec, _ = reduced
+    plan = make_plan(topo, spec, "1f1b", config=REDUCED)
+    lay = plan_document(plan)["launch"]
+    assert [r["rank"] for r in lay["ranks"]] == list(range(topo.num_devices))
+    tables = plan.partition.costs.tables
+    for st, part in zip(lay["stages"], plan.parts):
+        assert st["mesh_dim_names"] == ["dp", "tp"]
+        assert st["mesh"] == tables[part.tensor].tensor_groups(part.index)
+        for j, dev in enumerate(part.devices):
+            rank = lay["ranks"][dev]
+            assert (rank["data"], rank["tensor"]) == part.matrix.axis_coords(list(part.mesh), j)
+            assert rank["tensor_group"] == st["mesh"][rank["data"]]
+            assert rank["data_group"] == [row[rank["tensor"]] for row in st["mesh"]]
+
+
+def test_trace_has_a_track_per_link(tmp_path):
+    out = tmp_path / "trace.json"
+    r = run_cli("plan", str(P3), str(GPT), "--trace", str(out))
+    assert r.returncode == 0, r.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert "links" in names
+    threads = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert any("ethernet" in t or "nic" in t.lower() for t in threads), sorted(threads)[:10]
