@@ -12,6 +12,7 @@ from . import units
 from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 from .plan import STRATEGIES, make_plan
 from .plan.check import check_plan
+from .plan.emit import emit_execute_specs
 from .plan.planfile import PlanFileError, plan_document, read_plan, write_plan
 from .simulate import write_chrome_trace
 from .spec import load_model_spec
@@ -31,7 +32,7 @@ def _writable(path: Optional[Path], what: str) -> None:
     parent = path.expanduser().resolve().parent
     if not parent.is_dir():
         fail(f"{what} {path}: folder {parent} does not exist", 2)
-    if path.is_dir():
+    if path.is_dir() and what != "--emit":
         fail(f"{what} {path} is a folder", 2)
 
 
@@ -62,6 +63,10 @@ def plan(
                                          help="Write the simulated iteration as a Perfetto trace: one track per"
                                               " stage (its first device; all its devices run the same ops) and"
                                               " stream, and one per link port."),
+    emit: Optional[Path] = typer.Option(None, "--emit",
+                                        help="Write, into this folder, the specs and commands with which"
+                                             " 'solver-planner execute' runs the plan's gradient programs and"
+                                             " boundary reshardings on local processes."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
@@ -74,6 +79,9 @@ def plan(
         fail(f"unknown --cross-mesh '{cross_mesh}'; expected one of: {', '.join(STRATEGIES)}", 2)
     _writable(output, "--output")
     _writable(trace, "--trace")
+    if emit is not None and emit.exists() and not emit.is_dir():
+        fail(f"--emit {emit} is not a folder", 2)
+    _writable(emit, "--emit")
     topo = topology_of(cluster)
     spec = load_model_spec(model)
     try:
@@ -89,6 +97,9 @@ def plan(
         typer.echo(f"wrote {output}", err=True)
     if trace is not None:
         typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo, links=True)}", err=True)
+    if emit is not None:
+        emitted = emit_execute_specs(result, cluster, emit)
+        typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)
     unproved = [s for s in result.parts if s.proof in ("invalid", "unknown")]
     if as_json:
         print_json(doc)
