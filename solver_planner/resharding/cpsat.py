@@ -6,12 +6,16 @@ no-overlap over the intervals that hold it (Eq. 3); the makespan is at least eve
 present interval's end (Eq. 1).  Interchangeable tasks start in index order (symmetry
 breaking), the makespan is at least the combinatorial lower bound, and the search is
 warm-started from the best heuristic schedule.
+
+:func:`solve_cpsat` also solves a *window* of a larger schedule (the improvement phase's
+large-neighbourhood search): the tasks of the window, with each resource free only from
+its ``release`` time (when the fixed tasks before the window leave it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
+from typing import Sequence
 
 from .schedule import Instance, Schedule
 
@@ -24,30 +28,43 @@ class CpSatOutcome:
     bound: int
     optimal: bool
     status: str
+    deterministic_time: float = 0.0  # CP-SAT's own work measure, spent on this call
 
 
 def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: float = 10.0,
-                workers: int = 1, seed: int = 0) -> CpSatOutcome:
-    """Minimise the makespan; ``hint`` is a feasible schedule, which also caps the horizon."""
+                workers: int = 1, seed: int = 0, release: Sequence[int] | None = None) -> CpSatOutcome:
+    """Minimise the makespan; ``hint`` is a feasible schedule, which also caps the horizon.
+
+    ``time_limit`` is CP-SAT's deterministic time, so one worker gives the same answer on
+    every run.  With ``release`` (per resource), no task holds resource ``r`` before
+    ``release[r]``; ``hint`` must respect it.
+    """
     from ortools.sat.python import cp_model  # imported here: OR-Tools takes 0.25 s to load
 
     m = cp_model.CpModel()
     horizon = hint.makespan
-    makespan = m.new_int_var(lower_bound, horizon, "makespan")
+    free_at = list(release) if release is not None else [0] * len(inst.resources)
+    makespan = m.new_int_var(min(lower_bound, horizon), horizon, "makespan")
     starts, present = [], []
     by_resource: dict[int, list] = {}
     for i, cands in enumerate(inst.candidates):
         latest = horizon - min(c.duration for c in cands)
-        s = m.new_int_var(0, max(0, latest), f"s{i}")
+        earliest = min(max((free_at[r] for r in c.resources), default=0) for c in cands)
+        s = m.new_int_var(min(earliest, max(0, latest)), max(0, latest), f"s{i}")
         lits = []
         for k, c in enumerate(cands):
+            ready = max((free_at[r] for r in c.resources), default=0)
             if len(cands) == 1:
                 iv = m.new_fixed_size_interval_var(s, c.duration, f"t{i}")
                 m.add(makespan >= s + c.duration)
+                if ready:
+                    m.add(s >= ready)
             else:
                 lit = m.new_bool_var(f"x{i}_{k}")
                 iv = m.new_optional_fixed_size_interval_var(s, c.duration, lit, f"t{i}_{k}")
                 m.add(makespan >= s + c.duration).only_enforce_if(lit)
+                if ready:
+                    m.add(s >= ready).only_enforce_if(lit)
                 lits.append(lit)
             for r in c.resources:
                 by_resource.setdefault(r, []).append(iv)
@@ -66,7 +83,7 @@ def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: fl
             for r in c.resources:
                 load.setdefault(r, []).append((c.duration, present[i][k] if present[i] else None))
     for r in sorted(load):
-        fixed = sum(d for d, lit in load[r] if lit is None)
+        fixed = free_at[r] + sum(d for d, lit in load[r] if lit is None)
         terms = [d * lit for d, lit in load[r] if lit is not None]
         if terms:
             m.add(fixed + sum(terms) <= makespan)
@@ -102,13 +119,13 @@ def solve_cpsat(inst: Instance, hint: Schedule, lower_bound: int, time_limit: fl
     code = solver.solve(m)
     name = solver.status_name(code)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return CpSatOutcome(None, lower_bound, False, name)
+        return CpSatOutcome(None, lower_bound, False, name, solver.deterministic_time)
     choice = tuple(next(k for k, lit in enumerate(present[i]) if solver.boolean_value(lit)) if len(present[i]) > 1
                    else 0 for i in range(len(inst)))
     start = tuple(solver.value(s) for s in starts)
     end = tuple(start[i] + inst.candidates[i][choice[i]].duration for i in range(len(inst)))
     bound = max(lower_bound, int(round(solver.best_objective_bound)))
-    return CpSatOutcome(Schedule(choice, start, end), bound, code == cp_model.OPTIMAL, name)
+    return CpSatOutcome(Schedule(choice, start, end), bound, code == cp_model.OPTIMAL, name, solver.deterministic_time)
 
 
 def _relabel(inst: Instance, hint: Schedule) -> tuple[list[int], list[int]]:

@@ -4,7 +4,11 @@
 * :func:`load_balance`: Eq. 4 solved greedily, largest task first to the least-loaded
   sender host; tasks run in that order.
 * :func:`randomized_greedy`: rounds; each picks, over several random task orders, the
-  largest set of tasks that share no resource, and appends it to the order (seeded).
+  largest set of tasks that share no resource, and appends it to the order (seeded; a
+  fast variant that scans interchangeable tasks once per round).
+* :func:`alpa_greedy`: the same algorithm as seed 002 §3.2 states it (and Alpa runs it):
+  every iteration tries ``rounds`` random orders of all remaining tasks and keeps the
+  largest set; each task goes to its least-loaded free sender host.
 * :func:`dfs`: depth-first branch and bound over sender choices and task orders, pruned
   by a lower bound, under a time budget.
 * :func:`brute_force`: every order and sender choice; for tests on tiny instances.
@@ -17,14 +21,13 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from typing import Sequence
 
 from .schedule import Instance, Schedule
 
 # The DFS recurses once per task; beyond this many it returns its incumbent untouched.
 DFS_MAX_TASKS = 800
 
-__all__ = ["naive", "load_balance", "randomized_greedy", "dfs", "brute_force", "DfsResult"]
+__all__ = ["naive", "load_balance", "randomized_greedy", "alpa_greedy", "dfs", "brute_force", "DfsResult"]
 
 
 def naive(inst: Instance) -> Schedule:
@@ -93,6 +96,92 @@ def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8) -> Sched
             load[cand.host] = load.get(cand.host, 0) + cand.duration
         live = [c for c in live if pending[c]]
     return inst.list_schedule(order, choice)
+
+
+def alpa_greedy(inst: Instance, seed: int = 0, rounds: int = 100) -> Schedule:
+    """Seed 002 §3.2 "Greedy Search with Randomization", as written.
+
+    Iterations: each draws ``rounds`` random orders of the remaining tasks; in each order
+    it takes every task that shares no resource with those taken before it, sent from its
+    least-loaded candidate host whose resources are still free (ties: lowest host); the
+    iteration keeps the largest set ("the maximum number of devices": resources held, then
+    tasks, then the evener sender loads, as Alpa breaks ties) and appends it to the order.
+    Loads are the work each host already sends.  The order is list-scheduled.
+
+    Scanning a random order only matters at the tasks that can still be taken, so each
+    order is drawn lazily: the next task taken is uniform over the not-yet-scanned tasks
+    that still fit.  Interchangeable tasks (equal :meth:`Instance.signature`) behave alike,
+    so the draw is over their classes, weighted by how many of each are left; which member
+    of a class is named first does not change the schedule's makespan.  Seeded: the same
+    ``seed`` gives the same schedule.
+    """
+    rng = random.Random(seed)
+    classes: dict[tuple, list[int]] = {}
+    for i in range(len(inst)):
+        classes.setdefault(inst.signature(i), []).append(i)
+    members = [list(reversed(m)) for m in classes.values()]  # pop() gives the lowest index
+    cands = [inst.candidates[m[-1]] for m in members]
+    # Candidate k of class c, its host and resources (the class decides them).
+    resources = [[frozenset(c.resources) for c in cs] for cs in cands]
+    hosts = [[c.host for c in cs] for cs in cands]
+    durations = [[c.duration for c in cs] for cs in cands]
+    everything = len(inst.resources)
+    # A candidate holding nothing always fits: then a full resource set does not end an order.
+    saturates = all(rs for per_class in resources for rs in per_class)
+    load: dict[int, int] = {}
+    order: list[int] = []
+    choice = [0] * len(inst)
+    left = [len(m) for m in members]
+
+    def one_order() -> tuple[tuple[int, int, int], list[tuple[int, int]]]:
+        used: set[int] = set()
+        taken_of = [0] * len(members)
+        fits = [c for c in range(len(members)) if left[c]]
+        picked: list[tuple[int, int]] = []
+        held = 0
+        while fits:
+            weights = [left[c] - taken_of[c] for c in fits]
+            c = fits[_draw(rng, weights)]
+            k = min((k for k in range(len(cands[c])) if used.isdisjoint(resources[c][k])),
+                    key=lambda k: (load.get(hosts[c][k], 0), hosts[c][k]))
+            used |= resources[c][k]
+            held += len(resources[c][k])
+            taken_of[c] += 1
+            picked.append((c, k))
+            if saturates and len(used) == everything:
+                break
+            fits = [f for f in fits if left[f] > taken_of[f]
+                    and any(used.isdisjoint(rs) for rs in resources[f])]
+        after = dict(load)
+        for c, k in picked:
+            after[hosts[c][k]] = after.get(hosts[c][k], 0) + durations[c][k]
+        values = list(after.values())
+        spread = len(values) * sum(v * v for v in values) - sum(values) ** 2  # n^2 * variance, exact
+        return (held, len(picked), -spread), picked
+
+    while any(left):
+        best_score, best = one_order()
+        for _ in range(rounds - 1):
+            score, picked = one_order()
+            if score > best_score:
+                best_score, best = score, picked
+        for c, k in best:
+            i = members[c].pop()
+            left[c] -= 1
+            order.append(i)
+            choice[i] = k
+            load[hosts[c][k]] = load.get(hosts[c][k], 0) + durations[c][k]
+    return inst.list_schedule(order, choice)
+
+
+def _draw(rng: random.Random, weights: list[int]) -> int:
+    """An index drawn with probability proportional to ``weights`` (positive integers)."""
+    x = rng.randrange(sum(weights))
+    for j, w in enumerate(weights):
+        if x < w:
+            return j
+        x -= w
+    raise AssertionError("unreachable")
 
 
 class DfsResult:

@@ -17,7 +17,10 @@ from ..simulate import Simulation, Timeline
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Resource
 from . import heuristics
+from .bounds import assignment_bound
 from .cpsat import solve_cpsat
+from .dispatch import assign_senders, dispatch
+from .improve import improve_tail
 from .schedule import TIME_UNIT, Candidate, Instance, Schedule, to_units
 from .strategies import Strategy, UnitCost, unit_cost
 from .tasks import ReshardingProblem, UnitTask
@@ -25,11 +28,17 @@ from .tasks import ReshardingProblem, UnitTask
 __all__ = ["METHODS", "AUTO_EXACT_TASKS", "ReshardingPlan", "Scheduled", "build_instance", "schedule_instance",
            "plan_resharding", "replay", "check", "baselines", "report"]
 
-METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy")
-# Above this many unit tasks, method="auto" uses the best heuristic instead of CP-SAT.
+METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy", "alpa-greedy", "dispatch")
+# Up to this many unit tasks, method="auto" runs the CP-SAT model; above, dispatching and LNS.
 AUTO_EXACT_TASKS = 256
 # Nodes of DFS that improve CP-SAT's starting schedule.
 HINT_DFS_NODES = 2000
+# Deterministic time (CP-SAT's work measure, about seconds) of auto's improvement phase
+# and of its assignment bound, on large instances.
+AUTO_LNS_BUDGET = 2.0
+AUTO_BOUND_LIMIT = 0.5
+# Random orders per iteration of the "alpa-greedy" method (Alpa's default).
+ALPA_GREEDY_ROUNDS = 100
 
 
 @dataclass
@@ -125,14 +134,30 @@ class Scheduled:
 
 def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 10.0, seed: int = 0,
                       workers: int = 1) -> Scheduled:
-    """Schedule ``inst`` with ``method`` (see :data:`METHODS`); the bound is always valid."""
+    """Schedule ``inst`` with ``method`` (see :data:`METHODS`); the bound is always valid.
+
+    ``auto`` runs, by size:
+
+    * up to :data:`AUTO_EXACT_TASKS` unit tasks: the CP-SAT model (``cp-sat``), warm-started
+      from the best of load balancing, the greedy, dispatching and a short DFS; optimal
+      unless ``time_limit`` ends it first;
+    * above: balanced senders then priority dispatching (``dispatch``), the greedy and load
+      balancing, the best kept; while it is above the lower bound, the improvement phase
+      (CP-SAT on tail windows, :func:`improve.improve_tail`, at most
+      :data:`AUTO_LNS_BUDGET` deterministic time) and, if it is still above, the stronger
+      assignment bound (:func:`bounds.assignment_bound`).
+
+    Every method reports the combinatorial lower bound (raised by CP-SAT's proof where it
+    runs, and by the assignment bound where a gap is left), so a gap is always given.
+    Deterministic: the same inputs and ``seed`` give the same schedule (one CP-SAT worker).
+    """
     if method not in METHODS:
         raise PlannerError(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}")
     bound = inst.lower_bound()
     info: dict[str, Any] = {}
     used = method
     if method == "auto":
-        used = "cp-sat" if len(inst) <= AUTO_EXACT_TASKS else "greedy"
+        used = "cp-sat" if len(inst) <= AUTO_EXACT_TASKS else "dispatch"
     proven = False
     if used == "naive":
         sched = heuristics.naive(inst)
@@ -140,10 +165,21 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
         sched = heuristics.load_balance(inst)
     elif used == "greedy":
         sched = heuristics.randomized_greedy(inst, seed)
-        if method == "auto":  # "the best fallback": the greedy or plain load balance
-            sched = _best(sched, heuristics.load_balance(inst))
+    elif used == "alpa-greedy":
+        sched = heuristics.alpa_greedy(inst, seed, ALPA_GREEDY_ROUNDS)
+    elif used == "dispatch":
+        sched = dispatch(inst, assign_senders(inst))
+        if method == "auto":  # the best fallback, then the improvement phase while a gap is left
+            sched = _best(sched, heuristics.randomized_greedy(inst, seed), heuristics.load_balance(inst))
+            if sched.makespan > bound:
+                lns = improve_tail(inst, sched, bound, min(time_limit, AUTO_LNS_BUDGET), seed)
+                info["lns_calls"] = lns.calls
+                info["lns_deterministic_time"] = round(lns.deterministic_time, 3)
+                if lns.schedule.makespan < sched.makespan:
+                    sched, used = lns.schedule, "dispatch+lns"
     else:
-        start = _best(heuristics.load_balance(inst), heuristics.randomized_greedy(inst, seed))
+        start = _best(heuristics.load_balance(inst), heuristics.randomized_greedy(inst, seed),
+                      dispatch(inst, assign_senders(inst)))
         if used == "dfs":
             res = heuristics.dfs(inst, start, time_limit, bound)
             sched, proven = res.schedule, res.complete
@@ -162,6 +198,8 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
                 proven = out.optimal
     if proven:
         bound = max(bound, sched.makespan)
+    elif method == "auto" and sched.makespan > bound:
+        bound = max(bound, assignment_bound(inst, min(time_limit, AUTO_BOUND_LIMIT)))
     problems = inst.violations(sched)
     if problems:
         raise PlannerError(f"{used} produced an infeasible schedule: {problems[0]}")
