@@ -1,0 +1,586 @@
+"""The Python API: one function per question, for scripts and notebooks.
+
+Each function takes spec file paths (or objects already loaded), calls the library's own
+entry point for the question and returns that entry point's result object; it adds no
+logic of its own beyond reading files and choosing defaults (the ``solver-planner``
+command's). Heavy dependencies (OR-Tools, z3, numpy) load when a function first needs
+them, not at ``import solver_planner``.
+
+============  ================================================  =========================
+function      question                                          returns
+============  ================================================  =========================
+``load``      read a cluster and a model spec                   ``(Topology, ModelSpec)``
+``place``     parallelism matrices ranked by their reductions   ``(reports, SolveResult)``
+``verify``    is a reduction program valid? (z3 proof)          ``Verdict``
+``reshard``   cross-mesh broadcast schedules                    ``[SolveResult]``
+``stages``    pipeline stages on sub-meshes                     ``StagesReport``
+``plan``      the whole plan, simulated (optionally written)    ``TrainingPlan``
+``check``     re-derive every claim of a plan file              ``CheckReport``
+============  ================================================  =========================
+
+``solver_planner.plan`` and ``solver_planner.stages`` are also the names of subpackages,
+so those two functions are reached through this module; the recommended import is::
+
+    from solver_planner import api as sp
+    plan = sp.plan("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml")
+
+The paths in the examples are relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+
+from .errors import OptionError
+from .spec import ClusterSpec, ModelSpec, load_cluster_spec, load_model_spec
+from .topology import Topology
+
+if TYPE_CHECKING:  # only for annotations: importing these pulls in numpy
+    from .placement import ParallelismMatrix
+    from .plan.check import CheckReport
+    from .plan.compose import TrainingPlan
+    from .reduction.dsl import Program
+    from .reduction.ranking import PlacementReport
+    from .reduction.verify import Verdict
+    from .resharding import ReshardingPlan, ReshardingProblem
+    from .solve import SolveResult
+    from .stages.report import Config, StagesReport
+
+__all__ = ["load", "place", "verify", "reshard", "stages", "plan", "check"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _topology(cluster: PathLike | ClusterSpec | Topology) -> Topology:
+    if isinstance(cluster, Topology):
+        return cluster
+    if isinstance(cluster, ClusterSpec):
+        return Topology(cluster)
+    return Topology(load_cluster_spec(cluster))
+
+
+def _model(model: PathLike | ModelSpec) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else load_model_spec(model)
+
+
+def load(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec) -> tuple[Topology, ModelSpec]:
+    """Read a cluster spec and a model spec.
+
+    Parameters
+    ----------
+    cluster : str, path, ClusterSpec or Topology
+        A cluster spec file (YAML), or a spec or topology already loaded (returned as is).
+    model : str, path or ModelSpec
+        A model spec file (YAML), or a spec already loaded (returned as is).
+
+    Returns
+    -------
+    (Topology, ModelSpec)
+        The cluster's devices, levels, groups and links, and the validated model spec.
+
+    Raises
+    ------
+    SpecError
+        A file is missing, is not YAML, or does not match its schema; the message names
+        the file, line and key path.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> topo, model = sp.load("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/local-2x4.yaml")
+    >>> topo.name, topo.num_devices, topo.level_names
+    ('aws-p3.8xlarge-2', 8, ('host', 'gpu'))
+    >>> model.name, model.axis_names, [r.name for r in model.reductions]
+    ('local-2x4', ['data', 'model'], ['grads', 'data-grads'])
+    """
+    return _topology(cluster), _model(model)
+
+
+def _matrix(topo: Topology, spec: ModelSpec, matrix) -> ParallelismMatrix:
+    from .placement import ParallelismMatrix
+
+    if isinstance(matrix, str):
+        matrix = ParallelismMatrix.parse(matrix)
+    elif not isinstance(matrix, ParallelismMatrix):
+        matrix = ParallelismMatrix.of(matrix)
+    matrix.check(spec.axis_sizes, [lv.count for lv in topo.levels])
+    return matrix
+
+
+def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, method: str = "auto",
+          max_size: int = 5, algorithm: str = "ring", size_metric: str = "instructions",
+          matrices: Sequence | None = None) -> tuple[list[PlacementReport], SolveResult]:
+    """Every placement of the model's parallelism axes on the cluster's levels (parallelism
+    matrices, seed 000 §3.1), ranked by the time of its reductions' best synthesized programs.
+
+    Calls :func:`solver_planner.reduction.ranking.rank_placements`.
+
+    Parameters
+    ----------
+    cluster, model : path or loaded object
+        As for :func:`load`; the model needs ``parallelism.axes`` that fill the cluster.
+    method : {'auto', 'cp-sat', 'enumerate'}
+        How placements are found; ``auto`` picks CP-SAT for small models.
+    max_size : int
+        Largest program size synthesized for each reduction.
+    algorithm : {'ring', 'tree'}
+        The NCCL algorithm the cost model assumes.
+    size_metric : {'instructions', 'paper'}
+        How program size is counted (``paper``: seed 000's search space).
+    matrices : sequence, optional
+        Rank only these placements (each a ``ParallelismMatrix``, rows as lists, or text
+        such as ``'[[1,2],[2,2]]'``).
+
+    Returns
+    -------
+    reports : list of PlacementReport
+        Best placement first: ``.matrix``, ``.cost`` and, per reduction, ``.reductions[i]``
+        with its AllReduce baseline, ``.best`` program (``.text``, ``.time``) and every
+        valid ``.programs``. Empty when no placement satisfies the model's constraints.
+    found : SolveResult
+        The placement search: ``.method`` used, ``.wall_time``, ``.status``.
+
+    Raises
+    ------
+    SpecError
+        A spec is invalid, the model has no parallelism axes, or they do not fill the cluster.
+    ValueError
+        An unknown ``method``, ``algorithm`` or ``size_metric``, or a matrix of other sizes.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> reports, found = sp.place("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/local-2x4.yaml")
+    >>> len(reports), found.method
+    (2, 'cp-sat')
+    >>> best = reports[0]
+    >>> str(best.matrix), best.reductions[0].name, best.reductions[0].best.text
+    ('[[1,2],[2,2]]', 'grads', 'ReduceScatter(host, InsideGroup); AllReduce(host, Parallel(root)); AllGather(host, InsideGroup)')
+    >>> best.reductions[0].speedup > 1     # faster than one AllReduce over all 8 GPUs
+    True
+    """
+    from .reduction.ranking import rank_placements
+
+    topo, spec = load(cluster, model)
+    chosen = None if matrices is None else [_matrix(topo, spec, m) for m in matrices]
+    return rank_placements(topo, spec, method, max_size, algorithm, matrices=chosen, metric=size_metric)
+
+
+def _reduction(spec: ModelSpec, name: str | None):
+    if not spec.reductions:
+        raise spec.source.error(("reductions",), "the model spec asks for no reduction")
+    if name is None:
+        return spec.reductions[0]
+    for red in spec.reductions:
+        if red.name == name:
+            return red
+    raise OptionError(f"no reduction named {name!r}; the model has: {', '.join(r.name for r in spec.reductions)}")
+
+
+def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec,
+           program: str | os.PathLike | Program, matrix=None, reduction: str | None = None,
+           timeout: float = 30.0, engine: str = "z3") -> Verdict:
+    """Prove a reduction program valid on a placement, or find where it goes wrong.
+
+    Valid means every device ends with the exact sum over its reduction group, whatever
+    the data (README, "What a program means"). Composes
+    :func:`solver_planner.reduction.ranking.lowering_for`,
+    :func:`solver_planner.reduction.verify.system_steps` and
+    :func:`solver_planner.reduction.proof.verify_z3`, as ``solver-planner reduce verify`` does.
+
+    Parameters
+    ----------
+    cluster, model : path or loaded object
+        As for :func:`place`.
+    program : str, path or Program
+        DSL text such as ``'Reduce(gpu, InsideGroup); AllReduce(host, Parallel(root))'``,
+        a parsed program (:func:`solver_planner.reduction.dsl.parse_program`), or a YAML
+        file of explicit steps (a path, or a string naming an existing file or ending in
+        ``.yaml``/``.yml``; see ``examples/*.yaml``).
+    matrix : str, list of lists or ParallelismMatrix, optional
+        The placement; default: the best-ranked one (``place(...)[0][0].matrix``).
+    reduction : str, optional
+        Which of the model's reductions; default: the first.
+    timeout : float
+        Seconds z3 may take before the verdict is ``'unknown'``.
+    engine : {'z3', 'semantics'}
+        ``z3`` proves over symbolic data; ``semantics`` applies the rules only.
+
+    Returns
+    -------
+    Verdict
+        ``.status`` is ``'valid'``, ``'invalid'`` (``.violation`` names the step, group,
+        device and chunk) or ``'unknown'``; ``.valid``, ``.wall_time``, ``.as_dict()``.
+
+    Raises
+    ------
+    SpecError
+        A spec or explicit-steps file is invalid, or the model asks for no reduction.
+    OptionError
+        No reduction of that name, or an unknown engine.
+    InfeasibleError
+        ``matrix`` is None and no placement satisfies the model's constraints.
+    ValueError
+        The DSL text does not parse or does not fit the hierarchy, or the matrix has the
+        wrong sizes.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> cluster, model = "specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/local-2x4.yaml"
+    >>> program = "ReduceScatter(host, InsideGroup); AllReduce(host, Parallel(root)); AllGather(host, InsideGroup)"
+    >>> sp.verify(cluster, model, program, matrix="[[1,2],[2,2]]").status
+    'valid'
+    >>> verdict = sp.verify(cluster, model, "AllReduce(gpu, InsideGroup)", matrix="[[1,2],[2,2]]")
+    >>> verdict.status, verdict.violation is not None
+    ('invalid', True)
+    """
+    if engine not in ("z3", "semantics"):
+        raise OptionError(f"unknown engine {engine!r}; expected z3 or semantics")
+    from .errors import InfeasibleError
+    from .reduction.dsl import parse_program
+    from .reduction.ranking import check_placeable, lowering_for, rank_placements
+    from .reduction.verify import system_steps, verify_steps
+
+    topo, spec = load(cluster, model)
+    check_placeable(topo, spec)
+    red = _reduction(spec, reduction)
+    if matrix is None:
+        reports, _ = rank_placements(topo, spec)
+        if not reports:
+            raise InfeasibleError("no placement satisfies the model's constraints")
+        chosen = reports[0].matrix
+    else:
+        chosen = _matrix(topo, spec, matrix)
+    lowering = lowering_for(topo, spec, chosen, red)
+    if isinstance(program, os.PathLike) or (isinstance(program, str) and (
+            program.endswith((".yaml", ".yml")) or Path(program).is_file())):
+        from .reduction.explicit import load_explicit_program
+
+        steps = load_explicit_program(program, topo.num_devices)
+    else:
+        steps = system_steps(lowering, parse_program(program) if isinstance(program, str) else tuple(program))
+    if engine == "semantics":
+        return verify_steps(lowering, steps)
+    from .reduction.proof import verify_z3
+
+    return verify_z3(lowering, steps, timeout)
+
+
+def reshard(cluster: PathLike | ClusterSpec | Topology,
+            model: PathLike | ModelSpec | ReshardingProblem | Sequence[ReshardingProblem],
+            name: str | None = None, method: str = "auto", strategy: str = "broadcast", time_limit: float = 10.0,
+            seed: int = 0, workers: int = 1) -> list[SolveResult[ReshardingPlan]]:
+    """Schedule cross-mesh resharding (seed 002 §3): which host sends each slice of a
+    tensor to the hosts of the next mesh, and when; every schedule is replayed in the
+    simulator and checked before it is returned.
+
+    Calls :func:`solver_planner.resharding.plan_resharding` and
+    :func:`solver_planner.resharding.check` for each problem.
+
+    Parameters
+    ----------
+    cluster : path or loaded object
+        As for :func:`load`.
+    model : path, ModelSpec, ReshardingProblem or a sequence of them
+        A model spec with a ``resharding:`` list, or problems built in code with
+        ``ReshardingProblem.build(name, shape, dtype, topology, (hosts, per_host, spec),
+        (hosts, per_host, spec))`` (handy for sweeping tensor shapes).
+    name : str, optional
+        Only the model's resharding of this name.
+    method : {'auto', 'cp-sat', 'naive', 'load-balance', 'dfs', 'greedy'}
+        The scheduler; ``auto`` is CP-SAT on small cases, else the best heuristic.
+    strategy : {'broadcast', 'send-recv', ...}
+        How one slice reaches its receivers (:class:`solver_planner.resharding.Strategy`).
+    time_limit : float
+        Budget of CP-SAT (deterministic time, about seconds) or of the DFS.
+    seed : int
+        Seed of the randomized greedy and of CP-SAT.
+    workers : int
+        CP-SAT workers; only 1 gives the same plan on every run.
+
+    Returns
+    -------
+    list of SolveResult
+        One per resharding, in the model's order: ``.solution`` is the
+        :class:`ReshardingPlan` (``.makespan``, ``.tasks``, ``.sender(i)``,
+        ``.schedule``), ``.objective`` its makespan in seconds, ``.bound`` a lower
+        bound, ``.gap``, ``.status``, ``.method``. For the table the command prints,
+        pass a result to :func:`solver_planner.resharding.report`.
+
+    Raises
+    ------
+    SpecError
+        A spec is invalid, the model has no resharding (or none called ``name``), or a
+        mesh does not fit the cluster.
+    PlannerError
+        An unknown method, or a schedule whose replay disagrees with it (a bug).
+    ValueError
+        An unknown strategy.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> results = sp.reshard("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/local-2x4.yaml")
+    >>> [r.solution.problem.name for r in results]
+    ['same-spec', 'transpose', 'replicated-to-sharded', 'uneven']
+    >>> best = results[1]
+    >>> best.status.value, best.gap, len(best.solution.tasks)
+    ('OPTIMAL', 0.0, 16)
+    """
+    from .cost import CostModel
+    from .resharding import ReshardingProblem, check as check_schedule, plan_resharding, problems_from_model
+
+    topo = _topology(cluster)
+    if isinstance(model, ReshardingProblem):
+        problems = [model]
+    elif isinstance(model, (list, tuple)):
+        problems = list(model)
+    else:
+        problems = problems_from_model(_model(model), topo, name)
+    cost = CostModel(topo)
+    results = []
+    for problem in problems:
+        result = plan_resharding(problem, cost, method, strategy, time_limit, seed, workers)
+        check_schedule(result.solution, cost)
+        results.append(result)
+    return results
+
+
+def _config(config) -> Config | None:
+    from .stages.report import Config, parse_config
+
+    if config is None or isinstance(config, Config):
+        return config
+    if isinstance(config, str):
+        return parse_config(config)
+    return Config(*config)
+
+
+def _split(split) -> tuple[int, ...] | None:
+    from .stages.report import parse_split
+
+    if split is None:
+        return None
+    return parse_split(split) if isinstance(split, str) else tuple(int(n) for n in split)
+
+
+def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "1f1b",
+           method: str = "auto", num_stages: int | None = None, config=None, split=None, top: int = 1,
+           baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
+           budget: int | None = None, simulations: int | None = None,
+           progress: Callable[[str], None] | None = None) -> StagesReport:
+    """Cut the model's layers into pipeline stages on equal sub-meshes, choose each
+    stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
+    simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
+
+    Calls :func:`solver_planner.stages.report.plan_stages`, as ``solver-planner stages``.
+
+    Parameters
+    ----------
+    cluster, model : path or loaded object
+        As for :func:`load`; the model needs ``layers`` (or ``transformer``) and ``training``.
+    schedule : {'1f1b', 'gpipe', 'eager-1f1b'}
+        The pipeline schedule family.
+    method : {'auto', 'dp', 'cpsat', 'greedy', 'brute-force'}
+        The search.
+    num_stages : int, optional
+        Only plans with this many stages.
+    config : str, tuple or Config, optional
+        One configuration ``'d,t,p,k'`` (data, tensor, pipeline degrees, micro-batches).
+    split : str or sequence of int, optional
+        Layers per stage, e.g. ``'10,12,12,10'``.
+    top : int
+        Also keep the ``top`` fastest plans (``.result.solutions``).
+    baselines : bool
+        Also the best pure data, tensor and pipeline plans (three more searches; the
+        command does them by default).
+    comm : bool
+        False prices every communication at zero (a what-if).
+    time_limit : float
+        CP-SAT deterministic time per subspace (roughly seconds).
+    seed : int
+        CP-SAT seed.
+    budget, simulations : int, optional
+        Subspaces solved and tasks simulated before the search stops with a gap
+        (default: the library's).
+    progress : callable, optional
+        Called with a line of text as the search advances.
+
+    Returns
+    -------
+    StagesReport
+        ``.partition`` (the stages: ``.stages[i].first``, ``.last``, ``.tensor``), ``.run``
+        (the simulated iteration: ``.iteration_time``, ``.bubble_ratio``,
+        ``.peak_memory``), ``.result`` (status, bound, gap, method, wall time) and
+        ``.as_dict()`` (what ``--json`` prints).
+
+    Raises
+    ------
+    SpecError
+        A spec is invalid or the model has no layers.
+    OptionError
+        An unknown schedule or method, or a config / split that contradicts the cluster
+        or the model.
+    InfeasibleError
+        No plan fits in device memory (the message gives the smallest shortfall).
+    UnknownError
+        Nothing found within the limits and nothing proven impossible.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> rep = sp.stages("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml", num_stages=2)
+    >>> [(st.first, st.last, st.tensor) for st in rep.partition.stages]
+    [(0, 16, 4), (17, 33, 4)]
+    >>> rep.result.status.value, rep.run.iteration_time > 0
+    ('OPTIMAL', True)
+    """
+    from .stages.report import plan_stages
+
+    topo, spec = load(cluster, model)
+    limits = {k: v for k, v in (("budget", budget), ("simulations", simulations)) if v is not None}
+    return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
+                       config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
+                       **limits)
+
+
+def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",
+         method: str = "auto", cross_mesh: str = "broadcast", overlap: bool = True, num_stages: int | None = None,
+         config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
+         output: PathLike | None = None, progress: Callable[[str], None] | None = None) -> TrainingPlan:
+    """One plan for the whole training job (seed 002 §5.2-5.3): pipeline stages and their
+    (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
+    broadcast schedule at every stage boundary, and the iteration simulated with them.
+
+    Calls :func:`solver_planner.plan.make_plan` (and, with ``output``,
+    :func:`solver_planner.plan.planfile.write_plan`), as ``solver-planner plan [-o]``.
+
+    Parameters
+    ----------
+    cluster, model : path or loaded object
+        As for :func:`stages`.
+    schedule : {'eager-1f1b', '1f1b', 'gpipe'}
+        The pipeline schedule family (the command's default, eager-1F1B).
+    method : str
+        The stage search, as for :func:`stages`.
+    cross_mesh : {'broadcast', 'send-recv', 'free'}
+        Stage boundaries: seed 002's broadcast schedules, Alpa's send/recv baseline, or
+        free (the "Signal Send/Recv" upper bound).
+    overlap : bool
+        Overlap boundary transfers with computation (False: each transfer holds both
+        stages' compute streams).
+    num_stages, config, split : optional
+        Restrict the stage search, as for :func:`stages`.
+    time_limit : float
+        CP-SAT limit per subproblem (roughly seconds).
+    proof_timeout : float
+        z3 time limit per gradient program (seconds).
+    seed : int
+        Solver seed (one worker: reproducible).
+    output : str or path, optional
+        Also write the plan file (YAML) here; :func:`check` re-derives it.
+    progress : callable, optional
+        Called with a line of text as each part starts.
+
+    Returns
+    -------
+    TrainingPlan
+        ``.iteration_time`` (seconds, simulated), ``.throughput`` (samples/s), ``.mfu``,
+        ``.parts`` (per stage: ``.matrix``, ``.program``, ``.proof``, ``.memory``, ...),
+        ``.boundaries`` (per boundary: ``.time`` and its resharding ``.plan``), ``.run``
+        (the simulated iteration), ``.solve_times``. The plan file's contents are
+        ``solver_planner.plan_document(plan)``.
+
+    Raises
+    ------
+    SpecError
+        A spec is invalid or the model has no layers.
+    OptionError
+        An unknown schedule or method, or restrictions that contradict the cluster.
+    ValueError
+        An unknown ``cross_mesh``.
+    InfeasibleError
+        No plan fits in device memory.
+    UnknownError
+        The stage search found nothing within its limits.
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> p = sp.plan("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/u-transformer.yaml")
+    >>> len(p.parts), [(s.data, s.tensor) for s in p.parts]
+    (1, [(4, 2)])
+    >>> p.iteration_time > 0 and p.throughput > 0 and 0 < p.mfu < 1
+    True
+    """
+    from .plan import make_plan
+
+    topo, spec = load(cluster, model)
+    result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
+                       stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
+                       seed=seed, proof_timeout=proof_timeout, progress=progress)
+    if output is not None:
+        from .plan.planfile import write_plan
+
+        write_plan(result, Path(output))
+    return result
+
+
+def check(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec,
+          plan: PathLike | dict[str, Any] | TrainingPlan, proof_timeout: float = 30.0) -> CheckReport:
+    """Re-derive every claim of a plan from the cluster and model specs: each gradient
+    program proved again with z3, each boundary schedule re-checked and replayed, the
+    iteration simulated again and compared with the recorded times and memory.
+
+    Calls :func:`solver_planner.plan.check.check_plan`, as ``solver-planner check``.
+
+    Parameters
+    ----------
+    cluster, model : path or loaded object
+        The specs the plan was made from.
+    plan : str, path, dict or TrainingPlan
+        A plan file written by :func:`plan` (``output=``) or ``solver-planner plan -o``,
+        its contents as read by ``solver_planner.read_plan``, or a plan just made.
+    proof_timeout : float
+        z3 time limit per gradient program (seconds).
+
+    Returns
+    -------
+    CheckReport
+        ``.exit_code`` (0 every part holds, 1 a part does not, 3 a proof timed out),
+        ``.first_failure``, ``.findings`` (``.part``, ``.status``, ``.message`` each),
+        ``.as_dict()``.
+
+    Raises
+    ------
+    SpecError
+        A spec is invalid.
+    PlanFileError
+        The file is missing or is not a plan file (a file whose contents do not hold is
+        not an error: it gives exit code 1).
+
+    Examples
+    --------
+    >>> from solver_planner import api as sp
+    >>> cluster, model = "specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/u-transformer.yaml"
+    >>> report = sp.check(cluster, model, sp.plan(cluster, model, schedule="1f1b"))
+    >>> report.exit_code, report.first_failure
+    (0, None)
+    >>> sorted({f.status for f in report.findings})
+    ['ok']
+    """
+    from .plan.check import check_plan
+    from .plan.compose import TrainingPlan
+    from .plan.planfile import plan_document, read_plan
+
+    topo, spec = load(cluster, model)
+    if isinstance(plan, TrainingPlan):
+        doc = plan_document(plan)
+    elif isinstance(plan, dict):
+        doc = plan
+    else:
+        doc = read_plan(Path(plan))
+    return check_plan(topo, spec, doc, proof_timeout)
