@@ -51,6 +51,9 @@ def plan(
                                  help="Overlap boundary transfers with computation (--no-overlap: each transfer"
                                       " holds both stages' compute streams)."),
     num_stages: Optional[int] = typer.Option(None, "--stages", min=1, help="Only plans with this many stages."),
+    candidates: int = typer.Option(1, "--candidates", min=1, max=50,
+                                   help="How many of the stage planner's fastest plans to compose with their real"
+                                        " boundary schedules; the fastest simulated one wins."),
     config: Optional[str] = typer.Option(None, "--config", help="One configuration d,t,p,k (as for 'stages')."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001,
@@ -88,7 +91,7 @@ def plan(
         result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                            parse_config(config) if config is not None else None,
                            parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                           progress=_progress)
+                           candidates, progress=_progress)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

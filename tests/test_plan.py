@@ -306,3 +306,18 @@ def test_emitted_gradient_program_runs_exactly_on_gloo(tmp_path):
     r = run_cli(*shlex.split(cmd, comments=True)[1:], "--repeat", "1", "--warmup", "0", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["ok"] is True
+
+
+def test_more_candidates_never_give_a_slower_plan(tmp_path, p3):
+    """Composing the stage planner's 3 best plans with their real boundaries keeps the
+    fastest: never slower than composing its first choice alone, and it is the least of
+    the composed times it reports."""
+    rng = random.Random(11)
+    spec = load_model_spec(model_file(tmp_path, random_layers(rng, skips=True, n=8), batch=32))
+    one = make_plan(p3, spec, "1f1b")
+    three = make_plan(p3, spec, "1f1b", candidates=3)
+    composed = [c["iteration_time"] for c in three.search["composed"] if c["iteration_time"] is not None]
+    assert len(three.search["composed"]) == 3
+    assert three.iteration_time == min(composed)
+    assert three.iteration_time <= one.iteration_time
+    assert composed[0] == pytest.approx(one.iteration_time, rel=1e-12)

@@ -141,23 +141,47 @@ def _pure_compute(part: Partition, p: int) -> float:
 def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
               cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
-              time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0,
+              time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
               progress: Callable[[str], None] | None = None) -> TrainingPlan:
-    """Plan ``model`` on ``topology`` end to end: the stage planner's best plan for the
-    ``schedule`` family (``method``, ``stages``, ``config``, ``layer_counts`` as for
-    ``solver-planner stages``), then :func:`compose`."""
+    """Plan ``model`` on ``topology`` end to end.
+
+    The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
+    (``method``, ``stages``, ``config``, ``layer_counts`` as for ``solver-planner stages``;
+    one per mesh shape and micro-batch count), each is composed with its real boundary
+    schedules (:func:`compose`), and the fastest simulated one is the plan: the stage
+    planner prices a boundary as point-to-point lanes, the plan as the broadcast schedule
+    the resharding scheduler finds, and the two can rank plans differently.
+    """
     say = progress or (lambda _t: None)
     t0 = time.perf_counter()
     say("searching stages")
     rep = plan_stages(topology, model, schedule, method, time_limit, seed, stages=stages, config=config,
-                      layer_counts=layer_counts)
+                      layer_counts=layer_counts, top=max(1, candidates))
     elapsed = time.perf_counter() - t0
     search = {"status": rep.result.status.value, "method": rep.result.method, "bound": rep.result.bound,
-              "gap": rep.result.gap, "objective": rep.best.time}
-    out = compose(topology, model, rep.best.plan, schedule, cross_mesh, overlap, time_limit, seed, proof_timeout,
-                  progress, stage_planner_time=rep.best.time, search=search)
-    out.solve_times = {"stages": elapsed, **out.solve_times}
-    return out
+              "gap": rep.result.gap, "objective": rep.best.time, "candidates": len(rep.result.solutions)}
+    best: TrainingPlan | None = None
+    composed: list[dict] = []
+    failure: InfeasibleError | None = None
+    for n, cand in enumerate(rep.result.solutions):
+        say(f"composing candidate {n + 1} of {len(rep.result.solutions)}")
+        try:
+            out = compose(topology, model, cand.plan, schedule, cross_mesh, overlap, time_limit, seed, proof_timeout,
+                          progress, stage_planner_time=cand.time, search=search)
+        except InfeasibleError as exc:    # its boundaries push every schedule out of memory
+            failure = failure or exc
+            composed.append({"stage_planner_time": cand.time, "iteration_time": None, "reason": str(exc)})
+            continue
+        composed.append({"stage_planner_time": cand.time, "iteration_time": out.iteration_time,
+                         "mesh": cand.plan.costs.shape.as_list(), "microbatches": cand.plan.costs.microbatches})
+        if best is None or out.iteration_time < best.iteration_time:
+            best = out
+    if best is None:
+        assert failure is not None
+        raise failure
+    search["composed"] = composed
+    best.solve_times = {"stages": elapsed, **best.solve_times}
+    return best
 
 
 def compose(topology: Topology, model: ModelSpec, part: Partition, schedule: str = "1f1b",
