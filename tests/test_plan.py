@@ -321,3 +321,25 @@ def test_more_candidates_never_give_a_slower_plan(tmp_path, p3):
     assert three.iteration_time == min(composed)
     assert three.iteration_time <= one.iteration_time
     assert composed[0] == pytest.approx(one.iteration_time, rel=1e-12)
+
+
+def test_breakdown_adds_up_and_prices_compute_from_flops(reduced):
+    """The four per-stage parts add up to the iteration; compute is the stages' FLOPs at the
+    device's peak (counted here from the layer specs, not from the stage tables)."""
+    topo, spec, doc = reduced
+    bd = doc["breakdown"]
+    parts = [bd["compute"], bd["tensor"], bd["data_parallel"], bd["pipeline"]]
+    assert all(x >= 0 for x in parts)
+    assert sum(parts) == pytest.approx(doc["iteration_time"], rel=1e-9)
+    per_layer = 3 * 80e9                       # forward, and backward at twice the forward (the default)
+    B, S = doc["microbatches"], len(doc["stages"])
+    flops = sum(per_layer * (s["layers"][1] - s["layers"][0] + 1) * doc["microbatch_size"] / (s["data"] * s["tensor"])
+                for s in doc["stages"]) * B
+    assert bd["compute"] == pytest.approx(flops / topo.device.flops / S, rel=1e-9)
+
+
+def test_a_proof_that_times_out_exits_3(reduced, monkeypatch):
+    import solver_planner.plan.check as check_mod
+    monkeypatch.setattr(check_mod, "prove_program", lambda *a, **k: ("unknown", "", 0.0))
+    rep = _check(reduced, copy.deepcopy(reduced[2]))
+    assert rep.exit_code == 3 and rep.first_failure is None

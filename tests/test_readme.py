@@ -25,7 +25,8 @@ def test_readme_setup_command_uses_a_shipped_spec():
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch):
-    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    # the simulator's example (other Python blocks need torch.distributed or a plan file)
+    code = next(b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "timeline" in b)
     monkeypatch.chdir(ROOT)
     code = code.replace('"step.trace.json"', repr(str(tmp_path / "step.trace.json")))
     namespace = {}

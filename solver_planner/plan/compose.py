@@ -92,30 +92,25 @@ def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tupl
 
 def breakdown(plan: TrainingPlan) -> dict[str, float]:
     """Where the iteration goes, averaged over stages (seconds; the first four add up to the
-    iteration time): ``compute`` and ``tensor`` (tensor-parallel collectives inside
-    forward and backward), ``data_parallel`` (after a stage's last backward until it ends:
-    its exposed gradient reduction and the wait for the slowest stage), ``pipeline`` (idle
-    between a stage's first and last op: bubbles and waits for transfers); and
-    ``cross_mesh_exposed``, the part of the iteration the boundaries' transfers add (the
-    iteration time minus the same iteration with them free)."""
+    iteration time): ``compute`` (FLOPs at peak rate, recomputation included) and
+    ``tensor`` (the rest of the stage's busy time: tensor-parallel collectives, and ZeRO-3's
+    parameter gathers, inside forward and backward), ``data_parallel`` (from a stage's
+    last backward to the end of the iteration: its exposed gradient reduction and the wait
+    for the slowest stage), ``pipeline`` (idle before and between its ops: bubbles and
+    waits for transfers); and ``cross_mesh_exposed``, what the boundaries' transfers add
+    (the iteration time minus the same iteration with them free)."""
     part = plan.partition
     c = part.costs
     T = plan.iteration_time
     S = c.stages
-    no_comm = {}
     compute = tensor = tail = idle = 0.0
     last_end = [0.0] * S
-    first_start = [T] * S
     for r in plan.run.timeline.records:
         if r.category in ("forward", "backward"):
             p = r.devices[0] // c.shape.size
             last_end[p] = max(last_end[p], r.end)
-            first_start[p] = min(first_start[p], r.start)
-    for p, st in enumerate(part.stages):
-        cfg = st.config
-        if cfg not in no_comm:
-            no_comm[cfg] = _pure_compute(part, p)
-        pure = no_comm[cfg] * c.microbatches
+    for p in range(S):
+        pure = _pure_compute(part, p) * c.microbatches
         busy = plan.run.busy[p]
         compute += pure
         tensor += max(0.0, busy - pure)
