@@ -8,7 +8,10 @@ randomized greedy of seed 002 §3.2 with 100 random orders per iteration (`alpa-
 Alpa's setting) for comparison.
 
 Goals (issue 18), printed, never asserted: every case within 0.1% of the lower bound (or
-proved optimal) in under 2 s, and never worse than the randomized greedy.
+proved optimal) in under 2 s, and never worse than the randomized greedy.  The greedy
+runs on cases of up to 2 048 unit tasks and wherever `auto` leaves a gap; elsewhere
+`auto` reached the lower bound, so no schedule (the greedy's included) is shorter, and
+the greedy (pure Python, minutes there) is skipped.
 
     python benchmarks/resharding.py            # everything (several minutes: the greedy)
     python benchmarks/resharding.py --quick    # shipped cases and 8 hosts only
@@ -59,6 +62,7 @@ GENERATED = [
     (64, "float16", (4096, 4096, 512), R(0, 32), "S01,R,R", R(32, 64), "R,S01,R"),
 ]
 GREEDY_ROUNDS = 100
+GREEDY_MAX_TASKS = 2048  # above, the greedy runs only where auto is not proved optimal
 
 
 def scaled_p3(hosts: int) -> Topology:
@@ -103,16 +107,16 @@ def main() -> None:
         r, wall = timed(problem, cost, "auto")
         n = r.info["tasks"]
         g = gwall = None
-        if not args.no_greedy:
+        if not args.no_greedy and (n <= GREEDY_MAX_TASKS or not r.proven_optimal):
             g, gwall = timed(problem, cost, "alpa-greedy")
         within = r.gap <= 1e-3 or r.proven_optimal
         fast = wall < 2.0
         not_worse = g is None or r.objective <= g.objective + 1e-12
         rows.append((within, fast, not_worse))
         marks = ("bound " if within else "GAP ") + ("<2s " if fast else "SLOW ") + \
-            ("" if g is None else ("<=greedy" if not_worse else "WORSE"))
+            ("" if args.no_greedy else "<=greedy" if not_worse else "WORSE")
         print(f"{label:<58} {n:>6} {r.method:<13} {ms(r.objective):>10} {ms(r.bound):>10} {r.gap:>7.3%}"
-              f" {wall:>6.2f}s {ms(g.objective) if g else '-':>10} {f'{gwall:.2f}s' if g else '-':>7}  {marks}")
+              f" {wall:>6.2f}s {ms(g.objective) if g else 'skipped':>10} {f'{gwall:.2f}s' if g else '-':>7}  {marks}")
         if args.methods and n <= 2048:
             for method in METHODS:
                 if method in ("auto", "alpa-greedy"):
