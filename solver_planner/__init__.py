@@ -13,7 +13,7 @@ solver_planner`` does not load OR-Tools, z3 or numpy.
 
 import importlib
 
-from . import api
+from . import api, units
 from .api import check, load, place, reshard, verify
 from .cost import Collective, CostModel
 from .errors import InfeasibleError, OptionError, PlannerError, SpecError, UnknownError
@@ -43,7 +43,7 @@ _LAZY = {
 __all__ = [
     "Collective", "CostModel", "InfeasibleError", "OptionError", "PlannerError", "SpecError", "UnknownError",
     "ClusterSpec", "ModelSpec", "load_cluster_spec", "load_model_spec", "Topology", "load_topology", "__version__",
-    "api", "load", "place", "verify", "reshard", "check", *_LAZY,
+    "api", "units", "load", "place", "verify", "reshard", "check", *_LAZY,
 ]
 
 
