@@ -17,8 +17,9 @@ on most layouts, which the benchmark measures.
 
 from __future__ import annotations
 
-import random
 from typing import Sequence
+
+import numpy as np
 
 from .schedule import Instance, Schedule
 
@@ -60,40 +61,55 @@ def dispatch(inst: Instance, choice: Sequence[int], seed: int | None = None) -> 
     keys = list(groups)
     pending = [list(reversed(groups[k])) for k in keys]  # pop() gives the lowest index
     masks = [sum(1 << r for r in res) for _, res in keys]
-    tie = list(range(len(keys)))
+    everything = (1 << nres) - 1
+    tie = np.arange(len(keys))
     if seed is not None:
-        random.Random(seed).shuffle(tie)
-    rem = [0] * nres
+        np.random.default_rng(seed).shuffle(tie)
+    # Resources of each class, padded with a sentinel resource ``nres`` that never counts.
+    width = max((len(res) for _, res in keys), default=1) or 1
+    held = np.full((len(keys), width), nres, dtype=np.int64)
+    for g, (_, res) in enumerate(keys):
+        held[g, :len(res)] = res
+    duration = np.array([d for d, _ in keys], dtype=np.int64)
+    rem = np.zeros(nres + 1, dtype=np.int64)  # work left per resource; the sentinel stays 0
     for (d, res), members in groups.items():
         for r in res:
             rem[r] += d * len(members)
+    floor = np.zeros(nres + 1, dtype=np.int64)
+    floor[nres] = -(1 << 62)  # the sentinel never is a class's busiest resource
+    count = np.array([len(p) for p in pending], dtype=np.int64)
     free = [0] * nres
     order: list[int] = []
-    live = list(range(len(keys)))
     t = 0
-    while live:
+    while count.any():
+        busy_now = np.zeros(nres + 1, dtype=bool)
         busy = 0
         for r in range(nres):
             if free[r] > t:
+                busy_now[r] = True
                 busy |= 1 << r
-        ready = [g for g in live if not masks[g] & busy]
-        ready.sort(key=lambda g: (-max((rem[r] for r in keys[g][1]), default=0),
-                                  -sum(rem[r] for r in keys[g][1]), -keys[g][0], tie[g]))
-        for g in ready:
+        ready = np.flatnonzero((count > 0) & ~busy_now[held].any(axis=1))
+        busiest = (rem + floor)[held[ready]].max(axis=1)
+        total = rem[held[ready]].sum(axis=1)
+        ranked = ready[np.lexsort((tie[ready], -duration[ready], -total, -busiest))]
+        for g in ranked.tolist():
             if masks[g] & busy:
                 continue
             d, res = keys[g]
             order.append(pending[g].pop())
+            count[g] -= 1
             for r in res:
                 free[r] = t + d
-                rem[r] -= d
+            rem[list(res)] -= d
             busy |= masks[g]
             if not masks[g]:  # holds nothing: start every such task now
                 while pending[g]:
                     order.append(pending[g].pop())
-        live = [g for g in live if pending[g]]
+                count[g] = 0
+            if busy == everything:
+                break
         later = [f for f in free if f > t]
-        if live and not later:  # cannot happen: something ready always starts
+        if count.any() and not later:  # cannot happen: something ready always starts
             raise AssertionError("dispatch stalled")
         t = min(later, default=t)
     return inst.list_schedule(order, choice)

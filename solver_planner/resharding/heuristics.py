@@ -18,6 +18,7 @@ Each returns a :class:`Schedule` built by list scheduling, so it is left-shifted
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import time
@@ -121,37 +122,35 @@ def alpa_greedy(inst: Instance, seed: int = 0, rounds: int = 100) -> Schedule:
         classes.setdefault(inst.signature(i), []).append(i)
     members = [list(reversed(m)) for m in classes.values()]  # pop() gives the lowest index
     cands = [inst.candidates[m[-1]] for m in members]
-    # Candidate k of class c, its host and resources (the class decides them).
-    resources = [[frozenset(c.resources) for c in cs] for cs in cands]
+    # Candidate k of class c: its host, duration and resources as a bit mask.
+    masks = [[sum(1 << r for r in c.resources) for c in cs] for cs in cands]
     hosts = [[c.host for c in cs] for cs in cands]
     durations = [[c.duration for c in cs] for cs in cands]
-    everything = len(inst.resources)
+    everything = (1 << len(inst.resources)) - 1
     # A candidate holding nothing always fits: then a full resource set does not end an order.
-    saturates = all(rs for per_class in resources for rs in per_class)
+    saturates = all(m for per_class in masks for m in per_class)
     load: dict[int, int] = {}
     order: list[int] = []
     choice = [0] * len(inst)
     left = [len(m) for m in members]
 
     def one_order() -> tuple[tuple[int, int, int], list[tuple[int, int]]]:
-        used: set[int] = set()
+        used = 0
         taken_of = [0] * len(members)
         fits = [c for c in range(len(members)) if left[c]]
         picked: list[tuple[int, int]] = []
         held = 0
         while fits:
-            weights = [left[c] - taken_of[c] for c in fits]
-            c = fits[_draw(rng, weights)]
-            k = min((k for k in range(len(cands[c])) if used.isdisjoint(resources[c][k])),
+            c = fits[_draw(rng, [left[f] - taken_of[f] for f in fits])]
+            k = min((k for k, m in enumerate(masks[c]) if not m & used),
                     key=lambda k: (load.get(hosts[c][k], 0), hosts[c][k]))
-            used |= resources[c][k]
-            held += len(resources[c][k])
+            used |= masks[c][k]
+            held += bin(masks[c][k]).count("1")
             taken_of[c] += 1
             picked.append((c, k))
-            if saturates and len(used) == everything:
+            if saturates and used == everything:
                 break
-            fits = [f for f in fits if left[f] > taken_of[f]
-                    and any(used.isdisjoint(rs) for rs in resources[f])]
+            fits = [f for f in fits if left[f] > taken_of[f] and not all(m & used for m in masks[f])]
         after = dict(load)
         for c, k in picked:
             after[hosts[c][k]] = after.get(hosts[c][k], 0) + durations[c][k]
@@ -176,12 +175,8 @@ def alpa_greedy(inst: Instance, seed: int = 0, rounds: int = 100) -> Schedule:
 
 def _draw(rng: random.Random, weights: list[int]) -> int:
     """An index drawn with probability proportional to ``weights`` (positive integers)."""
-    x = rng.randrange(sum(weights))
-    for j, w in enumerate(weights):
-        if x < w:
-            return j
-        x -= w
-    raise AssertionError("unreachable")
+    cumulative = list(itertools.accumulate(weights))
+    return bisect.bisect_right(cumulative, rng.randrange(cumulative[-1]))
 
 
 class DfsResult:

@@ -24,7 +24,7 @@ __all__ = ["LnsResult", "improve_tail"]
 
 FIRST_WINDOW = 64      # tasks in the first window
 MAX_WINDOW = 2048      # the largest window CP-SAT is given
-STEP_LIMIT = 0.5       # deterministic time per CP-SAT call
+STEP_LIMIT = 0.1       # deterministic time per CP-SAT call
 
 
 @dataclass

@@ -139,11 +139,12 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
     ``auto`` runs, by size:
 
     * up to :data:`AUTO_EXACT_TASKS` unit tasks: the CP-SAT model (``cp-sat``), warm-started
-      from the best of load balancing, the greedy, dispatching and a short DFS (and, unless
-      that meets the bound, the naive schedule and the 100-round ``alpa-greedy``); optimal
-      unless ``time_limit`` ends it first, and never worse than any of those;
-    * above: balanced senders then priority dispatching (``dispatch``), the greedy, load
-      balancing and the naive schedule, the best kept; while it is above the lower bound, the improvement phase
+      from the best of load balancing, the greedy, dispatching and a short DFS; optimal
+      unless ``time_limit`` ends it first, and then the naive schedule and the 100-round
+      ``alpa-greedy`` are run too, so that it is never worse than any fallback;
+    * above: balanced senders then priority dispatching (``dispatch``); unless that meets
+      the lower bound, also the greedy, load balancing and the naive schedule, the best
+      kept, and while it is above the lower bound, the improvement phase
       (CP-SAT on tail windows, :func:`improve.improve_tail`, at most
       :data:`AUTO_LNS_BUDGET` deterministic time) and, if it is still above, the stronger
       assignment bound (:func:`bounds.assignment_bound`).
@@ -170,7 +171,7 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
         sched = heuristics.alpa_greedy(inst, seed, ALPA_GREEDY_ROUNDS)
     elif used == "dispatch":
         sched = dispatch(inst, assign_senders(inst))
-        if method == "auto":  # the best fallback, then the improvement phase while a gap is left
+        if method == "auto" and sched.makespan > bound:  # the best fallback, then the improvement phase
             sched = _best(sched, heuristics.randomized_greedy(inst, seed), heuristics.load_balance(inst),
                           heuristics.naive(inst))
             if sched.makespan > bound:
@@ -188,9 +189,9 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
             info["dfs_nodes"] = res.nodes
         else:
             # Warm start: the best heuristic, improved by a short deterministic DFS.
-            start = heuristics.dfs(inst, start, time_limit, bound, node_limit=HINT_DFS_NODES).schedule
-            if start.makespan > bound and len(inst) <= AUTO_EXACT_TASKS:  # cheap here; CP-SAT starts below it
-                start = _best(start, heuristics.alpa_greedy(inst, seed, ALPA_GREEDY_ROUNDS), heuristics.naive(inst))
+            # A DFS node costs about the number of candidates: the same work on every size.
+            nodes = max(20, HINT_DFS_NODES * 64 // max(64, sum(map(len, inst.candidates))))
+            start = heuristics.dfs(inst, start, time_limit, bound, node_limit=nodes).schedule
             if start.makespan <= bound:  # the warm start meets the lower bound: nothing to search
                 sched, proven = start, True
                 info["cp_sat_status"] = "NOT RUN (warm start meets the lower bound)"
@@ -200,6 +201,9 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
                 sched = start if out.schedule is None else _best(inst.left_shift(out.schedule), start)
                 bound = max(bound, out.bound)
                 proven = out.optimal
+                if not proven and len(inst) <= AUTO_EXACT_TASKS:  # never worse than a fallback
+                    sched = _best(sched, heuristics.alpa_greedy(inst, seed, ALPA_GREEDY_ROUNDS),
+                                  heuristics.naive(inst))
     if proven:
         bound = max(bound, sched.makespan)
     elif method == "auto" and sched.makespan > bound:
