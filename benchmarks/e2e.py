@@ -6,12 +6,16 @@ aws-p3.8xlarge-2.yaml): GPT-3 2.6B with (data, operator, pipeline) = (2, 2, 2) a
 partition per case (the stage planner's best 1F1B plan for that configuration); on it,
 every row changes only how the boundaries' tensors move and overlap:
 
-* ``signal``   - cross-mesh communication free ("Signal Send/Recv", the upper bound);
+* ``signal``   - cross-mesh communication free ("Signal Send/Recv", the upper bound; the
+  fastest schedule of the eager-1F1B family, which contains 1F1B);
 * ``send/recv``- Alpa's baseline: one send/recv per destination device, synchronous;
 * ``broadcast``- seed 002 §3's broadcast schedules, synchronous (they hold both stages'
   compute streams while they run);
 * ``+overlap`` - the same on the communication streams, overlapping computation (1F1B);
 * ``eager``    - the eager-1F1B family (with backward weight delaying), overlapping.
+
+``u-trans fp32`` is the U-Transformer case with the device's FP32 peak (the spec trains in
+FP32; the cluster spec's one peak rate is the FP16 tensor-core one).
 
 Columns: simulated iteration time, samples/s, speedup over send/recv, and the share of the
 upper bound reached.  The memory model needs recomputation and a sharded optimizer for
@@ -38,11 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import yaml  # noqa: E402
+
 from solver_planner.errors import PlannerError  # noqa: E402
+from solver_planner.spec.cluster import ClusterSpec  # noqa: E402
 from solver_planner.plan import compose, make_plan  # noqa: E402
 from solver_planner.spec import load_model_spec  # noqa: E402
 from solver_planner.stages.report import Config, plan_stages  # noqa: E402
-from solver_planner.topology import load_topology  # noqa: E402
+from solver_planner.topology import Topology, load_topology  # noqa: E402
 
 SPECS = ROOT / "specs"
 P3 = SPECS / "clusters" / "aws-p3.8xlarge-2.yaml"
@@ -54,11 +61,20 @@ def gpt_spec():
     return spec.model_copy(update={"training": training})
 
 
-def ablation_rows(name: str, spec, config: Config | None, stages: int | None) -> list[str]:
-    topo = load_topology(P3)
+def p3(flops: str | None = None) -> Topology:
+    """Seed 002's cluster; ``flops`` overrides the device's peak (the spec gives the V100's
+    FP16 tensor-core rate, 125 TFLOP/s; FP32 runs at 15.7 TFLOP/s)."""
+    data = yaml.safe_load(P3.read_text())
+    if flops is not None:
+        data["device"]["flops"] = flops
+        data["name"] += f"-{flops.replace(' ', '')}"
+    return Topology(ClusterSpec.model_validate(data))
+
+
+def ablation_rows(name: str, spec, config: Config | None, stages: int | None, topo: Topology) -> list[str]:
     rep = plan_stages(topo, spec, "1f1b", config=config, stages=stages)
     part = rep.best.plan
-    variants = [("signal", "1f1b", "free", True), ("send/recv", "1f1b", "send-recv", False),
+    variants = [("signal", "eager-1f1b", "free", True), ("send/recv", "1f1b", "send-recv", False),
                 ("broadcast", "1f1b", "broadcast", False), ("+overlap", "1f1b", "broadcast", True),
                 ("eager", "eager-1f1b", "broadcast", True)]
     times = {}
@@ -100,22 +116,21 @@ def main() -> None:
           f" {'of bound':>7}  schedule")
     gpt = gpt_spec()
     unet = load_model_spec(SPECS / "models" / "u-transformer.yaml")
-    cases = [("gpt3-2.6b", gpt, Config(2, 2, 2, 0), None), ("gpt3-2.6b", gpt, Config(4, 1, 2, 0), None),
-             ("u-transformer", unet, None, 2)]
-    for name, spec, cfg, stages in cases:
+    cases = [("gpt3-2.6b", gpt, Config(2, 2, 2, 0), None, p3()), ("gpt3-2.6b", gpt, Config(4, 1, 2, 0), None, p3()),
+             ("u-transformer", unet, None, 2, p3()), ("u-trans fp32", unet, None, 2, p3("15.7 TFLOP/s"))]
+    for name, spec, cfg, stages, topo in cases:
         if cfg is not None:
             # the stage planner picks the micro-batch count for this (d, t, p)
             best = None
             for k in (16, 32, 64, 128):
                 try:
-                    rep = plan_stages(load_topology(P3), spec, "1f1b", config=Config(cfg.data, cfg.tensor,
-                                                                                     cfg.pipeline, k))
+                    rep = plan_stages(topo, spec, "1f1b", config=Config(cfg.data, cfg.tensor, cfg.pipeline, k))
                 except PlannerError:       # a count that does not fit is skipped
                     continue
                 if best is None or rep.best.time < best[1]:
                     best = (k, rep.best.time)
             cfg = Config(cfg.data, cfg.tensor, cfg.pipeline, best[0])
-        for line in ablation_rows(name, spec, cfg, stages):
+        for line in ablation_rows(name, spec, cfg, stages, topo):
             print(line, flush=True)
     if args.quick:
         return
