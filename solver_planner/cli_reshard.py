@@ -28,8 +28,8 @@ def reshard(
     cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
     model: Path = typer.Argument(..., exists=True, dir_okay=False, help="Model spec with a 'resharding:' list."),
     method: str = typer.Option("auto", "--method", "-m",
-                               help=f"Scheduler: {', '.join(METHODS)}. auto = CP-SAT on small cases, else the best"
-                                    " heuristic."),
+                               help=f"Scheduler: {', '.join(METHODS)}. auto = CP-SAT up to 256 unit tasks, else"
+                                    " dispatching improved by CP-SAT on tail windows."),
     strategy: str = typer.Option("broadcast", "--strategy", "-s",
                                  help="How one slice reaches its receivers: "
                                       + ", ".join(s.value for s in Strategy) + "."),
