@@ -450,7 +450,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
 def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",
          method: str = "auto", cross_mesh: str = "broadcast", overlap: bool = True, num_stages: int | None = None,
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
-         output: PathLike | None = None, progress: Callable[[str], None] | None = None) -> TrainingPlan:
+         output: PathLike | None = None, candidates: int = 1,
+         progress: Callable[[str], None] | None = None) -> TrainingPlan:
     """One plan for the whole training job (seed 002 §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
@@ -482,6 +483,9 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
         Solver seed (one worker: reproducible).
     output : str or path, optional
         Also write the plan file (YAML) here; :func:`check` re-derives it.
+    candidates : int
+        How many of the stage planner's fastest plans to compose with their real boundary
+        schedules; the fastest simulated one is returned (``.search["composed"]`` lists them).
     progress : callable, optional
         Called with a line of text as each part starts.
 
@@ -521,7 +525,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     topo, spec = load(cluster, model)
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
-                       seed=seed, proof_timeout=proof_timeout, progress=progress)
+                       seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress)
     if output is not None:
         from .plan.planfile import write_plan
 
