@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
-from .spec import load_cluster_spec
-from .topology import Topology
+from ..errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
+from ..spec import load_cluster_spec
+from ..topology import Topology
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
 

@@ -8,16 +8,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
-from .plan import STRATEGIES, make_plan
-from .plan.check import check_plan
-from .plan.emit import emit_execute_specs
-from .plan.planfile import PlanFileError, plan_document, read_plan, write_plan
-from .simulate import write_chrome_trace
-from .spec import load_model_spec
-from .stages import METHODS, SCHEDULES
-from .stages.report import parse_config, parse_split
+from .. import units
+from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..plan import STRATEGIES, make_plan
+from ..plan.check import check_plan
+from ..plan.emit import emit_execute_specs
+from ..plan.planfile import PlanFileError, plan_document, read_plan, write_plan
+from ..simulate import write_chrome_trace
+from ..spec import load_model_spec
+from ..stages import METHODS, SCHEDULES
+from ..stages.report import parse_config, parse_split
 
 
 def _progress(text: str) -> None:

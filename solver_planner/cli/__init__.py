@@ -12,17 +12,17 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
-from .cli_execute import calibrate, execute_app
-from .cli_plan import check, plan
-from .cli_reduce import place, reduce_app
-from .cli_reshard import reshard
-from .cli_stages import stages
-from .cost import Algorithm, Collective, CostModel
-from .errors import SpecError
-from .topology import Topology
-from .spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
+from .. import units
+from ..cost import Algorithm, Collective, CostModel
+from ..errors import SpecError
+from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
+from ..topology import Topology
+from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .execute import calibrate, execute_app
+from .plan import check, plan
+from .reduce import place, reduce_app
+from .reshard import reshard
+from .stages import stages
 
 app = typer.Typer(
     name="solver-planner",

@@ -10,15 +10,15 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
-from .cli_reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction, read_program
-from .distributed.emit import module_text
-from .distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
-from .distributed.launch import execute_plans, require_torch
-from .reduction.ranking import lowering_for
-from .resharding import METHODS
-from .spec import load_model_spec
+from .. import units
+from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction, read_program
+from ..distributed.emit import module_text
+from ..distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
+from ..distributed.launch import execute_plans, require_torch
+from ..reduction.ranking import lowering_for
+from ..resharding import METHODS
+from ..spec import load_model_spec
 
 execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
                           no_args_is_help=True)
@@ -268,8 +268,8 @@ def calibrate(
     Prints every measured call next to the fitted model's prediction.  Local runs
     ('execute ... local.yaml ...') can then be compared with predictions.
     """
-    from .distributed.calibrate import calibrate as run_calibration
-    from .distributed.calibrate import cluster_yaml, parse_levels
+    from ..distributed.calibrate import calibrate as run_calibration
+    from ..distributed.calibrate import cluster_yaml, parse_levels
 
     require_torch()
     try:

@@ -8,12 +8,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
-from .cost import CostModel
-from .resharding import METHODS, Strategy, check, plan_resharding, problems_from_model, replay, report
-from .simulate import Simulation, write_chrome_trace
-from .spec import load_model_spec
+from .. import units
+from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..cost import CostModel
+from ..resharding import METHODS, Strategy, check, plan_resharding, problems_from_model, replay, report
+from ..simulate import Simulation, write_chrome_trace
+from ..spec import load_model_spec
 
 ROWS_SHOWN = 24
 

@@ -9,17 +9,17 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .distributed.plan import format_rows
-from .cost import CostModel
-from .placement import ParallelismMatrix
-from .reduction import format_program, parse_program
-from .reduction.explicit import load_explicit_program
-from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
-from .reduction.synthesis import METRICS
-from .reduction.verify import system_steps, verify_steps
-from .spec import load_model_spec
-from .cli_common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .. import units
+from ..distributed.plan import format_rows
+from ..cost import CostModel
+from ..placement import ParallelismMatrix
+from ..reduction import format_program, parse_program
+from ..reduction.explicit import load_explicit_program
+from ..reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
+from ..reduction.synthesis import METRICS
+from ..reduction.verify import system_steps, verify_steps
+from ..spec import load_model_spec
+from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
 
 reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True)
 
@@ -220,7 +220,7 @@ def verify(
     steps, labels, _ = read_program(topo, lowering, program)
     form = "DSL program" if labels is not None else f"explicit steps from {program}"
     if engine == "z3":
-        from .reduction.proof import verify_z3
+        from ..reduction.proof import verify_z3
 
         verdict = verify_z3(lowering, steps, timeout)
     else:

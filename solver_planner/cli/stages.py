@@ -8,13 +8,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from . import units
-from .cli_common import JSON_OPT, console, handles_errors, print_json, topology_of
-from .simulate import write_chrome_trace
-from .spec import load_model_spec
-from .stages import METHODS, SCHEDULES
-from .stages.report import parse_config, parse_split, plan_stages
-from .stages.search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
+from .. import units
+from .common import JSON_OPT, console, handles_errors, print_json, topology_of
+from ..simulate import write_chrome_trace
+from ..spec import load_model_spec
+from ..stages import METHODS, SCHEDULES
+from ..stages.report import parse_config, parse_split, plan_stages
+from ..stages.search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
 
 
 def _progress(text: str) -> None:
