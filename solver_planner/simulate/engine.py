@@ -16,29 +16,13 @@ small even with 100 000 tasks on one resource (``benchmarks/simulator.py``).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable
 
 from ..errors import PlannerError
+from .task import Task
 from .timeline import Timeline
 
 __all__ = ["Task", "Simulation"]
-
-
-@dataclass
-class Task:
-    """One unit of simulated work; see :meth:`Simulation.add`."""
-
-    name: str
-    duration: float
-    resources: tuple[Hashable, ...] = ()
-    deps: tuple[int, ...] = ()
-    release: float = 0.0
-    priority: float = 0.0
-    devices: tuple[int, ...] = ()
-    stream: str = "comm"
-    category: str = ""
-    args: dict[str, Any] = field(default_factory=dict)
 
 
 class Simulation:
@@ -86,13 +70,13 @@ class Simulation:
             raise ValueError(f"task {name!r}: duration must be >= 0, got {duration!r}")
         if not release >= 0:
             raise ValueError(f"task {name!r}: release must be >= 0, got {release!r}")
-        dep_ids = tuple(dict.fromkeys(int(d) for d in deps))
-        for d in dep_ids:
-            if not 0 <= d < tid:
-                raise ValueError(f"task {name!r}: dependency {d} is not an earlier task id (0..{tid - 1})")
+        dep_ids = tuple(dict.fromkeys(map(int, deps)))
+        if dep_ids and (min(dep_ids) < 0 or max(dep_ids) >= tid):
+            bad = next(d for d in dep_ids if not 0 <= d < tid)
+            raise ValueError(f"task {name!r}: dependency {bad} is not an earlier task id (0..{tid - 1})")
         self.tasks.append(Task(
             name, float(duration), tuple(dict.fromkeys(resources)), dep_ids, float(release),
-            float(tid if priority is None else priority), tuple(devices), stream, category, dict(args or {}),
+            float(tid if priority is None else priority), tuple(devices), stream, category, dict(args) if args else {},
         ))
         return tid
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
-if TYPE_CHECKING:
-    from .engine import Task
+from .task import Task
 
 __all__ = ["Record", "Timeline"]
 
@@ -34,13 +33,22 @@ class Timeline:
     """Start and end of every task of a :class:`~solver_planner.simulate.Simulation`."""
 
     def __init__(self, tasks: Sequence[Task], start: Sequence[float], end: Sequence[float]):
-        self.records = [
-            Record(i, t.name, s, e, t.resources, t.devices, t.stream, t.category, t.args)
-            for i, (t, s, e) in enumerate(zip(tasks, start, end))
-        ]
+        self._tasks, self._start, self._end = tasks, start, end
+        self._records: list[Record] | None = None
+
+    @property
+    def records(self) -> list[Record]:
+        """Every task as it ran, by id (built on first use: a search that only needs the
+        makespan never pays for them)."""
+        if self._records is None:
+            self._records = [
+                Record(i, t.name, s, e, t.resources, t.devices, t.stream, t.category, t.args)
+                for i, (t, s, e) in enumerate(zip(self._tasks, self._start, self._end))
+            ]
+        return self._records
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self._tasks)
 
     def __getitem__(self, i: int) -> Record:
         return self.records[i]
@@ -48,7 +56,7 @@ class Timeline:
     @property
     def makespan(self) -> float:
         """End of the last task (0 for an empty timeline)."""
-        return max((r.end for r in self.records), default=0.0)
+        return max(self._end, default=0.0)
 
     def on(self, resource: Hashable) -> list[Record]:
         """Tasks that held ``resource``, by start time."""

@@ -33,6 +33,7 @@ from .schedule import Schedule, live_peak, stage_order
 __all__ = ["PipelineRun", "weight_delays", "stage_orders", "simulate_schedule", "exec_resource"]
 
 _LATE = 1e15      # priority of gradient buckets: after any pipeline transfer ready at the same moment
+_NO_WAIT = (None, None, ())
 
 
 @dataclass
@@ -126,16 +127,20 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
             sends[key] = last_send[kind, src, dst] = tid
         return sends[key]
 
+    op_time = [{"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
+                "BW": plan.backward_weight[p]} for p in range(S)]
+    exec_of = [[r] for r in exec_res]
+    device_of = [(p * size,) for p in range(S)]
+
     def op_task(p: int, op: str, m: int, deps: list[int], final: bool) -> int:
-        st = plan.stages[p]
-        cc = c[st.config]
-        duration = {"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
-                    "BW": plan.backward_weight[p]}[op]
+        duration = op_time[p][op]
         name = f"{op}{p} mb{m}"
         category = "forward" if op == "F" else "backward"
         if not final:
-            return sim.add(name, duration, [exec_res[p]], deps, stream="compute", category=category,
-                           devices=(p * size,))
+            return sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
+                           devices=device_of[p])
+        st = plan.stages[p]
+        cc = c[st.config]
         # the stage's last backward: with buckets to reduce while it runs, one piece per
         # layer (last layer first), each layer's buckets reduced behind its piece
         reduces = c.comm and cc.data > 1
@@ -170,6 +175,8 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         last_task[p] = [tid] + ([prev_red] if prev_red is not None else [])
         return tid
 
+    waits = [{"F": ("act", "F", inputs[p]), "B": ("grad", "G", outputs[p]), "BA": ("grad", "G", outputs[p])}
+             for p in range(S)]
     # the engine takes a task after its dependencies: add each stage's ops in order, in
     # rounds, as far as the ops they wait for on other stages exist
     pos = [0] * S
@@ -183,8 +190,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 op, m = order[pos[p]]
                 # a forward waits for its inputs' activations, a backward for its outputs'
                 # gradients (the last stage's for its own forward); BW waits for nothing else
-                kind, key, peers = {"F": ("act", "F", inputs[p]), "B": ("grad", "G", outputs[p]),
-                                    "BA": ("grad", "G", outputs[p])}.get(op, (None, None, []))
+                kind, key, peers = waits[p].get(op, _NO_WAIT)
                 srcs = [ids.get((key, q, m)) for q in peers]
                 if None in srcs:
                     break                   # a peer has not added that op yet: next round
@@ -212,8 +218,8 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     timeline = sim.run()
     busy = [0.0] * S
     stage_of = {name: p for p, name in enumerate(exec_res)}
-    for r in timeline.records:
-        if r.category in ("forward", "backward"):
-            busy[stage_of[r.resources[0]]] += r.duration
+    for t in sim.tasks:
+        if t.category in ("forward", "backward"):
+            busy[stage_of[t.resources[0]]] += t.duration
     live = [live_peak(o) for o in orders]
     return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live)
