@@ -384,7 +384,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         As for :func:`load`; the model needs ``layers`` (or ``transformer``) and ``training``.
     schedule : {'1f1b', 'gpipe', 'eager-1f1b'}
         The pipeline schedule family.
-    method : {'auto', 'dp', 'cpsat', 'greedy', 'brute-force'}
+    method : {'auto', 'dp', 'cp-sat', 'greedy', 'brute-force'}
         The search.
     num_stages : int, optional
         Only plans with this many stages.

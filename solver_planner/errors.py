@@ -77,6 +77,16 @@ class OptionError(PlannerError):
     """The options ask for something impossible for this cluster and model (exit 2)."""
 
 
+def unknown_choice(what: str, value, choices) -> str:
+    """``unknown method 'cpsat'; expected one of: ... (did you mean 'cp-sat'?)``."""
+    import difflib
+
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what} {str(value)!r}; expected one of: {', '.join(choices)}{hint}"
+
+
 class RefusedError(OptionError):
     """The method cannot finish this instance; said before starting (exit 2)."""
 

@@ -294,7 +294,7 @@ def test_emitted_module_is_deterministic_and_runs_under_torchrun(tmp_path):
 @pytest.mark.slow
 def test_cli_execute_reduction_reports_steps_and_fails_on_a_wrong_sum(tmp_path):
     cluster, model = CLUSTERS / "local-2x2.yaml", MODELS / "local-2x2.yaml"
-    ok = run_cli("execute", "reduction", cluster, model, "-m", "[[2,1],[1,2]]", "--top", "2", "-b", "1KiB",
+    ok = run_cli("execute", "reduction", cluster, model, "--matrix", "[[2,1],[1,2]]", "--top", "2", "-b", "1KiB",
                  "--repeat", "1", "--json")
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
@@ -305,7 +305,7 @@ def test_cli_execute_reduction_reports_steps_and_fails_on_a_wrong_sum(tmp_path):
     program = tmp_path / "hosts-only.yaml"
     program.write_text("steps:\n  - {op: AllReduce, groups: [[0, 1], [2, 3]]}\n")
     emitted = tmp_path / "plan.py"
-    bad = run_cli("execute", "reduction", cluster, model, program, "-m", "[[2,1],[1,2]]", "-b", "1KiB",
+    bad = run_cli("execute", "reduction", cluster, model, program, "--matrix", "[[2,1],[1,2]]", "-b", "1KiB",
                   "--repeat", "1", "--emit", emitted)
     assert bad.returncode == 1, bad.stderr
     assert "WRONG" in bad.stdout and "rank 0 (device 0): chunk 0, element 0 is" in bad.stdout
@@ -333,7 +333,7 @@ def test_dry_run_is_deterministic_and_needs_no_torch(tmp_path):
     (fake / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
     env = {**os.environ, "PYTHONPATH": str(fake)}
     args = [sys.executable, "-m", "solver_planner", "execute", "reduction", str(CLUSTERS / "local-2x2.yaml"),
-            str(MODELS / "local-2x2.yaml"), "-m", "[[2,1],[1,2]]", "--top", "3"]
+            str(MODELS / "local-2x2.yaml"), "--matrix", "[[2,1],[1,2]]", "--top", "3"]
     first = subprocess.run(args + ["--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
     second = subprocess.run(args + ["--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert first.returncode == 0, first.stderr

@@ -261,7 +261,7 @@ def test_cli_option_error_exits_2_on_one_line():
 @pytest.mark.parametrize("args, code, message", [
     (["-s", "zigzag"], 2, "unknown schedule"), (["-m", "magic"], 2, "unknown method"),
     (["--split", "0,2"], 2, "--split expects"), (["--split", "x"], 2, "--split expects"),
-    (["-m", "cpsat", "-t", "0.001", "--budget", "1", "--stages", "2"], (0, 3), ""),
+    (["--method", "cp-sat", "-t", "0.001", "--budget", "1", "--stages", "2"], (0, 3), ""),
 ])
 def test_option_errors_and_unknown_map_to_their_exit_codes_in_the_shared_handler(args, code, message):
     from typer.testing import CliRunner

@@ -114,7 +114,7 @@ def test_brute_force_and_cpsat_agree_with_the_oracle(search):
     bf = plan_partition(search, "brute-force")
     check_claims(bf, best)
     assert bf.status.value == "OPTIMAL"
-    cp = plan_partition(StageSearch(search.model, search.topology, search.schedule), "cpsat", time_limit=5.0)
+    cp = plan_partition(StageSearch(search.model, search.topology, search.schedule), "cp-sat", time_limit=5.0)
     check_claims(cp, best)
 
 
@@ -167,7 +167,7 @@ def test_a_tiny_time_limit_is_unknown_or_a_plan_never_infeasible():
     search = StageSearch(LayerModel("m", [Layer(f"l{i}", 1e11, 2e11, 2**28, 2**29, 2**22, 2**23) for i in range(6)],
                                     8, None), topology(2, 4, "1 GB/s", "host"))
     try:
-        res = plan_partition(search, "cpsat", time_limit=1e-6, budget=3)
+        res = plan_partition(search, "cp-sat", time_limit=1e-6, budget=3)
     except UnknownError:
         return
     assert res.status.value in ("FEASIBLE", "OPTIMAL")

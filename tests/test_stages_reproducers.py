@@ -63,7 +63,7 @@ def test_4_cpsat_bound_is_a_lower_bound():
     """Was: CP-SAT's 'bound' 14.5999 s above the 14.40 s plan the DP found."""
     topo, spec = load_topology(CLUSTERS / "dgx-a100-8x8.yaml"), load_model_spec(SPECS / "models" / "gpt3-39b.yaml")
     dp = plan_stages(topo, spec, method="dp")
-    cp = plan_stages(topo, spec, method="cpsat", time_limit=5.0, budget=30)
+    cp = plan_stages(topo, spec, method="cp-sat", time_limit=5.0, budget=30)
     consistent(dp)
     consistent(cp)
     assert cp.result.bound <= dp.best.time * (1 + 1e-9)
@@ -72,7 +72,7 @@ def test_4_cpsat_bound_is_a_lower_bound():
 
 def test_5_a_time_out_is_never_infeasible():
     """Was: -m cpsat -t 0.01 exited 1 ('infeasible ... 0.00 GiB short')."""
-    res = run_cli("stages", CLUSTERS / "dgx-a100-8x8.yaml", SPECS / "models" / "gpt3-39b.yaml", "-m", "cpsat",
+    res = run_cli("stages", CLUSTERS / "dgx-a100-8x8.yaml", SPECS / "models" / "gpt3-39b.yaml", "--method", "cp-sat",
                   "-t", "0.001", "--budget", "5")
     assert res.returncode in (0, 3), res.stderr
     assert "infeasible" not in res.stderr

@@ -17,7 +17,8 @@ from ..cost import Algorithm, Collective, CostModel
 from ..errors import SpecError
 from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 from ..topology import Topology
-from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, implausible, print_json,
+                     topology_of)
 from .execute import calibrate, execute_app
 from .plan import check, plan
 from .reduce import place, reduce_app
@@ -30,8 +31,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: flags print as flags (rich's panels print "--json <bool>") and
+    # docstrings are re-wrapped to the terminal instead of keeping their line breaks
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"solver-planner {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print the version and exit.")) -> None:
+    """Plan and prove how a deep-learning job is spread over a GPU cluster."""
 
 
 # -- validate ---------------------------------------------------------------------------
@@ -41,10 +59,12 @@ def validate(
     specs: List[Path] = typer.Argument(..., help="Cluster and model spec files (YAML).", show_default=False),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Check spec files; with one cluster among them, also check each model fits it.
+    """Check spec files, and each model against each cluster among them.
 
-    Every problem is reported as file:line: key.path: what was expected. Exits 2 if any
-    file has a problem.
+    Every problem is reported as file:line: key.path: what was expected. A model must fit
+    the cluster given, or at least one of several (the summary names which); with no
+    cluster, the summary says it was not checked against one. Exits 2 if any file has a
+    problem.
     """
     results = []
     clusters, models = [], []
@@ -56,10 +76,12 @@ def validate(
             entry["kind"] = spec_kind(data)
             if entry["kind"] == "cluster":
                 spec = load_cluster_spec(path)
+                entry["warnings"] = implausible(spec)
                 clusters.append(spec)
                 entry["summary"] = f"cluster '{spec.name}': {spec.num_devices} devices"
             else:
                 mspec = load_model_spec(path)
+                entry["warnings"] = implausible(mspec)
                 models.append((mspec, entry))
                 axes = " x ".join(f"{a.name}={a.size}" for a in mspec.parallelism.axes) if mspec.parallelism else "no axes"
                 entry["summary"] = (f"model '{mspec.name}': {axes}, {len(mspec.reductions)} reduction(s),"
@@ -71,15 +93,32 @@ def validate(
             entry["ok"] = True
         except SpecError as exc:
             entry["errors"] = [str(i) for i in exc.issues]
-    if len(clusters) == 1:
-        topo = Topology(clusters[0])
-        for mspec, entry in models:
+    # each model against each cluster given: with one cluster a model must fit it; with
+    # several, at least one (the others are named); with none, the summary says so
+    topos = [Topology(c) for c in clusters]
+    for mspec, entry in models:
+        if not entry["ok"]:
+            continue
+        if not topos:
+            entry["summary"] += "; not checked against a cluster (none given)"
+            continue
+        fits, misfits = [], []
+        for topo in topos:
             try:
                 check_fits(mspec, topo.num_devices, topo.name)
                 check_meshes(mspec, topo.num_hosts, topo.num_devices // topo.num_hosts, topo.name)
+                fits.append(topo.name)
             except SpecError as exc:
-                entry["ok"] = False
-                entry["errors"] = [str(i) for i in exc.issues]
+                misfits.append((topo.name, exc))
+        entry["fits"] = fits
+        entry["does_not_fit"] = {name: str(exc.issues[0]) for name, exc in misfits}
+        if fits:
+            entry["summary"] += f"; fits {', '.join(fits)}"
+            if misfits:
+                entry["summary"] += f"; not {', '.join(name for name, _ in misfits)}"
+        else:
+            entry["ok"] = False
+            entry["errors"] = [str(i) for _, exc in misfits for i in exc.issues]
     bad = [r for r in results if not r["ok"]]
     if as_json:
         print_json({"ok": not bad, "files": results})
@@ -87,6 +126,8 @@ def validate(
         for r in results:
             if r["ok"]:
                 typer.echo(f"ok     {r['file']}  ({r['summary']})")
+            for w in r.get("warnings", []):
+                typer.echo(f"warning: {w}", err=True)
         for r in bad:
             for line in r["errors"]:
                 typer.echo(f"error: {line}", err=True)
@@ -159,6 +200,12 @@ def cost(
             groups, scope = [list(range(topo.num_devices))], "all devices"
     except ValueError as exc:
         fail(str(exc), 2)
+    warnings = []
+    if max(len(g) for g in groups) < 2:
+        warnings.append(f"every group {scope} has one device: a collective on one device moves nothing"
+                        f" (levels of '{topo.name}': {', '.join(topo.level_names)}; try --across {level or ''})".rstrip())
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
     model = CostModel(topo)
     rows = []
     for kind in kinds:
@@ -170,7 +217,7 @@ def cost(
                 "bus_bandwidth": c.bus_bandwidth, "bottleneck": c.bottleneck,
             })
     if as_json:
-        print_json({"cluster": topo.name, "scope": scope, "results": rows})
+        print_json({"cluster": topo.name, "scope": scope, "warnings": warnings, "results": rows})
         return
     table = Table(title=f"{topo.name}: {len(groups)} group(s) of {max(len(g) for g in groups)} ({scope}), "
                         f"{units.format_bytes(size)} per device")
@@ -185,13 +232,16 @@ def cost(
 
 # -- schema -----------------------------------------------------------------------------
 @app.command()
+@handles_errors
 def schema(
     kind: str = typer.Argument(..., help="'cluster' or 'model'.", show_default=False),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    as_json: bool = typer.Option(False, "--json", help="The schema is JSON either way; errors too with --json."),
 ) -> None:
     """Print the JSON Schema of a spec kind, for editors that validate YAML."""
     if kind not in ("cluster", "model"):
         fail(f"unknown spec kind {kind!r}; expected 'cluster' or 'model'", 2)
+    check_output(output, "--output")
     text = json.dumps(json_schema(kind), indent=2)
     if output is None:
         typer.echo(text)
@@ -211,7 +261,27 @@ app.command()(calibrate)
 
 
 def main() -> None:
-    app()
+    """The entry point: click's own errors (a bad option value, a missing argument) exit 2
+    with one line, and under ``--json`` also print the error object on stdout."""
+    import sys
+
+    import click
+
+    try:
+        code = app(standalone_mode=False)
+    except (click.ClickException, typer.TyperException) as exc:
+        # typer carries its own copy of click: its usage errors are TyperExceptions
+        if not hasattr(exc, "show"):       # typer.Abort: Ctrl-C at a prompt
+            typer.echo("aborted", err=True)
+            sys.exit(130)
+        if "--json" in sys.argv[1:]:
+            print_json(error_object(exc.format_message(), exc.exit_code))
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,17 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..errors import unknown_choice
+from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
 from .reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction, read_program
 from ..distributed.emit import module_text
 from ..distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
 from ..distributed.launch import execute_plans, require_torch
 from ..reduction.ranking import lowering_for
 from ..resharding import METHODS
-from ..spec import load_model_spec
 
 execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
-                          no_args_is_help=True)
+                          no_args_is_help=True, rich_markup_mode=None)
 
 # One process per device on this machine: more than this is refused unless asked for.
 MAX_RANKS = 16
@@ -156,6 +156,7 @@ def execute_reduction(
     Exits 1 when a rank holds a wrong element (naming the rank, the step and the element)
     or when a program cannot be lowered; 2 on bad input or without torch.
     """
+    check_output(emit, "--emit")
     topo, spec = _load(cluster, model)
     if not dry_run:
         _check_world(topo.num_devices, max_ranks)
@@ -231,9 +232,10 @@ def execute_reshard(
     Exits 1 when a rank holds a wrong element; 2 on bad input or without torch.
     """
     if method not in METHODS:
-        fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
+        fail(unknown_choice("method", method, METHODS), 2)
+    check_output(emit, "--emit")
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     dims = None
     if shape is not None:
         try:
@@ -270,6 +272,8 @@ def calibrate(
     """
     from ..distributed.calibrate import calibrate as run_calibration
     from ..distributed.calibrate import cluster_yaml, parse_levels
+
+    check_output(output, "--output")      # before minutes of measurements
 
     require_torch()
     try:

@@ -9,13 +9,13 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..errors import unknown_choice
+from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
 from ..plan import STRATEGIES, make_plan
 from ..plan.check import check_plan
 from ..plan.emit import emit_execute_specs
 from ..plan.planfile import PlanFileError, plan_document, read_plan, write_plan
 from ..simulate import write_chrome_trace
-from ..spec import load_model_spec
 from ..stages import METHODS, SCHEDULES
 from ..stages.report import parse_config, parse_split
 
@@ -25,17 +25,6 @@ def _progress(text: str) -> None:
         typer.echo(f"\r\x1b[K{text}", err=True, nl=False)
 
 
-def _writable(path: Optional[Path], what: str) -> None:
-    """Refuse an output path before the work starts (exit 2)."""
-    if path is None:
-        return
-    parent = path.expanduser().resolve().parent
-    if not parent.is_dir():
-        fail(f"{what} {path}: folder {parent} does not exist", 2)
-    if path.is_dir() and what != "--emit":
-        fail(f"{what} {path} is a folder", 2)
-
-
 @handles_errors
 def plan(
     cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
@@ -43,7 +32,7 @@ def plan(
                                  help="Model spec with 'layers' (or 'transformer') and 'training'."),
     schedule: str = typer.Option("eager-1f1b", "--schedule", "-s",
                                  help=f"Pipeline schedule family: {', '.join(SCHEDULES)}."),
-    method: str = typer.Option("auto", "--method", help=f"Stage search: {', '.join(METHODS)}."),
+    method: str = typer.Option("auto", "--method", "-m", help=f"Stage search: {', '.join(METHODS)}."),
     cross_mesh: str = typer.Option("broadcast", "--cross-mesh",
                                    help="Stage boundaries: broadcast (seed 002's schedules), send-recv (Alpa's"
                                         " baseline) or free (Signal Send/Recv: the upper bound)."),
@@ -79,14 +68,12 @@ def plan(
     Exit codes: 0 plan found; 1 no plan fits in memory, or a part could not be proved; 2 bad spec or option; 3 a search or proof ran out of time with nothing proven.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
     if cross_mesh not in STRATEGIES:
-        fail(f"unknown --cross-mesh '{cross_mesh}'; expected one of: {', '.join(STRATEGIES)}", 2)
-    _writable(output, "--output")
-    _writable(trace, "--trace")
-    if emit is not None and emit.exists() and not emit.is_dir():
-        fail(f"--emit {emit} is not a folder", 2)
-    _writable(emit, "--emit")
+        fail(unknown_choice("--cross-mesh", cross_mesh, STRATEGIES), 2)
+    check_output(output, "--output")
+    check_output(trace, "--trace")
+    check_output(emit, "--emit", folder=True)
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     try:
         result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                            parse_config(config) if config is not None else None,
@@ -169,7 +156,7 @@ def check(
     Exit codes: 0 every part holds; 1 a part does not (the first is named); 2 unreadable plan file or spec; 3 a proof timed out.
     """  # noqa: E501
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     try:
         doc = read_plan(plan_file)
     except PlanFileError as exc:

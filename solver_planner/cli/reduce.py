@@ -18,17 +18,17 @@ from ..reduction.explicit import load_explicit_program
 from ..reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
 from ..reduction.synthesis import METRICS
 from ..reduction.verify import system_steps, verify_steps
-from ..spec import load_model_spec
-from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..errors import unknown_choice
+from .common import JSON_OPT, console, fail, handles_errors, print_json, model_of, topology_of
 
-reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True)
+reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True, rich_markup_mode=None)
 
 MAX_SIZE_OPT = typer.Option(5, "--max-size", min=1, max=8, help="Largest program size to synthesize.")
 METRIC_OPT = typer.Option("instructions", "--size-metric",
                           help="How program size is counted: 'instructions' (each counts 1) or 'paper' (seed 000's"
                                " space: InsideGroup 1, Parallel/Master 2, R-Broadcast verbatim).")
 ALGO_OPT = typer.Option("ring", "--algorithm", "-a", help="NCCL algorithm the cost model assumes: ring or tree.")
-MATRIX_OPT = typer.Option(None, "--matrix", "-m",
+MATRIX_OPT = typer.Option(None, "--matrix",
                           help="Placement as [[...],...] (rows = axes, columns = levels); default: the best-ranked one.")
 REDUCTION_OPT = typer.Option(None, "--reduction", "-r", help="Which reduction of the model spec; default: the first.")
 
@@ -61,7 +61,7 @@ def _check_choices(algorithm: str, size_metric: str) -> None:
 
 def _load(cluster: Path, model: Path):
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     check_placeable(topo, spec)
     return topo, spec
 
@@ -107,7 +107,7 @@ def read_program(topo, lowering, program: str):
 def place(
     cluster: Path = typer.Argument(..., help="Cluster spec (YAML).", show_default=False),
     model: Path = typer.Argument(..., help="Model spec with parallelism axes and reductions.", show_default=False),
-    method: str = typer.Option("auto", "--method", help="Placement search: auto, cp-sat or enumerate."),
+    method: str = typer.Option("auto", "--method", "-m", help="Placement search: auto, cp-sat or enumerate."),
     max_size: int = MAX_SIZE_OPT,
     size_metric: str = METRIC_OPT,
     algorithm: str = ALGO_OPT,
@@ -121,7 +121,7 @@ def place(
     """
     topo, spec = _load(cluster, model)
     if method not in ("auto", "cp-sat", "enumerate"):
-        fail(f"unknown method {method!r}; expected auto, cp-sat or enumerate", 2)
+        fail(unknown_choice("method", method, ("auto", "cp-sat", "enumerate")), 2)
     _check_choices(algorithm, size_metric)
     reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"),
                                       metric=size_metric)

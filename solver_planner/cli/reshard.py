@@ -9,11 +9,11 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, console, fail, handles_errors, print_json, topology_of
+from ..errors import unknown_choice
+from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
 from ..cost import CostModel
 from ..resharding import METHODS, Strategy, check, plan_resharding, problems_from_model, replay, report
 from ..simulate import Simulation, write_chrome_trace
-from ..spec import load_model_spec
 
 ROWS_SHOWN = 24
 
@@ -50,11 +50,12 @@ def reshard(
     "method", "solve_time", "schedule": [...], ...}; several print {"reshardings": [...]}.
     """
     if method not in METHODS:
-        fail(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}", 2)
+        fail(unknown_choice("method", method, METHODS), 2)
     if strategy not in {s.value for s in Strategy}:
         fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(s.value for s in Strategy)}", 2)
+    check_output(trace, "--trace")
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     cost = CostModel(topo)
     reports, sim, offset = [], Simulation(), 0.0
     for problem in problems_from_model(spec, topo, name):

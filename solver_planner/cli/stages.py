@@ -9,9 +9,8 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, console, handles_errors, print_json, topology_of
+from .common import JSON_OPT, check_output, console, handles_errors, model_of, print_json, topology_of
 from ..simulate import write_chrome_trace
-from ..spec import load_model_spec
 from ..stages import METHODS, SCHEDULES
 from ..stages.report import parse_config, parse_split, plan_stages
 from ..stages.search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
@@ -23,7 +22,7 @@ def _progress(text: str) -> None:
 
 
 def _work(search: dict) -> str:
-    """What the method did before simulating: subspaces solved (dp, cpsat) or plans priced."""
+    """What the method did before simulating: subspaces solved (dp, cp-sat) or plans priced."""
     if "subspaces" in search:
         return f"{search['subspaces']} subspaces, "
     if "plans_priced" in search:
@@ -90,8 +89,9 @@ def stages(
 
     Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    check_output(trace, "--trace")
     topo = topology_of(cluster)
-    spec = load_model_spec(model)
+    spec = model_of(model)
     try:
         cfg = parse_config(config) if config is not None else None
         rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
-from ..errors import MissingDependencyError, PlannerError
+from ..errors import MissingDependencyError, OptionError, PlannerError
 from .plan import DistributedPlan
 
 __all__ = ["require_torch", "choose_backend", "join_job", "Failure", "Execution", "execute_plans", "run_workers",
@@ -52,9 +52,9 @@ def choose_backend(backend: str, world: int) -> str:
     if backend == "gloo" and not dist.is_gloo_available():
         raise MissingDependencyError("this torch build has no gloo backend")
     if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.device_count() >= world):
-        raise PlannerError(f"nccl needs {world} GPUs; this machine has {torch.cuda.device_count()}")
+        raise OptionError(f"--backend nccl needs {world} GPUs; this machine has {torch.cuda.device_count()}: use gloo")
     if backend not in ("gloo", "nccl"):
-        raise PlannerError(f"unknown backend {backend!r}; expected auto, gloo or nccl")
+        raise OptionError(f"unknown backend {backend!r}; expected auto, gloo or nccl")
     return backend
 
 

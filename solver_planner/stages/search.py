@@ -16,7 +16,7 @@ simulated yet.  In a loop:
    still win;
 3. otherwise solve the least subspace: ``dp`` asks the dynamic programs for a plan with
    ``R`` below the cutoff (none: pruned) and bisects toward the subspace's least ``R``;
-   ``cpsat`` minimises ``R1`` and ``R2`` with CP-SAT; the plan is priced and the subspace
+   ``cp-sat`` minimises ``R1`` and ``R2`` with CP-SAT; the plan is priced and the subspace
    minus it is pushed back as Lawler's disjoint subspaces, with the bound found.
 
 When both heaps empty, every plan has been simulated or proven slower: the best is
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cost import CostModel
-from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError
+from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
@@ -55,7 +55,7 @@ from .schedule import SCHEDULES, Schedule, family
 __all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "BRUTE_FORCE_LIMIT",
            "CPSAT_MAX_CELLS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
 
-METHODS = ("auto", "dp", "cpsat", "greedy", "brute-force")
+METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 TOLERANCE = 1e-9               # relative: OPTIMAL means no plan is faster by more than this
 BRUTE_FORCE_LIMIT = 20_000     # plans brute force may price (each is simulated)
 CPSAT_MAX_CELLS = 200_000      # Booleans of one pair's CP-SAT model
@@ -101,7 +101,7 @@ class StageSearch:
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise OptionError(f"unknown schedule '{self.schedule}'; expected one of: {', '.join(SCHEDULES)}")
+            raise OptionError(unknown_choice("schedule", self.schedule, SCHEDULES))
         self.cost = CostModel(self.topology)
         self._tables: dict[MeshShape, dict[int, CostTables]] = {}
 
@@ -212,7 +212,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
                    progress: Callable[[str], None] | None = None) -> SolveResult[Candidate]:
     """The fastest simulated plan over all pairs (and the ``top`` fastest, one per pair)."""
     if method not in METHODS:
-        raise OptionError(f"unknown method '{method}'; expected one of: {', '.join(METHODS)}")
+        raise OptionError(unknown_choice("method", method, METHODS))
     with Stopwatch() as sw:
         pairs = search.pairs()
         if not pairs:
@@ -247,7 +247,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
 
 
 def _limits(method: str, time_limit: float, budget: int) -> str:
-    if method == "cpsat":
+    if method == "cp-sat":
         return f"CP-SAT deterministic time {time_limit:g} per subspace, {budget} subspaces"
     return f"{budget} subspaces"
 
@@ -259,7 +259,7 @@ def _guard(method: str, pairs: list[PairProblem]) -> None:
         if total > BRUTE_FORCE_LIMIT:
             raise RefusedError(f"brute force would price {total:,} plans (limit {BRUTE_FORCE_LIMIT:,}); use --method"
                                f" dp (exact) or narrow the search with --stages / --config")
-    if method == "cpsat":
+    if method == "cp-sat":
         worst = max(pairs, key=lambda p: p.S * len(p.configs) * p.n * p.n)
         cells = model_size(worst)
         if cells > CPSAT_MAX_CELLS:

@@ -1,0 +1,169 @@
+"""One command line (issue 15): the same spelling and short flags everywhere, --version,
+JSON errors under --json, plain help, hints for swapped arguments, plausibility warnings,
+output paths checked before the work, and answers that do not depend on the hash seed."""
+
+import json
+import re
+
+import pytest
+
+from conftest import CLUSTERS, SPECS, run_cli
+from solver_planner import __version__
+from solver_planner.cli import app
+
+P3 = CLUSTERS / "aws-p3.8xlarge-2.yaml"
+GPT = SPECS / "models" / "gpt3-2.6b.yaml"
+
+
+def commands():
+    """Every leaf command as its argument path, e.g. ('reduce', 'verify')."""
+    import typer.main
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, prefix + (name,))
+            else:
+                yield prefix + (name,), cmd
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+def test_version():
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"solver-planner {__version__}"
+
+
+def test_every_flag_is_shown_as_a_flag_and_help_is_rewrapped():
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    for path, _ in commands():
+        r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "100"})
+        assert r.exit_code == 0, path
+        assert "<bool>" not in r.stdout, path
+        if "--json" in r.stdout:
+            assert re.search(r"^\s+--json\s{2,}\S", r.stdout, re.M), (path, r.stdout)
+
+
+def test_short_m_means_method_everywhere_and_methods_have_one_spelling():
+    for path, cmd in commands():
+        for p in cmd.params:
+            if "-m" in getattr(p, "opts", []):
+                assert "--method" in p.opts, (path, p.opts)
+            if "--matrix" in getattr(p, "opts", []):
+                assert "-m" not in p.opts
+    r = run_cli("stages", P3, GPT, "--method", "cpsat")
+    assert r.returncode == 2 and "did you mean 'cp-sat'" in r.stderr
+    r = run_cli("reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml",
+                "-m", "cpsat")
+    assert r.returncode == 2 and "did you mean 'cp-sat'" in r.stderr
+
+
+@pytest.mark.parametrize("args, code, where", [
+    (["stages", P3, GPT, "--method", "magic"], 2, None),                      # a library option error
+    (["stages", P3, GPT, "--top", "0"], 2, None),                             # click's own check
+    (["show", SPECS / "models" / "broken.yaml"], 2, None),                    # no such file
+    (["schema", "nope"], 2, None),
+])
+def test_json_errors_go_to_stdout_too(args, code, where):
+    r = run_cli(*args, "--json")
+    assert r.returncode == code
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == code and err["message"] and set(err) == {"code", "file", "line", "key", "message"}
+    assert r.stderr.strip() and "Traceback" not in r.stderr
+
+
+def test_json_spec_error_names_file_line_and_key(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("name: c\nlevels:\n  - {name: host, count: 2}\ndevice: {name: g, flops: 1 TFLOP/s, memory: -1 GiB}\n")
+    r = run_cli("show", bad, "--json")
+    assert r.returncode == 2
+    err = json.loads(r.stdout)["error"]
+    assert err["file"] == str(bad) and isinstance(err["line"], int) and err["key"]
+
+
+def test_swapped_arguments_get_a_hint():
+    r = run_cli("stages", GPT, P3)
+    assert r.returncode == 2 and "model spec, given where the cluster spec goes" in r.stderr
+    r = run_cli("plan", P3, P3)
+    assert r.returncode == 2 and "cluster spec, given where the model spec goes" in r.stderr
+
+
+def test_validate_checks_each_model_against_each_cluster():
+    r = run_cli("validate", CLUSTERS / "local-2x4.yaml", CLUSTERS / "p2-a100-4x16.yaml",
+                SPECS / "models" / "p2-example.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)["files"][2]
+    assert model["fits"] == ["p2-a100-4x16"] and list(model["does_not_fit"]) == ["local-2x4"]
+    r = run_cli("validate", SPECS / "models" / "p2-example.yaml")
+    assert r.returncode == 0 and "not checked against a cluster" in r.stdout
+    r = run_cli("validate", CLUSTERS / "local-2x4.yaml", SPECS / "models" / "p2-example.yaml")
+    assert r.returncode == 2 and "local-2x4" in r.stderr
+
+
+def test_unit_slips_are_warned_about(tmp_path):
+    text = P3.read_text().replace("bandwidth: 10 Gbps", "bandwidth: 400").replace("latency: 25us", "latency: 5")
+    slip = tmp_path / "slip.yaml"
+    slip.write_text(text)
+    r = run_cli("show", slip)
+    assert r.returncode == 0
+    assert "bandwidth 400 B/s" in r.stderr and "latency 5 s" in r.stderr and f"{slip}:" in r.stderr
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nparallelism: {axes: [{name: data, size: 8}]}\nreductions: [{name: g, axes: [data], bytes: 8}]\n")
+    r = run_cli("validate", P3, model)
+    assert r.returncode == 0 and "a reduction of 8 bytes" in r.stderr
+    r = run_cli("cost", P3, "--level", "gpu")
+    assert r.returncode == 0 and "one device" in r.stderr
+    r = run_cli("show", P3)
+    assert "warning" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["stages", P3, GPT, "--trace"], ["plan", P3, GPT, "-o"], ["plan", P3, GPT, "--trace"],
+    ["reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml", "--trace"],
+    ["schema", "cluster", "-o"],
+])
+def test_output_paths_are_checked_before_the_work(tmp_path, args):
+    r = run_cli(*args, tmp_path / "missing" / "out.json")
+    assert r.returncode == 2 and "does not exist" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli(*args, tmp_path)
+    assert r.returncode == 2 and "folder" in r.stderr
+
+
+def test_nccl_without_gpus_is_an_environment_error():
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.device_count() >= 8:
+        pytest.skip("this machine has GPUs")
+    r = run_cli("execute", "reshard", CLUSTERS / "local-2x4.yaml", SPECS / "models" / "local-2x4.yaml",
+                "--backend", "nccl", "-n", "same-spec")
+    assert r.returncode == 2 and "nccl" in r.stderr
+
+
+def _answer(stdout: str) -> str:
+    """The JSON without the keys that are measured times."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("solve_time", "wall_time", "solve_times",
+                                                                     "objective_proven_after", "time_s")}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    return json.dumps(strip(json.loads(stdout)), sort_keys=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml"],
+    ["stages", P3, SPECS / "models" / "u-transformer.yaml", "-s", "eager-1f1b", "--no-baselines"],
+    ["plan", P3, GPT, "-s", "1f1b"],
+])
+def test_same_answer_whatever_the_hash_seed(args):
+    answers = set()
+    for seed in ("0", "4242"):
+        r = run_cli(*args, "--json", env={"PYTHONHASHSEED": seed})
+        assert r.returncode == 0, r.stderr
+        answers.add(_answer(r.stdout))
+    assert len(answers) == 1
