@@ -98,7 +98,10 @@ def cpsat_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int], rules
             solver.parameters.enumerate_all_solutions = True
             solver.parameters.num_workers = 1
             solver.parameters.random_seed = 0
-            solver.parameters.max_time_in_seconds = time_limit
+            # deterministic limit (the answer must not depend on machine load); wall clock only
+            # as a safety net
+            solver.parameters.max_deterministic_time = time_limit
+            solver.parameters.max_time_in_seconds = 10 * time_limit + 10
             code = solver.solve(m, Collect())
             solutions.sort(key=lambda x: x.rows)
             status = {cp_model.OPTIMAL: Status.FEASIBLE, cp_model.FEASIBLE: Status.FEASIBLE,
@@ -113,7 +116,8 @@ def cpsat_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int], rules
             solver = cp_model.CpSolver()
             solver.parameters.num_workers = 1
             solver.parameters.random_seed = 0
-            solver.parameters.max_time_in_seconds = time_limit
+            solver.parameters.max_deterministic_time = time_limit
+            solver.parameters.max_time_in_seconds = 10 * time_limit + 10
             code = solver.solve(m)
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 best = _matrix(solver.value, e, primes, n_axes, n_levels)

@@ -186,9 +186,19 @@ class DfsResult:
         self.schedule, self.complete, self.nodes = schedule, complete, nodes
 
 
+# Nodes the DFS explores per second of budget: about what this machine does (2-core), so that
+# --time-limit keeps its rough meaning while the stop is deterministic.
+DFS_NODES_PER_SECOND = 20_000
+
+
 def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 1.0,
         bound: int = 0, node_limit: int | None = None) -> DfsResult:
     """Seed 002 §3.2 "DFS with pruning": branch on the next task to start and its sender.
+
+    ``time_budget`` is turned into a node budget (:data:`DFS_NODES_PER_SECOND` nodes per
+    second, or ``node_limit`` when smaller) so that the answer does not depend on machine
+    load; the wall clock (ten times the budget plus 10 s) is only a safety net, after which
+    the result is reported incomplete like any budget stop.
 
     Only *active* schedules are generated (a task is branched on only if it can start
     before the earliest time any remaining task could finish: Giffler and Thompson), and of
@@ -199,7 +209,9 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     n = len(inst)
     best = incumbent or load_balance(inst)
     best_span = best.makespan
-    deadline = time.perf_counter() + time_budget
+    budget = max(1, int(time_budget * DFS_NODES_PER_SECOND))
+    node_limit = budget if node_limit is None else min(node_limit, budget)
+    deadline = time.perf_counter() + 10 * time_budget + 10
     sig_of = {}
     classes = [sig_of.setdefault(inst.signature(i), len(sig_of)) for i in range(n)]
     must = [sorted(inst.mandatory(i)) for i in range(n)]
@@ -234,7 +246,7 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
     def search(depth: int, span: int) -> None:
         nonlocal best, best_span, nodes, complete, work
         nodes += 1
-        if (node_limit is not None and nodes > node_limit) or (nodes % 256 == 0 and time.perf_counter() > deadline):
+        if nodes > node_limit or (nodes % 256 == 0 and time.perf_counter() > deadline):
             complete = False
             return
         if depth == n:
