@@ -91,11 +91,9 @@ class Simulation:
         for i, t in enumerate(tasks):
             for d in t.deps:
                 succ[d].append(i)
-        # Resources interned as small integers: list lookups are cheaper than dict lookups.
-        index: dict[Hashable, int] = {}
-        needs = [tuple(index.setdefault(r, len(index)) for r in t.resources) for t in tasks]
-        busy = [-1.0] * len(index)  # end of the task holding the resource, -1 when free
-        parked: list[list[tuple[float, int]]] = [[] for _ in range(len(index))]
+        needs, count = _resource_classes(tasks)
+        busy = [-1.0] * count  # end of the task holding the resource, -1 when free
+        parked: list[list[tuple[float, int]]] = [[] for _ in range(count)]
         prio_of = [t.priority for t in tasks]
         duration = [t.duration for t in tasks]
         events: list[tuple[float, int, int]] = []  # (time, kind 0=finish 1=release, task)
@@ -191,3 +189,23 @@ class Simulation:
             stuck = [tasks[i].name for i in range(n) if missing[i] > 0][:5]
             raise PlannerError(f"{n - done} tasks never ran (first: {', '.join(stuck)})")
         return Timeline(tasks, start, end)
+
+
+def _resource_classes(tasks: list[Task]) -> tuple[list[tuple[int, ...]], int]:
+    """Each task's resources as small integers, one per class of resources that exactly the
+    same tasks hold (they are always busy and free together, so one stands for all: a
+    transfer between two 8-host meshes holds 16 NIC ports but only 2 classes), and the
+    number of classes.  Integers, because list lookups are cheaper than dict lookups.
+
+    Worked out per distinct resource tuple (a pipeline has thousands of tasks but a few
+    dozen tuples): two resources are in one class when the same tuples hold them."""
+    sig_of: dict[tuple, int] = {}
+    sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
+    users: dict[Hashable, list[int]] = {}
+    for sig, k in sig_of.items():
+        for r in sig:
+            users.setdefault(r, []).append(k)
+    klass: dict[tuple[int, ...], int] = {}
+    of = {r: klass.setdefault(tuple(u), len(klass)) for r, u in users.items()}
+    per_sig = [tuple(dict.fromkeys(of[r] for r in sig)) for sig in sig_of]
+    return [per_sig[k] for k in sig_ids], len(klass)
