@@ -168,17 +168,6 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     return rank_placements(topo, spec, method, max_size, algorithm, matrices=chosen, metric=size_metric)
 
 
-def _reduction(spec: ModelSpec, name: str | None):
-    if not spec.reductions:
-        raise spec.source.error(("reductions",), "the model spec asks for no reduction")
-    if name is None:
-        return spec.reductions[0]
-    for red in spec.reductions:
-        if red.name == name:
-            return red
-    raise OptionError(f"no reduction named {name!r}; the model has: {', '.join(r.name for r in spec.reductions)}")
-
-
 def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec,
            program: str | os.PathLike | Program, matrix=None, reduction: str | None = None,
            timeout: float = 30.0, engine: str = "z3") -> Verdict:
@@ -241,12 +230,12 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         raise OptionError(f"unknown engine {engine!r}; expected z3 or semantics")
     from .errors import InfeasibleError
     from .reduction.dsl import parse_program
-    from .reduction.ranking import check_placeable, lowering_for, rank_placements
+    from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduction_named
     from .reduction.verify import system_steps, verify_steps
 
     topo, spec = load(cluster, model)
     check_placeable(topo, spec)
-    red = _reduction(spec, reduction)
+    red = reduction_named(spec, reduction)
     if matrix is None:
         reports, _ = rank_placements(topo, spec)
         if not reports:

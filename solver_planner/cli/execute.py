@@ -13,11 +13,11 @@ from rich.table import Table
 from .. import units
 from ..errors import unknown_choice
 from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
-from .reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, _reduction, read_program
+from .reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, read_program
 from ..distributed.emit import module_text
 from ..distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
 from ..distributed.launch import execute_plans, require_torch
-from ..reduction.ranking import lowering_for
+from ..reduction.ranking import lowering_for, reduction_named
 from ..resharding import METHODS
 
 execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
@@ -160,7 +160,7 @@ def execute_reduction(
     topo, spec = _load(cluster, model)
     if not dry_run:
         _check_world(topo.num_devices, max_ranks)
-    red = _reduction(spec, reduction)
+    red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
     lowering = lowering_for(topo, spec, chosen, red)
     size = red.bytes

@@ -15,7 +15,7 @@ from ..cost import CostModel
 from ..placement import ParallelismMatrix
 from ..reduction import format_program, parse_program
 from ..reduction.explicit import load_explicit_program
-from ..reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement
+from ..reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement, reduction_named
 from ..reduction.synthesis import METRICS
 from ..reduction.verify import system_steps, verify_steps
 from ..errors import unknown_choice
@@ -64,17 +64,6 @@ def _load(cluster: Path, model: Path):
     spec = model_of(model)
     check_placeable(topo, spec)
     return topo, spec
-
-
-def _reduction(spec, name):
-    if not spec.reductions:
-        raise spec.source.error(("reductions",), "the model spec asks for no reduction")
-    if name is None:
-        return spec.reductions[0]
-    for red in spec.reductions:
-        if red.name == name:
-            return red
-    fail(f"no reduction named {name!r}; the model has: {', '.join(r.name for r in spec.reductions)}", 2)
 
 
 def _matrix(topo, spec, text, algorithm):
@@ -166,7 +155,7 @@ def synth(
     """The valid reduction programs of one placement, fastest first, with their times."""
     topo, spec = _load(cluster, model)
     _check_choices(algorithm, size_metric)
-    red = _reduction(spec, reduction)
+    red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, algorithm)
     rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo), metric=size_metric)
     shown = rep.programs[:top] if top else rep.programs
@@ -214,7 +203,7 @@ def verify(
     if engine not in ("z3", "semantics"):
         fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
     topo, spec = _load(cluster, model)
-    red = _reduction(spec, reduction)
+    red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
     lowering = lowering_for(topo, spec, chosen, red)
     steps, labels, _ = read_program(topo, lowering, program)

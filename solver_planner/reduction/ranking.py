@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..cost import Collective, CollectiveCost, CostModel
-from ..errors import PlannerError
+from ..errors import OptionError, PlannerError
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
 from ..simulate import Simulation, add_collective
 from ..simulate.tasks import compute_resource
@@ -33,7 +33,7 @@ from .synthesis import DEFAULT_MAX_SIZE, states_along, synthesize_traced
 
 __all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementReport", "cost_program",
            "replay", "allreduce_program", "rank_placements", "reduce_on_placement", "check_placeable",
-           "lowering_for"]
+           "lowering_for", "reduction_named"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,19 @@ class PlacementReport:
     def as_dict(self) -> dict:
         return {"matrix": self.matrix.as_lists(), "cost": self.cost, "allreduce_cost": self.allreduce_cost,
                 "reductions": [r.as_dict() for r in self.reductions]}
+
+
+def reduction_named(spec: ModelSpec, name: str | None) -> ReductionSpec:
+    """The model's reduction called ``name`` (the first when None); a spec error when it
+    asks for none, an option error naming the ones it has when none is called that."""
+    if not spec.reductions:
+        raise spec.source.error(("reductions",), "the model spec asks for no reduction")
+    if name is None:
+        return spec.reductions[0]
+    for red in spec.reductions:
+        if red.name == name:
+            return red
+    raise OptionError(f"no reduction named {name!r}; the model has: {', '.join(r.name for r in spec.reductions)}")
 
 
 def check_placeable(topology: Topology, model: ModelSpec) -> None:
