@@ -7,6 +7,8 @@ import random
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import CLUSTERS, SPECS, run_cli
 from solver_planner.plan import compose, make_plan
@@ -343,3 +345,41 @@ def test_a_proof_that_times_out_exits_3(reduced, monkeypatch):
     monkeypatch.setattr(check_mod, "prove_program", lambda *a, **k: ("unknown", "", 0.0))
     rep = _check(reduced, copy.deepcopy(reduced[2]))
     assert rep.exit_code == 3 and rep.first_failure is None
+
+
+def _leaves(doc, path=()):
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_plan_files_never_crash_check(reduced, data):
+    """Any leaf of a plan file replaced by a value of another type or size: check answers
+    (0, 1 or 3) and never raises; the values check re-derives fail when changed."""
+    doc = copy.deepcopy(reduced[2])
+    doc.pop("launch")              # what check reads, not the launch layout it does not
+    leaves = [p for p in _leaves(doc) if p[0] not in ("solve_times", "search", "schedules_tried", "launch")]
+    path = data.draw(st.sampled_from(leaves))
+    value = data.draw(st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                                st.text(max_size=5), st.lists(st.integers(0, 3), max_size=3), st.just({})))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    rep = _check(reduced, doc)
+    assert rep.exit_code in (0, 1, 3)
+    derived = path in (("iteration_time",), ("microbatches",), ("mesh", 0)) or (
+        path[0] == "stages" and {"layers", "devices", "data", "tensor", "memory", "matrix"} & set(path)) or (
+        path[0] == "boundaries" and {"time", "sender_device", "start", "end"} & set(path))
+    original = reduced[2]
+    for key in path:
+        original = original[key]
+    if derived and value != original and not (isinstance(value, float) and value != value):
+        assert rep.exit_code == 1, (path, value)

@@ -93,6 +93,10 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
     except _Stop as stop:
         part = stop.args[1] if len(stop.args) > 1 else "plan"
         rep.add(part, "fail", stop.args[0])
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+        # a value of the wrong type or size somewhere the checks above did not look first:
+        # the file is wrong, and says so, rather than crashing
+        rep.add("plan", "fail", f"the plan file holds a value this version cannot read: {type(exc).__name__}: {exc}")
     return rep
 
 
@@ -248,8 +252,9 @@ def _boundaries(topology: Topology, part: Partition, parts: list[StagePart], doc
             raise _Stop(f"{where}: infeasible schedule: {problems[0]}", where)
         plan = ReshardingPlan(problem, strat, tasks, inst, sched, costs)
         timeline = check_resharding(plan, cost)
-        if not _close(timeline.makespan, float(entry.get("time", -1))):
-            raise _Stop(f"{where}: replayed in {timeline.makespan:.9g} s, the plan says {entry.get('time')!r}", where)
+        recorded = _get(entry, "time", float, where)
+        if not _close(timeline.makespan, recorded):
+            raise _Stop(f"{where}: replayed in {timeline.makespan:.9g} s, the plan says {recorded!r}", where)
         ports = tuple(port_names({r for rec in timeline.records for r in rec.resources}))
         out.append(Boundary(kind, src, dst, problem, None, timeline.makespan, ports))
         rep.add(where, "ok", f"{len(tasks)} unit tasks, feasible, replayed in {timeline.makespan * 1e3:.3f} ms")
@@ -269,12 +274,13 @@ def _iteration(part: Partition, doc: dict, boundaries: list[Boundary], rep: Chec
         if peak > memory:
             raise _Stop(f"stage {p} needs {peak / 2**30:.2f} GiB per device under {sched}; the device has"
                         f" {memory / 2**30:.2f} GiB", "memory")
-        if not _close(peak, float(entry.get("memory", -1))):
-            raise _Stop(f"stage {p}: memory {peak:.6g} bytes replayed, the plan says {entry.get('memory')!r}",
-                        "memory")
+        recorded = _get(entry, "memory", float, f"stage {p}")
+        if not _close(peak, recorded):
+            raise _Stop(f"stage {p}: memory {peak:.6g} bytes replayed, the plan says {recorded!r}", "memory")
     rep.add("memory", "ok", f"every stage fits ({max(run.peak_memory) / 2**30:.2f} of {memory / 2**30:.2f} GiB)")
     recorded = doc.get("iteration_time")
-    if not isinstance(recorded, (int, float)) or not _close(run.iteration_time, float(recorded)):
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or \
+            not _close(run.iteration_time, float(recorded)):
         raise _Stop(f"the iteration replays in {run.iteration_time:.9g} s under {sched}; the plan says"
                     f" {recorded!r}", "iteration")
     rep.add("iteration", "ok", f"replayed in {run.iteration_time:.6g} s under {sched}, as recorded")
