@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..cost import CostModel
-from ..errors import PlannerError
+from ..errors import OptionError, PlannerError, unknown_choice
 from ..simulate import Simulation, Timeline
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Resource
@@ -154,7 +154,7 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
     Deterministic: the same inputs and ``seed`` give the same schedule (one CP-SAT worker).
     """
     if method not in METHODS:
-        raise PlannerError(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}")
+        raise OptionError(unknown_choice("method", method, METHODS))
     bound = inst.lower_bound()
     info: dict[str, Any] = {}
     used = method
