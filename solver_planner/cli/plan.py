@@ -59,6 +59,11 @@ def plan(
                                         help="Write, into this folder, the specs and commands with which"
                                              " 'solver-planner execute' runs the plan's gradient programs and"
                                              " boundary reshardings on local processes."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the pipeline Gantt per stage, memory per stage and"
+                                        " where the iteration goes (.svg or .png, by the extension; needs"
+                                        " solver-planner[plot])."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write one self-contained HTML report (summary,"
+                                          " every picture, tables, proofs, the commands that reproduce it)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
@@ -72,6 +77,13 @@ def plan(
     check_output(output, "--output")
     check_output(trace, "--trace")
     check_output(emit, "--emit", folder=True)
+    check_output(plot, "--plot")
+    check_output(report, "--report")
+    if plot is not None or report is not None:
+        from ..report import prepare
+
+        prepare(plot)
+        prepare(report, "--report")
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
@@ -90,6 +102,24 @@ def plan(
     if emit is not None:
         emitted = emit_execute_specs(result, cluster, emit)
         typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)
+    if plot is not None:
+        from ..plan.compose import breakdown
+        from ..report.pipeline import plot_pipeline
+
+        c = result.partition.costs
+        path = plot_pipeline(plot, result.run, c.shape.size, c.device_memory,
+                             f"{spec.name} on {topo.name}, {result.schedule}", breakdown(result))
+        typer.echo(f"wrote {path}", err=True)
+    if report is not None:
+        import shlex
+
+        from ..report.html import write_plan_report
+
+        again = ["solver-planner"] + [a for a in sys.argv[1:]]
+        commands = [" ".join(shlex.quote(a) for a in again)]
+        if output is not None:
+            commands.append(" ".join(shlex.quote(str(a)) for a in ("solver-planner", "check", cluster, model, output)))
+        typer.echo(f"wrote {write_plan_report(report, result, doc, commands)}", err=True)
     unproved = [s for s in result.parts if s.proof in ("invalid", "unknown")]
     if as_json:
         print_json(doc)

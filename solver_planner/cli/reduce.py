@@ -19,7 +19,7 @@ from ..reduction.ranking import check_placeable, lowering_for, rank_placements, 
 from ..reduction.synthesis import METRICS
 from ..reduction.verify import system_steps, verify_steps
 from ..errors import unknown_choice
-from .common import JSON_OPT, console, fail, handles_errors, print_json, model_of, topology_of
+from .common import JSON_OPT, check_output, console, fail, handles_errors, print_json, model_of, topology_of
 
 reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True, rich_markup_mode=None)
 
@@ -31,6 +31,20 @@ ALGO_OPT = typer.Option("ring", "--algorithm", "-a", help="NCCL algorithm the co
 MATRIX_OPT = typer.Option(None, "--matrix",
                           help="Placement as [[...],...] (rows = axes, columns = levels); default: the best-ranked one.")
 REDUCTION_OPT = typer.Option(None, "--reduction", "-r", help="Which reduction of the model spec; default: the first.")
+PLOT_HELP = " (.svg or .png, by the extension; needs solver-planner[plot])."
+
+
+def _plot_first(plot: Optional[Path]) -> None:
+    """Check --plot before the work: its folder, its extension, matplotlib."""
+    check_output(plot, "--plot")
+    if plot is not None:
+        from ..report import prepare
+
+        prepare(plot)
+
+
+def _wrote(path) -> None:
+    typer.echo(f"wrote {path}", err=True)
 
 
 def _progress(label: str):
@@ -101,6 +115,9 @@ def place(
     size_metric: str = METRIC_OPT,
     algorithm: str = ALGO_OPT,
     top: Optional[int] = typer.Option(None, "--top", min=1, help="Show only the best N placements."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the best placement's device map per axis, its"
+                                        " best programs' groups, and AllReduce vs best program per placement"
+                                        + PLOT_HELP),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Every placement, ranked by the cost of its best reduction programs.
@@ -108,16 +125,21 @@ def place(
     For each placement and reduction: the time of a single AllReduce, the best
     synthesized program and its time, and how many valid programs were synthesized.
     """
-    topo, spec = _load(cluster, model)
     if method not in ("auto", "cp-sat", "enumerate"):
         fail(unknown_choice("method", method, ("auto", "cp-sat", "enumerate")), 2)
     _check_choices(algorithm, size_metric)
+    _plot_first(plot)
+    topo, spec = _load(cluster, model)
     reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"),
                                       metric=size_metric)
     if not reports:
         fail("no placement satisfies the model's constraints (the matrices' rows must multiply to the axis sizes"
              " and columns to the level counts)", 1)
     shown = reports[:top] if top else reports
+    if plot is not None:
+        from ..report.placement import plot_placements
+
+        _wrote(plot_placements(plot, topo, spec, reports))
     if as_json:
         print_json({"cluster": topo.name, "model": spec.name, "levels": list(topo.level_names),
                     "axes": spec.axis_names, "method": result.method, "solve_time": result.wall_time,
@@ -150,15 +172,26 @@ def synth(
     size_metric: str = METRIC_OPT,
     algorithm: str = ALGO_OPT,
     top: Optional[int] = typer.Option(None, "--top", min=1, help="Show only the N fastest programs."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the fastest program step by step: its device"
+                                        " groups and the bytes each device holds" + PLOT_HELP),
     as_json: bool = JSON_OPT,
 ) -> None:
     """The valid reduction programs of one placement, fastest first, with their times."""
-    topo, spec = _load(cluster, model)
     _check_choices(algorithm, size_metric)
+    _plot_first(plot)
+    topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, algorithm)
     rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo), metric=size_metric)
     shown = rep.programs[:top] if top else rep.programs
+    if plot is not None:
+        from ..report.program import plot_program
+
+        best = rep.best
+        lowering = lowering_for(topo, spec, chosen, red)
+        _wrote(plot_program(plot, topo, system_steps(lowering, best.program), lowering.hierarchy.size, red.bytes,
+                            f"{best.text} on placement {chosen} ({units.format_time(best.time)})",
+                            [str(i) for i in best.program], best.step_times))
     if as_json:
         print_json({"matrix": chosen.as_lists(), "reduction": red.name, "hierarchy": str(rep.hierarchy),
                     "size_metric": size_metric, "max_size": max_size,
@@ -189,6 +222,8 @@ def verify(
     reduction: Optional[str] = REDUCTION_OPT,
     engine: str = typer.Option("z3", "--engine", help="z3 (a proof over symbolic data) or semantics (the rules)."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds z3 may take before answering unknown (> 0)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the program step by step, the counterexample"
+                                        " highlighted" + PLOT_HELP),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Prove a reduction program valid for a placement, or show the counterexample.
@@ -202,6 +237,7 @@ def verify(
         fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
     if engine not in ("z3", "semantics"):
         fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
+    _plot_first(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")
@@ -214,6 +250,12 @@ def verify(
         verdict = verify_z3(lowering, steps, timeout)
     else:
         verdict = verify_steps(lowering, steps)
+    if plot is not None:
+        from ..report.program import plot_program
+
+        _wrote(plot_program(plot, topo, steps, lowering.hierarchy.size, red.bytes,
+                            f"{form if labels is None else format_program(parse_program(program))}"
+                            f" on placement {chosen}", labels, verdict=verdict))
     if as_json:
         print_json({"matrix": chosen.as_lists(), "reduction": red.name, "program": form, **verdict.as_dict()})
     else:

@@ -41,6 +41,8 @@ def reshard(
                                 " but only 1 gives the same plan on every run."),
     all_rows: bool = typer.Option(False, "--all", help=f"Print every unit task (default: the first {ROWS_SHOWN})."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the replayed schedule as a Perfetto trace."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw a Gantt chart per port of each schedule beside the"
+                                        " naive one (.svg or .png, by the extension; needs solver-planner[plot])."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Schedule each cross-mesh resharding of MODEL on CLUSTER: which host sends each slice,
@@ -54,19 +56,29 @@ def reshard(
     if strategy not in {s.value for s in Strategy}:
         fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(s.value for s in Strategy)}", 2)
     check_output(trace, "--trace")
+    check_output(plot, "--plot")
+    if plot is not None:
+        from ..report import prepare
+
+        prepare(plot)
     topo = topology_of(cluster)
     spec = model_of(model)
     cost = CostModel(topo)
-    reports, sim, offset = [], Simulation(), 0.0
+    reports, results, sim, offset = [], [], Simulation(), 0.0
     for problem in problems_from_model(spec, topo, name):
         result = plan_resharding(problem, cost, method, strategy, time_limit, seed, workers, progress=_say)
         check(result.solution, cost)
         reports.append(report(result, cost))
+        results.append(result)
         replay(result.solution, cost, sim, offset)
         offset += result.objective
     if trace is not None:
         path = write_chrome_trace(sim.run(), trace, topo)
         typer.echo(f"wrote {path}", err=True)
+    if plot is not None:
+        from ..report.resharding import plot_resharding
+
+        typer.echo(f"wrote {plot_resharding(plot, results, topo)}", err=True)
     if as_json:
         print_json(reports[0] if len(reports) == 1 else {"reshardings": reports})
         return

@@ -80,6 +80,9 @@ def stages(
                                    help="Simulated tasks before the search stops with a gap."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the pipeline Gantt per stage, memory per stage and"
+                                        " where the time goes (.svg or .png, by the extension; needs"
+                                        " solver-planner[plot])."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Cut MODEL's layers into pipeline stages on equal sub-meshes of CLUSTER, choose each
@@ -90,6 +93,11 @@ def stages(
     Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
     check_output(trace, "--trace")
+    check_output(plot, "--plot")
+    if plot is not None:
+        from ..report import prepare
+
+        prepare(plot)
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
@@ -102,6 +110,12 @@ def stages(
             typer.echo("\r\x1b[K", err=True, nl=False)
     if trace is not None:
         path = write_chrome_trace(rep.run.timeline, trace, topo)
+        typer.echo(f"wrote {path}", err=True)
+    if plot is not None:
+        from ..report.pipeline import plot_pipeline
+
+        path = plot_pipeline(plot, rep.run, rep.partition.costs.shape.size, rep.device_memory,
+                             f"{spec.name} on {topo.name}, {rep.best.schedule}")
         typer.echo(f"wrote {path}", err=True)
     data = rep.as_dict()
     if as_json:

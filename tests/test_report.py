@@ -1,0 +1,212 @@
+"""Pictures (issue 16): every --plot on shipped specs, what the SVGs contain, determinism,
+the missing-matplotlib message, and the HTML report in a real headless Chromium."""
+
+import collections
+import json
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import CLUSTERS, ROOT, SPECS, run_cli
+
+pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+
+MODELS = SPECS / "models"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def ids(path) -> list[str]:
+    """Every id of an SVG file, which must parse as XML."""
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    return [el.get("id") for el in root.iter() if el.get("id")]
+
+
+def test_place_plot_has_a_map_per_axis_the_best_programs_steps_and_a_bar_pair_per_placement(tmp_path):
+    out = tmp_path / "place.svg"
+    r = run_cli("place", CLUSTERS / "p2-a100-4x16.yaml", MODELS / "p2-fig11b.yaml", "--json", "--plot", out)
+    assert r.returncode == 0, r.stderr
+    found = ids(out)
+    for axis in ("a0", "a1", "a2"):
+        assert f"axis-{axis}-map" in found
+    # the best program of r02 is ReduceScatter; AllReduce; AllGather: three step panels with their groups
+    assert [i for i in found if re.fullmatch(r"reduction-r02-step-\d-groups", i)] == [
+        f"reduction-r02-step-{n}-groups" for n in (1, 2, 3)]
+    placements = len(json.loads(r.stdout)["placements"])
+    assert placements == 5
+    for n in range(1, placements + 1):
+        assert f"placement-{n}-allreduce" in found and f"placement-{n}-best" in found
+
+
+def test_verify_plot_highlights_the_counterexample(tmp_path):
+    out = tmp_path / "verify.svg"
+    r = run_cli("reduce", "verify", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml",
+                ROOT / "examples" / "broken-allreduce-2x8.yaml", "--plot", out)
+    assert r.returncode == 1, r.stderr
+    root = ET.parse(out).getroot()
+    by_id = {el.get("id"): el for el in root.iter() if el.get("id")}
+    for gid in ("counterexample-step", "counterexample-device", "counterexample-group", "counterexample-text"):
+        assert gid in by_id, gid
+    # the highlighted step is step 2 (its panel holds the frame), and the text names device 9
+    step2 = by_id["step-2"]
+    assert any(el.get("id") == "counterexample-step" for el in step2.iter())
+    assert "device 9" in "".join(by_id["counterexample-text"].itertext())
+    # a valid program has no counterexample
+    ok = tmp_path / "ok.svg"
+    r = run_cli("reduce", "verify", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml",
+                ROOT / "examples" / "hierarchical-allreduce-2x8.yaml", "--plot", ok)
+    assert r.returncode == 0, r.stderr
+    assert not [i for i in ids(ok) if i.startswith("counterexample")]
+    assert {f"step-{n}" for n in range(4)} <= set(ids(ok))
+
+
+def test_synth_plot_png(tmp_path):
+    out = tmp_path / "synth.png"
+    r = run_cli("reduce", "synth", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml", "--top", "1", "--plot", out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_held_bytes_follow_the_layout():
+    from solver_planner.cost import Collective
+    from solver_planner.report.program import held_bytes
+
+    steps = [(Collective.REDUCESCATTER, [[0, 1, 2, 3]]), (Collective.ALLGATHER, [[0, 1, 2, 3]])]
+    states, stopped = held_bytes(4, 4, steps, 400.0)
+    assert states == [[400.0] * 4, [100.0] * 4, [400.0] * 4] and stopped is None
+
+
+def _resharding(model: str, cluster: str):
+    from solver_planner import api
+
+    return api.load(CLUSTERS / cluster, MODELS / model)[0], api.reshard(CLUSTERS / cluster, MODELS / model)
+
+
+def test_reshard_gantt_has_one_bar_per_unit_task_and_port_and_the_bound(tmp_path):
+    from solver_planner.report.resharding import plot_resharding
+
+    topo, results = _resharding("reshard-2x4-to-3x4.yaml", "aws-p3.8xlarge-5.yaml")
+    out = plot_resharding(tmp_path / "r.svg", results, topo)
+    found = ids(out)
+    for n, result in enumerate(results):
+        plan = result.solution
+        for which, schedule in (("task", plan.schedule), ("naive", None)):
+            if schedule is None:
+                from solver_planner.resharding.heuristics import naive
+                schedule = naive(plan.instance)
+            bars = [tuple(map(int, m.groups())) for i in found
+                    if (m := re.fullmatch(rf"r{n}-{which}-(\d+)-port-(\d+)", i))]
+            expected = sorted((t, r) for t, k in enumerate(schedule.choice)
+                              for r in plan.instance.candidates[t][k].resources)
+            assert sorted(bars) == expected                       # every unit task, on every port it holds
+            assert {t for t, _ in bars} == set(range(len(plan.tasks)))
+            rows = [i for i in found if re.fullmatch(rf"r{n}-{which}-row-\d+", i)]
+            assert len(rows) == len(plan.instance.resources)      # one row per port
+            assert f"r{n}-{which}-lower-bound" in found
+
+
+def test_reshard_cli_plot(tmp_path):
+    out = tmp_path / "r.png"
+    r = run_cli("reshard", CLUSTERS / "aws-p3.8xlarge-3.yaml", MODELS / "reshard-1x4-to-2x4.yaml", "--plot", out)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 1000 and f"wrote {out}" in r.stderr
+
+
+def test_stages_plot_has_a_row_per_stage_and_microbatch_numbers(tmp_path):
+    out = tmp_path / "stages.svg"
+    r = run_cli("stages", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "mlp16.yaml", "--no-baselines", "--json",
+                "--plot", out)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    stages = data["config"]["pipeline"]
+    found = ids(out)
+    assert sorted(i for i in found if i.startswith("stage-row-")) == sorted(f"stage-row-{p}" for p in range(stages))
+    assert {f"memory-stage-{p}" for p in range(stages)} <= set(found) and "device-memory" in found
+    for p in range(stages):
+        assert f"stage-{p}-forward" in found and f"stage-{p}-backward" in found
+    text = out.read_text()
+    assert "time (" in text and "peak memory per device (" in text    # axis labels carry units
+
+
+def test_pipeline_bars_are_merged_and_said_so_when_huge():
+    from solver_planner.report.pipeline import MERGE_PIXELS, stage_bars
+    from solver_planner.simulate.timeline import Record
+
+    recs = [Record(i, f"F0 mb{i}", i * 1e-3, (i + 1) * 1e-3, (), (0,), "compute", "forward", {})
+            for i in range(100_000)]
+    bars = stage_bars(recs, 1, 1, 100.0)
+    assert len(bars[0, "forward"]) == 1 and bars[0, "forward"][0][:2] == (0.0, pytest.approx(100.0))
+    spaced = [Record(i, f"F0 mb{i}", i * 1.0, i + 0.5, (), (0,), "compute", "forward", {}) for i in range(10)]
+    bars = stage_bars(spaced, 1, 1, 10.0)
+    assert [label for _, _, label in bars[0, "forward"]] == [str(i) for i in range(10)]
+    assert MERGE_PIXELS >= 500
+
+
+def test_same_inputs_same_svg_bytes(tmp_path):
+    from solver_planner.report.resharding import plot_resharding
+
+    topo, results = _resharding("reshard-1x4-to-2x4.yaml", "aws-p3.8xlarge-3.yaml")
+    a = plot_resharding(tmp_path / "a.svg", results, topo).read_bytes()
+    b = plot_resharding(tmp_path / "b.svg", results, topo).read_bytes()
+    assert a == b
+    assert b"<dc:date>" not in a                                  # no creation date
+
+
+def test_without_matplotlib_plot_exits_2_with_the_install_hint(tmp_path):
+    fake = tmp_path / "fake" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    r = run_cli("reduce", "synth", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml", "--plot", tmp_path / "x.svg",
+                env={"PYTHONPATH": str(fake.parent)})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "solver-planner[plot]" in lines[0] and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.svg").exists()
+
+
+def test_bad_plot_paths_exit_2_before_the_work(tmp_path):
+    r = run_cli("reduce", "synth", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml", "--plot", tmp_path / "x.pdf")
+    assert r.returncode == 2 and ".svg or .png" in r.stderr
+    r = run_cli("stages", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "mlp16.yaml", "--plot", tmp_path / "no" / "x.svg")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("plan", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "mlp16.yaml", "--report", tmp_path / "r.txt")
+    assert r.returncode == 2 and ".html" in r.stderr
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.slow
+def test_plan_report_and_plot_open_in_headless_chromium(tmp_path):
+    report, plot = tmp_path / "report.html", tmp_path / "plan.svg"
+    r = run_cli("plan", CLUSTERS / "aws-p3.8xlarge-2.yaml", MODELS / "gpt3-2.6b.yaml", "-o", tmp_path / "plan.yaml",
+                "--report", report, "--plot", plot)
+    assert r.returncode == 0, r.stderr
+    found = ids(plot)
+    assert sorted(i for i in found if i.startswith("stage-row-")) == [f"stage-row-{p}" for p in range(4)]
+    assert "breakdown-compute" in found
+    assert plot.stat().st_size < 2_000_000                        # 18 000 tasks, merged
+    page = report.read_text()
+    assert page.count("<svg") >= 3 and "solver-planner check" in page and "not needed" in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)       # nothing fetched from the network
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium found (chromium, chromium-browser, google-chrome); .ci/run installs it")
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1280,1600", report.as_uri()],
+                   capture_output=True, timeout=120, check=False)
+    assert shot.exists(), "Chromium wrote no screenshot"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3].reshape(-1, 3)
+    colours = collections.Counter(map(tuple, (pixels * 255).astype(int)[::7]))
+    white = colours.get((255, 255, 255), 0) / sum(colours.values())
+    assert white < 0.97 and len(colours) > 20                    # not blank: text, tables, pictures
