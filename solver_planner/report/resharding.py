@@ -33,10 +33,14 @@ def schedule_axes(ax, plan, schedule, topology, title: str, scale: float, unit: 
     dest = [min(topology.host(d) for d in t.receivers) for t in plan.tasks]
     hosts = sorted(set(dest))
     colour = {h: OKABE_ITO[n % len(OKABE_ITO)] for n, h in enumerate(hosts)}
-    bars = list(_bars(inst, schedule))
+    # rows sorted by interconnect, port and side (gids keep the instance's resource index)
+    order = sorted(range(len(inst.resources)), key=lambda r: (str(inst.resources[r].interconnect),
+                                                               inst.resources[r].instance, inst.resources[r].direction))
+    pos = {r: n for n, r in enumerate(order)}
+    bars = [(i, r, s, e) for i, r, s, e in _bars(inst, schedule)]
     if len(bars) <= MAX_BARS:
         for i, r, s, e in bars:
-            rect = ax.barh(r, (e - s) / scale, left=s / scale, height=0.7, color=colour[dest[i]],
+            rect = ax.barh(pos[r], (e - s) / scale, left=s / scale, height=0.7, color=colour[dest[i]],
                            edgecolor="white", linewidth=0.3).patches[0]
             rect.set_gid(f"{prefix}-{i}-port-{r}")
         note = ""
@@ -45,12 +49,13 @@ def schedule_axes(ax, plan, schedule, topology, title: str, scale: float, unit: 
         for i, r, s, e in bars:
             spans.setdefault((r, dest[i]), []).append((s / scale, (e - s) / scale))
         for (r, h), xs in sorted(spans.items()):
-            ax.broken_barh(xs, (r - 0.35, 0.7), facecolors=colour[h], gid=f"{prefix}-row-{r}-dest-{h}")
+            ax.broken_barh(xs, (pos[r] - 0.35, 0.7), facecolors=colour[h], gid=f"{prefix}-row-{r}-dest-{h}")
         note = f" ({len(bars)} bars, drawn per row)"
     for r in range(len(inst.resources)):
-        ax.axhspan(r - 0.5, r + 0.5, color="#f2f2f2" if r % 2 else "white", zorder=0, gid=f"{prefix}-row-{r}")
+        ax.axhspan(pos[r] - 0.5, pos[r] + 0.5, color="#f2f2f2" if pos[r] % 2 else "white", zorder=0,
+                   gid=f"{prefix}-row-{r}")
     ax.set_yticks(range(len(inst.resources)))
-    ax.set_yticklabels([_port(res) for res in inst.resources], fontsize=7 if len(inst.resources) <= 40 else 5)
+    ax.set_yticklabels([_port(inst.resources[r]) for r in order], fontsize=7 if len(inst.resources) <= 40 else 5)
     ax.set_ylim(len(inst.resources) - 0.5, -0.5)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("port")
