@@ -383,3 +383,17 @@ def test_mutated_plan_files_never_crash_check(reduced, data):
         original = original[key]
     if derived and value != original and not (isinstance(value, float) and value != value):
         assert rep.exit_code == 1, (path, value)
+
+
+def test_check_json_is_one_object_with_the_error(tmp_path, reduced):
+    doc = copy.deepcopy(reduced[2])
+    doc["iteration_time"] *= 2
+    path = tmp_path / "plan.yaml"
+    write_document(doc, path)
+    layers = [{"name": "l", "repeat": 8, "flops": "80 GFLOP", "params": "200 MiB", "activations": "8 MiB",
+               "allreduces": 2}]
+    model = model_file(tmp_path, layers, batch=128, name="reduced")
+    r = run_cli("check", str(P3X4), str(model), str(path), "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)                  # one object: the report, with the error in it
+    assert out["ok"] is False and out["error"]["code"] == 1 and "iteration" in out["error"]["message"]

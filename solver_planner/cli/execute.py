@@ -211,7 +211,8 @@ def execute_reshard(
     model: Path = typer.Argument(..., exists=True, dir_okay=False, help="Model spec with a 'resharding:' list."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Run only this resharding of the model."),
     method: str = typer.Option("auto", "--method", "-m", help=f"Scheduler: {', '.join(METHODS)}."),
-    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01, help="Budget of the scheduler."),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01, max=86400,
+                                     help="Budget of the scheduler."),
     shape: Optional[str] = typer.Option(None, "--shape", help="Run on a tensor of this shape instead of the"
                                                               " spec's, e.g. 64,32,16 (same rank)."),
     backend: str = BACKEND_OPT,

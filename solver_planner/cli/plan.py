@@ -10,7 +10,8 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
+from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, model_of, print_json,
+                     topology_of)
 from ..plan import STRATEGIES, make_plan
 from ..plan.check import check_plan
 from ..plan.emit import emit_execute_specs
@@ -45,7 +46,7 @@ def plan(
                                         " boundary schedules; the fastest simulated one wins."),
     config: Optional[str] = typer.Option(None, "--config", help="One configuration d,t,p,k (as for 'stages')."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
-    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001,
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001, max=86400,
                                      help="CP-SAT limit per subproblem (roughly seconds)."),
     proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
                                         help="z3 time limit per gradient program (seconds)."),
@@ -120,16 +121,27 @@ def plan(
         if output is not None:
             commands.append(" ".join(shlex.quote(str(a)) for a in ("solver-planner", "check", cluster, model, output)))
         typer.echo(f"wrote {write_plan_report(report, result, doc, commands)}", err=True)
-    unproved = [s for s in result.parts if s.proof in ("invalid", "unknown")]
+    invalid = [s for s in result.parts if s.proof == "invalid"]
+    undecided = [s for s in result.parts if s.proof == "unknown"]
+    error = None
+    if invalid:
+        error = (f"stage {invalid[0].index}: its gradient program is not a valid all-reduce: {invalid[0].proof_detail}",
+                 1)
+    elif undecided:
+        error = (f"stage {undecided[0].index}: z3 did not prove its gradient program within {proof_timeout:g} s", 3)
+    _finish(doc, error, as_json, _print)
+
+
+def _finish(data: dict, error: tuple[str, int] | None, as_json: bool, show) -> None:
+    """Print the result (one JSON object under --json, the error inside it), then exit
+    with the error's code after one line on stderr."""
     if as_json:
-        print_json(doc)
+        print_json({**data, "error": error_object(*error)["error"]} if error else data)
     else:
-        _print(doc)
-    if any(s.proof == "invalid" for s in unproved):
-        fail(f"stage {unproved[0].index}: its gradient program is not a valid all-reduce: {unproved[0].proof_detail}",
-             1)
-    if unproved:
-        fail(f"stage {unproved[0].index}: z3 did not prove its gradient program within {proof_timeout:g} s", 3)
+        show(data)
+    if error is not None:
+        typer.echo(f"error: {error[0]}", err=True)
+        raise typer.Exit(error[1])
 
 
 def _print(doc: dict) -> None:
@@ -192,15 +204,14 @@ def check(
     except PlanFileError as exc:
         fail(str(exc), 2)
     rep = check_plan(topo, spec, doc, proof_timeout)
-    if as_json:
-        print_json(rep.as_dict())
-    else:
+
+    def show(_data) -> None:
         out = console()
         for f in rep.findings:
             mark = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "unknown": "[yellow]unknown[/]"}[f.status]
             out.print(f"{mark:>8}  {f.part}: {f.message}")
+
     first = rep.first_failure
-    if first is not None:
-        fail(f"{first.part}: {first.message}", 1)
-    if rep.exit_code == 3:
-        fail("a proof timed out; nothing failed", 3)
+    error = (f"{first.part}: {first.message}", 1) if first is not None else \
+        ("a proof timed out; nothing failed", 3) if rep.exit_code == 3 else None
+    _finish(rep.as_dict(), error, as_json, show)

@@ -34,7 +34,7 @@ def reshard(
                                  help="How one slice reaches its receivers: "
                                       + ", ".join(s.value for s in Strategy) + "."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Plan only this resharding of the model."),
-    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01,
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01, max=86400,
                                      help="Budget of CP-SAT (its deterministic time, about seconds) or the DFS."),
     seed: int = typer.Option(0, "--seed", help="Seed of the randomized greedy and of CP-SAT."),
     workers: int = typer.Option(1, "--workers", min=1, help="CP-SAT search workers; more prove optimality faster,"

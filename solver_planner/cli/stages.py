@@ -62,7 +62,7 @@ def stages(
     method: str = typer.Option("auto", "--method", "-m",
                                help=f"{', '.join(METHODS)}. auto = dp (exact dynamic programs in a branch and"
                                     " bound); brute-force prices every plan (small cases)."),
-    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001,
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001, max=86400,
                                      help="CP-SAT deterministic time per subspace (roughly seconds)."),
     seed: int = typer.Option(0, "--seed", help="CP-SAT seed (one worker: reproducible)."),
     num_stages: Optional[int] = typer.Option(None, "--stages", min=1,
