@@ -74,6 +74,17 @@ _KINDS: dict[str, tuple[dict[str, float], bool, str, str]] = {
 }
 
 
+# The magnitudes a quantity may have (zero aside): far beyond any real device or link, so
+# that nothing downstream overflows or divides by a denormal. README, "Units".
+LIMITS: dict[str, tuple[float, float, str]] = {
+    "bytes": (1.0, 2.0**60, "1 B to 1 EiB"),
+    "bandwidth": (1.0, 1e15, "1 B/s to 1 PB/s"),
+    "time": (1e-12, 3600.0, "1 ps to 1 hour"),
+    "flops": (1.0, 1e21, "1 FLOP to 1 ZFLOP"),
+    "flop_rate": (1.0, 1e18, "1 FLOP/s to 1 EFLOP/s"),
+}
+
+
 def unit_pattern(kind: str) -> str:
     """The regular expression (for JSON Schema) of the strings :func:`parse` accepts for ``kind``."""
     units, prefixed, _, _ = _KINDS[kind]
@@ -93,7 +104,10 @@ def parse(value: object, kind: str) -> float:
     if isinstance(value, bool):
         raise UnitError(f"expected {noun} such as {example}, got {value!r}")
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            number = math.inf
     elif isinstance(value, str):
         match = re.fullmatch(_unit_regex(units, prefixed), value.strip())
         if match is None or (match.group("prefix") and not match.group("unit")):
@@ -105,9 +119,19 @@ def parse(value: object, kind: str) -> float:
         number = num * factor if factor >= 1 else num / round(1 / factor)
     else:
         raise UnitError(f"expected {noun} such as {example}, got {type(value).__name__} {value!r}")
-    if not math.isfinite(number) or number < 0:
-        raise UnitError(f"expected a finite, non-negative {noun.split(' ', 1)[1]}, got {value!r}")
+    if math.isnan(number):
+        raise UnitError(f"expected {noun} such as {example}, got {_short(value)}")
+    if number < 0 or math.copysign(1.0, number) < 0:
+        raise UnitError(f"expected a non-negative {noun.split(' ', 1)[1]}, got {_short(value)}")
+    low, high, text = LIMITS[kind]
+    if number != 0 and not low <= number <= high:
+        raise UnitError(f"{noun} out of range: expected 0 or {text}, got {_short(value)}")
     return number
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_bytes(value: object) -> float:
@@ -178,3 +202,4 @@ def format_flops(n: float) -> str:
 def format_flop_rate(n: float) -> str:
     """``3.12e14`` -> ``'312 TFLOP/s'``."""
     return format_flops(n) + "/s"
+

@@ -188,3 +188,180 @@ def test_cli_bad_option_value_exits_2(tmp_path):
         assert result.returncode == 2, args
         assert "Traceback" not in result.stderr
         assert result.stderr.startswith("error: "), result.stderr
+
+
+# -- bad input in bounded time and memory (issue 15) ----------------------------------------
+
+def alias_bomb(levels=8, width=9):
+    """Nested anchors: level k expands to width**(k+1) values (a "billion laughs")."""
+    lines = ["a0: &a0 [" + ",".join(["x"] * width) + "]"]
+    for k in range(1, levels):
+        lines.append(f"a{k}: &a{k} [" + ",".join([f"*a{k - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_at_the_alias_that_crosses_the_limit():
+    from solver_planner.spec.source import MAX_NODES
+    text = CLUSTER + alias_bomb()
+    issue = error_of(load_cluster_spec, text).issues[0]
+    assert issue.line == 9 + 6  # a6: 9**7 = 4.8 million values
+    assert f"more than {MAX_NODES:,} values" in issue.message and "alias" in issue.message
+
+
+def test_aliases_below_the_limit_still_load():
+    text = CLUSTER.replace("name: t", "name: &n t") + "description: *n\n"
+    assert load_cluster_spec("spec.yaml", text).description == "t"
+
+
+def test_duplicate_key_walk_visits_an_aliased_node_once():
+    import yaml
+    from solver_planner.spec.source import _check_duplicates
+    # 60 mappings, each naming the previous one twice: 2**60 paths, 61 nodes.
+    lines = ["m0: &m0 {x: 1}"] + [f"m{k}: &m{k} {{a: *m{k - 1}, b: *m{k - 1}}}" for k in range(1, 61)]
+    _check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")  # returns at once
+    lines[0] = "m0: &m0 {x: 1, x: 2}"
+    with pytest.raises(SpecError, match="spec.yaml:1: m0.x: duplicate key 'x'"):
+        _check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")
+
+
+def test_an_alias_inside_its_own_anchor_is_refused():
+    issue = error_of(load_cluster_spec, CLUSTER + "loop: &loop [1, *loop]\n").issues[0]
+    assert issue.line == 9 and "cycle" in issue.message
+
+
+def test_deep_nesting_is_refused_without_recursion_error():
+    from solver_planner.spec.source import MAX_DEPTH
+    text = CLUSTER.replace("levels:\n", "levels: " + "[" * 500 + "]" * 500 + "\n", 1)
+    issue = error_of(load_cluster_spec, text).issues[0]
+    assert issue.line == 2 and f"nested more than {MAX_DEPTH} deep" in issue.message
+
+
+@pytest.mark.parametrize("raw, line, column, what", [
+    (b"name: t\nlevels: [a,\x00]\n", 2, 12, "a NUL byte"),
+    (b"name: t\n# caf\xe9\n", 2, 6, "byte 0xe9 is not valid UTF-8"),
+    (b"name: \xc3\xa9t\xc3\xa9\nx: \xc3\xa9\xff\n", 2, 5, "byte 0xff is not valid UTF-8"),
+    (b"name: t\ndescription: a\x07b\n", 2, 15, "control character U+0007"),
+])
+def test_bad_bytes_are_named_by_line_and_column(tmp_path, raw, line, column, what):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(raw)
+    with pytest.raises(SpecError) as info:
+        load_cluster_spec(path)
+    assert str(info.value).startswith(f"{path}:{line}: column {column}: ")
+    assert what in str(info.value) and "\n" not in str(info.value)
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path):
+    from solver_planner.spec.source import MAX_FILE_BYTES
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER + "#" * MAX_FILE_BYTES)
+    with pytest.raises(SpecError, match="larger than 1 MiB"):
+        load_cluster_spec(path)
+
+
+def test_values_python_cannot_read_are_spec_errors():
+    issue = error_of(load_cluster_spec, CLUSTER.replace("name: t", "name: 2001-13-45")).issues[0]
+    assert issue.line == 1 and "cannot read the value '2001-13-45'" in issue.message
+    issue = error_of(load_cluster_spec, CLUSTER.replace("count: 16", "count: " + "9" * 5000)).issues[0]
+    assert issue.line == 4 and "cannot read the value" in issue.message
+
+
+@pytest.mark.parametrize("old, new, line, path, expected", [
+    # sizes beyond what any command handles
+    ("count: 16", "count: 18446744073709551616", 4, "levels[1].count", "expected a value <= 100000"),
+    ("count: 16", "count: 1000000", 4, "levels[1].count", "expected a value <= 100000"),
+    ("count: 2}", "count: 10000}", 2, "levels", "10000 x 16 = 160,000 devices; at most 100,000"),
+    # booleans are not numbers
+    ("count: 16", "count: true", 4, "levels[1].count", "expected a number, got true"),
+    ("memory: 40 GiB", "memory: true", 5, "device.memory", "expected a size such as"),
+    # numbers beyond float range, and implausible magnitudes
+    ("memory: 40 GiB", "memory: " + "9" * 401, 5, "device.memory", "a size out of range"),
+    ("memory: 40 GiB", "memory: 1e-300", 5, "device.memory", "expected 0 or 1 B to 1 EiB"),
+    ("bandwidth: 8 GB/s", "bandwidth: 1e-300", 8, "interconnects[1].bandwidth", "expected 0 or 1 B/s to 1 PB/s"),
+    ("latency: 2us", "latency: 1e300", 7, "interconnects[0].latency", "expected 0 or 1 ps to 1 hour"),
+    ("latency: 2us", "latency: -0.0", 7, "interconnects[0].latency", "expected a non-negative duration"),
+    ("flops: 312 TFLOP/s", "flops: .inf", 5, "device.flops", "out of range"),
+    ("sharing: node", "sharing: 99999999999999999999 devices", 8, "interconnects[1].sharing", "expected 'device'"),
+])
+def test_cluster_bounds(old, new, line, path, expected):
+    err = error_of(load_cluster_spec, CLUSTER.replace(old, new, 1))
+    issue = err.issues[0]
+    assert (issue.line, issue.path) == (line, path)
+    assert expected in issue.message
+
+
+RESHARD = textwrap.dedent("""\
+    name: r
+    resharding:
+      - name: act
+        shape: [1024, 1024]
+        src: {hosts: [0], devices_per_host: 4, spec: [S1, R]}
+        dst: {hosts: [1], devices_per_host: 4, spec: [R, S1]}
+    """)
+
+LAYERS = textwrap.dedent("""\
+    name: l
+    layers:
+      - {name: block, repeat: 8, flops: 1 GFLOP, activations: 1 MiB}
+    training: {global_batch: 64}
+    """)
+
+
+@pytest.mark.parametrize("text, old, new, line, path, expected", [
+    (MODEL, "size: 4", "size: true", 4, "parallelism.axes[0].size", "expected a number, got true"),
+    (MODEL, "size: 4", "size: 1000000", 4, "parallelism.axes[0].size", "expected a value <= 100000"),
+    (MODEL, "size: 4", "size: 10000", 3, "parallelism.axes", "multiply to 160,000 devices"),
+    (MODEL, "8 GiB}", "8 GiB, weight: true}", 7, "reductions[0].weight", "expected a number, got true"),
+    (MODEL, "8 GiB}", "8 GiB, weight: .inf}", 7, "reductions[0].weight", "expected a finite number"),
+    (MODEL, "8 GiB}", "8 GiB, weight: 1e300}", 7, "reductions[0].weight", "expected a value <= 1000000"),
+    (RESHARD, "devices_per_host: 4, spec: [S1", "devices_per_host: 1000000000, spec: [S1", 5,
+     "resharding[0].src.devices_per_host", "expected a value <= 100000"),
+    (RESHARD, "hosts: [0]", "hosts: [0, 1, 2]", 6, "resharding[0].dst",
+     "the source and destination meshes overlap (4 devices, e.g. host 1 device 0)"),
+    (RESHARD, "hosts: [0]", "hosts: [18446744073709551616]", 5, "resharding[0].src.hosts[0]", "expected a host index below"),
+    (RESHARD, "[1024, 1024]", f"[{10**100}, 4]", 4, "resharding[0].shape",
+     "a tensor of about 10**101 bytes; at most 2**50"),
+    (LAYERS, "repeat: 8", "repeat: 2000", 3, "layers[0].repeat", "expected a value <= 1024"),
+    (LAYERS, "repeat: 8", "repeat: 1000, flops: 1, activations: 1}\n  - {name: more, repeat: 1000", 2, "layers",
+     "2,000 layers after 'repeat'; at most 1,024"),
+    (LAYERS, "global_batch: 64", "global_batch: 2147483648", 4, "training.global_batch", "expected a value <= 1048576"),
+    (LAYERS, "layers:\n  - {name: block, repeat: 8, flops: 1 GFLOP, activations: 1 MiB}",
+     "transformer: {layers: 9223372036854775808, hidden: 64, heads: 4, sequence: 128, vocab: 1000}", 2,
+     "transformer.layers", "expected a value <= 1024"),
+])
+def test_model_bounds(text, old, new, line, path, expected):
+    assert old in text
+    issue = error_of(load_model_spec, text.replace(old, new, 1)).issues[0]
+    assert (issue.line, issue.path) == (line, path)
+    assert expected in issue.message
+
+
+def test_a_file_with_many_problems_reports_a_bounded_number():
+    from solver_planner.spec.base import MAX_ISSUES
+    text = "name: x\nlayers:\n" + "  - {name: x}\n" * 1000 + "training: {global_batch: 8}\n"
+    err = error_of(load_model_spec, text)
+    assert len(err.issues) == MAX_ISSUES and err.issues[0].line == 3
+    text = "name: x\nlayers:\n" + "  - {name: x}\n" * 5000 + "training: {global_batch: 8}\n"
+    assert str(error_of(load_model_spec, text)) == "spec.yaml:2: layers: expected at most 1,024 entries, got 5000"
+
+
+BAD_FILES = {
+    "bomb": MODEL + alias_bomb(),
+    "deep": MODEL.replace("reductions:\n", "reductions: " + "[" * 500 + "]" * 500 + "\n", 1),
+    "nul": MODEL.replace("name: grads", "name: gr\x00ads"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+@pytest.mark.parametrize("command", ["validate", "reduce verify"])
+def test_cli_refuses_hostile_files_in_one_line(tmp_path, kind, command):
+    cluster, model, program = tmp_path / "c.yaml", tmp_path / "m.yaml", tmp_path / "p.yaml"
+    cluster.write_text(CLUSTER.replace("count: 2}", "count: 4}"))
+    model.write_text(BAD_FILES[kind])
+    program.write_text("steps: []\n")
+    args = [cluster, model] if command == "validate" else ["verify", cluster, model, program]
+    result = run_cli(*command.split()[:1], *args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {model}:"), result.stderr

@@ -18,11 +18,37 @@ from .. import units
 from ..errors import SpecError, SpecIssue
 from .source import Source, format_path
 
-__all__ = ["NAME_PATTERN", "SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "validate"]
+__all__ = ["NAME_PATTERN", "SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "Integer", "Number",
+           "validate", "MAX_DEVICES", "MAX_LEVELS", "MAX_AXES", "MAX_LIST", "MAX_LAYERS", "MAX_GLOBAL_BATCH",
+           "MAX_TENSOR_BYTES", "MAX_ISSUES", "first_issues"]
 
 
 # Names of levels, axes, interconnects and reductions: an identifier, dots and dashes allowed.
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
+
+# The largest sizes a spec may ask for (README, "Cluster specs" and "Model specs"): far
+# above real clusters and models, and low enough that every command stays within seconds
+# to minutes and within memory. A spec beyond them is refused when it is read, before any
+# device set, layer list or array is built.
+MAX_DEVICES = 100_000        # devices in a cluster, a mesh, or a parallelism axis
+MAX_LEVELS = 16              # hierarchy levels; also parallelism axes
+MAX_AXES = 16
+MAX_LIST = 256               # interconnects, constraints, reductions, resharding tasks, ...
+MAX_LAYERS = 1_024           # layers after 'repeat', or transformer blocks (stages keeps L x L tables)
+MAX_GLOBAL_BATCH = 2**20     # samples per iteration
+MAX_TENSOR_BYTES = 2**50     # one resharded tensor (1 PiB): byte counts stay exact floats
+MAX_ISSUES = 100             # problems reported from one file
+
+
+def _not_bool(value: object) -> object:
+    # YAML reads 'true' as a boolean, and Python's bool is an int: refuse it where a number is meant.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 def _quantity(kind: str):
@@ -79,6 +105,7 @@ _TYPE_MESSAGES = {
     "model_attributes_type": "expected a mapping of keys to values",
     "bool_type": "expected true or false",
     "bool_parsing": "expected true or false",
+    "finite_number": "expected a finite number",
 }
 
 M = TypeVar("M", bound=BaseModel)
@@ -125,9 +152,17 @@ def _message(err: dict[str, Any]) -> str:
         return f"expected a value {op} {bound}, got {_short(err.get('input'))}"
     if kind == "literal_error":
         return f"expected {ctx.get('expected')}, got {_short(err.get('input'))}"
+    if kind == "too_long" and "max_length" in ctx:
+        return f"expected at most {ctx['max_length']:,} entries, got {ctx.get('actual_length', 'more')}"
     if kind in ("too_short", "too_long"):
         return err["msg"].replace("List should", "expected a list that should").rstrip(".")
     return err["msg"]
+
+
+def first_issues(issues: list[SpecIssue]) -> list[SpecIssue]:
+    """The first :data:`MAX_ISSUES` problems in file order: a file with a hundred thousand
+    bad entries is reported in bounded time."""
+    return sorted(issues, key=lambda i: (i.line or 0, i.path))[:MAX_ISSUES]
 
 
 def validate(model: type[M], data: Any, source: Source) -> M:
@@ -141,7 +176,7 @@ def validate(model: type[M], data: Any, source: Source) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         issues = []
-        for err in exc.errors():
+        for err in exc.errors(include_url=False)[:MAX_ISSUES]:
             loc = tuple(err["loc"])
             if err["type"] == "unknown_key":
                 loc = loc + (err["ctx"]["key"],)

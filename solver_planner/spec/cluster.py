@@ -30,7 +30,8 @@ from typing import Literal
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
-from .base import NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, SpecModel, validate
+from .base import (MAX_DEVICES, MAX_LEVELS, MAX_LIST, NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, Integer,
+                   SpecModel, first_issues, validate)
 from .source import Source, load_yaml
 
 __all__ = ["LevelSpec", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
@@ -39,7 +40,8 @@ class LevelSpec(SpecModel):
     """One level of the hardware hierarchy and how many instances each parent holds."""
 
     name: str = Field(pattern=NAME_PATTERN, description="level name, e.g. 'node' or 'gpu'")
-    count: int = Field(ge=1, description="instances of this level inside one instance of the level above")
+    count: Integer = Field(ge=1, le=MAX_DEVICES,
+                           description="instances of this level inside one instance of the level above")
 
 
 class DeviceSpec(SpecModel):
@@ -74,7 +76,7 @@ class InterconnectSpec(SpecModel):
     shape: Literal["switch", "ring"] = Field(
         default="switch", description="'switch': any pair in one hop; 'ring': devices linked in a ring"
     )
-    via: list[str] = Field(default_factory=list, description="interconnects also crossed at each end")
+    via: list[str] = Field(default_factory=list, max_length=MAX_LIST, description="interconnects also crossed at each end")
     description: str = ""
 
 
@@ -83,9 +85,9 @@ class ClusterSpec(SpecModel):
 
     name: str
     description: str = ""
-    levels: list[LevelSpec] = Field(min_length=1, description="hierarchy levels, outermost first")
+    levels: list[LevelSpec] = Field(min_length=1, max_length=MAX_LEVELS, description="hierarchy levels, outermost first")
     device: DeviceSpec
-    interconnects: list[InterconnectSpec] = Field(min_length=1)
+    interconnects: list[InterconnectSpec] = Field(min_length=1, max_length=MAX_LIST)
     host_level: str | None = Field(
         default=None,
         description="the level whose instances are hosts (one NIC domain each, seed 002 §3); "
@@ -112,13 +114,17 @@ def parse_sharing(text: str, level_names: list[str]) -> tuple[str, int | str | N
         return ("device", None)
     if text in level_names:
         return ("level", text)
-    match = re.fullmatch(r"\s*([0-9]+)\s+devices?\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{1,9})\s+devices?\s*", text)
     if match and int(match.group(1)) >= 1:
         return ("devices", int(match.group(1)))
     raise ValueError(f"expected 'device', a level name ({', '.join(level_names)}) or 'K devices', got {text!r}")
 
 
 def _check(spec: ClusterSpec, source: Source) -> None:
+    if spec.num_devices > MAX_DEVICES:
+        sizes = " x ".join(str(level.count) for level in spec.levels)
+        raise source.error(("levels",), f"{sizes} = {spec.num_devices:,} devices; at most {MAX_DEVICES:,} are"
+                           " handled (README, 'Cluster specs')")
     issues = []
     names = [level.name for level in spec.levels]
     for i, level in enumerate(spec.levels):
@@ -164,7 +170,7 @@ def _check(spec: ClusterSpec, source: Source) -> None:
                                        f"level '{level.name}' has {level.count} instances but no interconnect serves it;"
                                        f" add one with 'level: {level.name}'"))
     if issues:
-        raise SpecError(issues)
+        raise SpecError(first_issues(issues))
 
 
 def load_cluster_spec(path: str | Path, text: str | None = None) -> ClusterSpec:

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import NAME_PATTERN, Bytes, Flops, SpecModel
+from .base import MAX_GLOBAL_BATCH, MAX_LAYERS, NAME_PATTERN, Bytes, Flops, Integer, SpecModel
 
 __all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS", "RECOMPUTE",
            "OPTIMIZER_SHARDING"]
@@ -35,7 +35,7 @@ class LayerSpec(SpecModel):
     """One layer (or ``repeat`` identical consecutive layers); quantities per sample."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    repeat: int = Field(default=1, ge=1, description="identical consecutive copies of this layer")
+    repeat: Integer = Field(default=1, ge=1, le=MAX_LAYERS, description="identical consecutive copies of this layer")
     flops: Flops = Field(ge=0, description="forward FLOPs per sample")
     backward_flops: Flops | None = Field(default=None, ge=0, description="backward FLOPs per sample (default 2 x flops)")
     params: Bytes = Field(default=0.0, ge=0, description="parameter bytes in the training dtype")
@@ -47,11 +47,11 @@ class LayerSpec(SpecModel):
         "(default: the output activations)")
     saved_replicated: Bytes = Field(
         default=0.0, ge=0, description="bytes per sample kept for backward on every tensor-parallel device")
-    allreduces: int = Field(
-        default=2, ge=0, description="all-reduces of the output activation per pass when tensor-parallel "
+    allreduces: Integer = Field(
+        default=2, ge=0, le=64, description="all-reduces of the output activation per pass when tensor-parallel "
         "(2 for a Megatron transformer block)")
     skip_to: list[str] = Field(
-        default_factory=list, description="later layers that also read this layer's output (long skip "
+        default_factory=list, max_length=MAX_LAYERS, description="later layers that also read this layer's output (long skip "
         "connections, e.g. a U-Net); names of layers that are not repeated")
     weight_flops: Flops | None = Field(
         default=None, ge=0, description="part of backward_flops that computes weight gradients (default half "
@@ -78,18 +78,18 @@ class LayerSpec(SpecModel):
 class TransformerSpec(SpecModel):
     """A GPT-style decoder: embedding, ``layers`` blocks, and the logits layer."""
 
-    layers: int = Field(ge=1, description="transformer blocks")
-    hidden: int = Field(ge=1, description="hidden size h")
-    heads: int = Field(ge=1, description="attention heads a")
-    sequence: int = Field(ge=1, description="sequence length s")
-    vocab: int = Field(ge=1, description="vocabulary size V")
+    layers: Integer = Field(ge=1, le=MAX_LAYERS, description="transformer blocks")
+    hidden: Integer = Field(ge=1, le=2**17, description="hidden size h")
+    heads: Integer = Field(ge=1, le=2**14, description="attention heads a")
+    sequence: Integer = Field(ge=1, le=2**20, description="sequence length s")
+    vocab: Integer = Field(ge=1, le=2**22, description="vocabulary size V")
 
 
 class TrainingSpec(SpecModel):
     """How one iteration runs: the global batch, its split into micro-batches, dtype, optimizer."""
 
-    global_batch: int = Field(ge=1, description="samples per iteration")
-    microbatches: int | Literal["auto"] = Field(
+    global_batch: Integer = Field(ge=1, le=MAX_GLOBAL_BATCH, description="samples per iteration")
+    microbatches: Integer | Literal["auto"] = Field(
         default="auto", description="micro-batches per iteration, or 'auto' to search the divisors of global_batch")
     dtype: Literal[tuple(FLOAT_DTYPES)] = Field(default="bfloat16", description="parameter and activation type")  # type: ignore[valid-type]
     optimizer: Literal[OPTIMIZERS] = Field(default="adam", description="adam or sgd (plain, no momentum)")  # type: ignore[valid-type]

@@ -20,7 +20,8 @@ from typing import Literal
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
-from .base import NAME_PATTERN, Bytes, SpecModel, validate
+from .base import (MAX_AXES, MAX_DEVICES, MAX_LAYERS, MAX_LIST, MAX_TENSOR_BYTES, NAME_PATTERN, Bytes, Integer,
+                   Number, SpecModel, first_issues, validate)
 from .layers import LayerSpec, TrainingSpec, TransformerSpec
 from .source import Source, load_yaml
 
@@ -35,7 +36,7 @@ class AxisSpec(SpecModel):
     """One parallelism axis (seed 000 §3.1: the rows of a parallelism matrix)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    size: int = Field(ge=1)
+    size: Integer = Field(ge=1, le=MAX_DEVICES)
 
 
 class PlacementRuleSpec(SpecModel):
@@ -48,21 +49,24 @@ class PlacementRuleSpec(SpecModel):
     inside: str | None = None
     not_split_over: str | None = None
     level: str | None = None
-    factor: int | None = Field(default=None, ge=1)
+    factor: Integer | None = Field(default=None, ge=1, le=MAX_DEVICES)
 
 
 class ParallelismSpec(SpecModel):
-    axes: list[AxisSpec] = Field(min_length=1, description="ordered axes; their sizes multiply to the device count")
-    constraints: list[PlacementRuleSpec] = Field(default_factory=list, description="rules every placement obeys")
+    axes: list[AxisSpec] = Field(min_length=1, max_length=MAX_AXES,
+                                 description="ordered axes; their sizes multiply to the device count")
+    constraints: list[PlacementRuleSpec] = Field(default_factory=list, max_length=MAX_LIST,
+                                                 description="rules every placement obeys")
 
 
 class ReductionSpec(SpecModel):
     """A reduction the user asks for: sum over the named axes, ``bytes`` held by each device."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    axes: list[str] = Field(min_length=1, description="the reduction axes")
+    axes: list[str] = Field(min_length=1, max_length=MAX_AXES, description="the reduction axes")
     bytes: Bytes = Field(gt=0, description="size of the buffer each device reduces")
-    weight: float = Field(default=1.0, gt=0, description="how often it runs per iteration (ranking weight)")
+    weight: Number = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False,
+                           description="how often it runs per iteration (ranking weight)")
 
 
 class MeshSpec(SpecModel):
@@ -70,18 +74,19 @@ class MeshSpec(SpecModel):
     ``first_device``, on each of ``hosts``; mesh dimension 0 runs over hosts, 1 over devices.
     ``spec`` gives each tensor dimension's sharding (GSPMD/Alpa notation)."""
 
-    hosts: list[int] = Field(min_length=1, description="cluster host indices, one per mesh row")
-    devices_per_host: int = Field(ge=1, description="mesh columns")
-    first_device: int = Field(default=0, ge=0, description="local index of the first device used on each host")
+    hosts: list[Integer] = Field(min_length=1, max_length=MAX_DEVICES, description="cluster host indices, one per mesh row")
+    devices_per_host: Integer = Field(ge=1, le=MAX_DEVICES, description="mesh columns")
+    first_device: Integer = Field(default=0, ge=0, le=MAX_DEVICES,
+                                  description="local index of the first device used on each host")
     spec: list[Literal["R", "S0", "S1", "S01"]] = Field(
-        min_length=1, description="per tensor dimension: R (replicated), S0/S1 (sharded along mesh dim 0/1), S01 (both)")
+        min_length=1, max_length=MAX_AXES, description="per tensor dimension: R (replicated), S0/S1 (sharded along mesh dim 0/1), S01 (both)")
 
 
 class ReshardingSpec(SpecModel):
     """One cross-mesh resharding task: a tensor moves from ``src`` to ``dst`` (seed 002 §2.2)."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    shape: list[int] = Field(min_length=1, description="tensor shape")
+    shape: list[Integer] = Field(min_length=1, max_length=MAX_AXES, description="tensor shape")
     dtype: Literal[tuple(DTYPE_BYTES)] = Field(default="float32", description="element type")  # type: ignore[valid-type]
     src: MeshSpec
     dst: MeshSpec
@@ -93,9 +98,10 @@ class ModelSpec(SpecModel):
     name: str
     description: str = ""
     parallelism: ParallelismSpec | None = None
-    reductions: list[ReductionSpec] = Field(default_factory=list)
-    resharding: list[ReshardingSpec] = Field(default_factory=list)
-    layers: list[LayerSpec] = Field(default_factory=list, description="the layer model, in execution order")
+    reductions: list[ReductionSpec] = Field(default_factory=list, max_length=MAX_LIST)
+    resharding: list[ReshardingSpec] = Field(default_factory=list, max_length=MAX_LIST)
+    layers: list[LayerSpec] = Field(default_factory=list, max_length=MAX_LAYERS,
+                                    description="the layer model, in execution order")
     transformer: TransformerSpec | None = Field(default=None, description="a GPT-style decoder instead of 'layers'")
     training: TrainingSpec | None = None
 
@@ -117,6 +123,9 @@ class ModelSpec(SpecModel):
 def _check(spec: ModelSpec, source: Source) -> None:
     issues = []
     names = spec.axis_names
+    if _product(spec.axis_sizes) > MAX_DEVICES:
+        issues.append(source.issue(("parallelism", "axes"), f"axis sizes multiply to {_product(spec.axis_sizes):,}"
+                                   f" devices; at most {MAX_DEVICES:,} are handled (README, 'Cluster specs')"))
     for i, name in enumerate(names):
         if name in names[:i]:
             issues.append(source.issue(("parallelism", "axes", i, "name"), f"axis '{name}' is named twice"))
@@ -147,7 +156,7 @@ def _check(spec: ModelSpec, source: Source) -> None:
     issues += _resharding_issues(spec, source)
     issues += _layer_issues(spec, source)
     if issues:
-        raise SpecError(issues)
+        raise SpecError(first_issues(issues))
 
 
 def _layer_issues(spec: ModelSpec, source: Source) -> list:
@@ -156,10 +165,16 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
         issues.append(source.issue(("transformer",), "give either 'layers' or 'transformer', not both"))
     if (spec.layers or spec.transformer is not None) and spec.training is None:
         issues.append(source.issue((), "a layer model needs a 'training' section (global_batch, ...)"))
+    total = sum(layer.repeat for layer in spec.layers)
+    if total > MAX_LAYERS:
+        issues.append(source.issue(("layers",), f"{total:,} layers after 'repeat'; at most {MAX_LAYERS:,} are handled"
+                                   " (README, 'Model specs')"))
     counts: dict[str, int] = {}
     for layer in spec.layers:
         counts[layer.name] = counts.get(layer.name, 0) + layer.repeat
-    order = [layer.name for layer in spec.layers]
+    order = {}
+    for i, layer in enumerate(spec.layers):
+        order.setdefault(layer.name, i)
     for i, layer in enumerate(spec.layers):
         for j, target in enumerate(layer.skip_to):
             at = ("layers", i, "skip_to", j)
@@ -167,7 +182,7 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
                 issues.append(source.issue(at, f"no layer named '{target}'"))
             elif counts[target] != 1:
                 issues.append(source.issue(at, f"layer '{target}' appears {counts[target]} times; skips need a unique name"))
-            elif order.index(target) <= i:
+            elif order[target] <= i:
                 issues.append(source.issue(at, f"layer '{target}' does not come after '{layer.name}'"))
         if layer.skip_to and layer.repeat > 1:
             issues.append(source.issue(("layers", i, "repeat"), "a layer with skip_to cannot be repeated"))
@@ -177,7 +192,7 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
                 issues.append(source.issue(at, f"no layer named '{layer.tied_to}'"))
             elif counts[layer.tied_to] != 1 or layer.repeat > 1:
                 issues.append(source.issue(at, "tied layers must both appear once (no repeat)"))
-            elif order.index(layer.tied_to) >= i:
+            elif order[layer.tied_to] >= i:
                 issues.append(source.issue(at, f"layer '{layer.tied_to}' does not come before '{layer.name}'"))
         backward = layer.backward
         if layer.weight_flops is not None and layer.weight_flops > backward:
@@ -192,8 +207,22 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
     return issues
 
 
-def _mesh_devices(mesh: MeshSpec) -> set[tuple[int, int]]:
-    return {(h, mesh.first_device + j) for h in mesh.hosts for j in range(mesh.devices_per_host)}
+def _product(numbers) -> int:
+    n = 1
+    for x in numbers:
+        n *= x
+    return n
+
+
+def _overlap(src: MeshSpec, dst: MeshSpec) -> tuple[int, tuple[int, int] | None]:
+    """How many devices two meshes share, and the first one, without listing their devices
+    (a mesh is its hosts times a contiguous range of local indices)."""
+    hosts = sorted(set(src.hosts) & set(dst.hosts))
+    first = max(src.first_device, dst.first_device)
+    last = min(src.first_device + src.devices_per_host, dst.first_device + dst.devices_per_host)
+    if not hosts or first >= last:
+        return 0, None
+    return len(hosts) * (last - first), (hosts[0], first)
 
 
 def _resharding_issues(spec: ModelSpec, source: Source) -> list:
@@ -207,6 +236,10 @@ def _resharding_issues(spec: ModelSpec, source: Source) -> list:
         for i, n in enumerate(task.shape):
             if n < 1:
                 issues.append(source.issue(at + ("shape", i), f"expected a dimension >= 1, got {n}"))
+        size = _product(task.shape) * DTYPE_BYTES[task.dtype]
+        if all(n >= 1 for n in task.shape) and size > MAX_TENSOR_BYTES:
+            issues.append(source.issue(at + ("shape",), f"a tensor of {_big(size)} bytes; at most 2**50 (1 PiB) are"
+                                       " handled (README, 'Model specs')"))
         for side in ("src", "dst"):
             mesh = getattr(task, side)
             if len(mesh.spec) != len(task.shape):
@@ -220,17 +253,31 @@ def _resharding_issues(spec: ModelSpec, source: Source) -> list:
                                                    f" dimensions {used[axis]} and {d}); each mesh axis shards at most"
                                                    " one dimension"))
                     used[axis] = d
+            if len(mesh.hosts) * mesh.devices_per_host > MAX_DEVICES:
+                issues.append(source.issue(at + (side, "devices_per_host"), f"a mesh of {len(mesh.hosts)} x"
+                                           f" {mesh.devices_per_host} devices; at most {MAX_DEVICES:,} are handled"))
             for i, h in enumerate(mesh.hosts):
                 if h < 0:
                     issues.append(source.issue(at + (side, "hosts", i), f"expected a host index >= 0, got {h}"))
-                elif h in mesh.hosts[:i]:
+                elif h >= MAX_DEVICES:
+                    issues.append(source.issue(at + (side, "hosts", i), f"expected a host index below {MAX_DEVICES:,},"
+                                               f" got {_big(h)}"))
+            first = {}
+            for i, h in enumerate(mesh.hosts):
+                if h in first:
                     issues.append(source.issue(at + (side, "hosts", i), f"host {h} is listed twice"))
-        shared = sorted(_mesh_devices(task.src) & _mesh_devices(task.dst))
-        if shared:
-            h, j = shared[0]
-            issues.append(source.issue(at + ("dst",), f"the source and destination meshes overlap ({len(shared)} devices,"
+                first.setdefault(h, i)
+        count, shared = _overlap(task.src, task.dst)
+        if shared is not None:
+            h, j = shared
+            issues.append(source.issue(at + ("dst",), f"the source and destination meshes overlap ({count} devices,"
                                        f" e.g. host {h} device {j}); seed 002 §2.2 moves data between disjoint meshes"))
     return issues
+
+
+def _big(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"about 10**{len(text) - 1}"
 
 
 def check_meshes(model: ModelSpec, num_hosts: int, devices_per_host: int, cluster_name: str) -> None:
@@ -251,7 +298,7 @@ def check_meshes(model: ModelSpec, num_hosts: int, devices_per_host: int, cluste
                                                  f"devices {mesh.first_device}-{last - 1} per host do not fit: cluster"
                                                  f" '{cluster_name}' has {devices_per_host} devices per host"))
     if issues:
-        raise SpecError(issues)
+        raise SpecError(first_issues(issues))
 
 
 def load_model_spec(path: str | Path, text: str | None = None) -> ModelSpec:
