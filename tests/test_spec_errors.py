@@ -324,7 +324,7 @@ LAYERS = textwrap.dedent("""\
     (LAYERS, "repeat: 8", "repeat: 2000", 3, "layers[0].repeat", "expected a value <= 1024"),
     (LAYERS, "repeat: 8", "repeat: 1000, flops: 1, activations: 1}\n  - {name: more, repeat: 1000", 2, "layers",
      "2,000 layers after 'repeat'; at most 1,024"),
-    (LAYERS, "global_batch: 64", "global_batch: 2147483648", 4, "training.global_batch", "expected a value <= 1048576"),
+    (LAYERS, "global_batch: 64", "global_batch: 2147483648", 4, "training.global_batch", "expected a value <= 65536"),
     (LAYERS, "layers:\n  - {name: block, repeat: 8, flops: 1 GFLOP, activations: 1 MiB}",
      "transformer: {layers: 9223372036854775808, hidden: 64, heads: 4, sequence: 128, vocab: 1000}", 2,
      "transformer.layers", "expected a value <= 1024"),

@@ -35,7 +35,7 @@ MAX_LEVELS = 16              # hierarchy levels; also parallelism axes
 MAX_AXES = 16
 MAX_LIST = 256               # interconnects, constraints, reductions, resharding tasks, ...
 MAX_LAYERS = 1_024           # layers after 'repeat', or transformer blocks (stages keeps L x L tables)
-MAX_GLOBAL_BATCH = 2**20     # samples per iteration
+MAX_GLOBAL_BATCH = 2**16     # samples per iteration (stages simulates up to one task per sample)
 MAX_TENSOR_BYTES = 2**50     # one resharded tensor (1 PiB): byte counts stay exact floats
 MAX_ISSUES = 100             # problems reported from one file
 
