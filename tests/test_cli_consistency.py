@@ -85,9 +85,11 @@ def test_json_spec_error_names_file_line_and_key(tmp_path):
 
 def test_swapped_arguments_get_a_hint():
     r = run_cli("stages", GPT, P3)
-    assert r.returncode == 2 and "model spec, given where the cluster spec goes" in r.stderr
+    assert r.returncode == 2 and "model spec's key, in the file given where the cluster spec goes" in r.stderr
+    assert re.search(rf"{re.escape(str(GPT))}:\d+: transformer:", r.stderr)
     r = run_cli("plan", P3, P3)
-    assert r.returncode == 2 and "cluster spec, given where the model spec goes" in r.stderr
+    assert r.returncode == 2 and "cluster spec's key, in the file given where the model spec goes" in r.stderr
+    assert re.search(rf"{re.escape(str(P3))}:\d+: levels:", r.stderr)
 
 
 def test_validate_checks_each_model_against_each_cluster():

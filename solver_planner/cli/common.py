@@ -109,18 +109,24 @@ def check_output(path: Path | None, what: str, folder: bool = False) -> None:
 _MODEL_KEYS = {"parallelism", "reductions", "resharding", "layers", "transformer", "training"}
 
 
-def _kind_of(path: Path) -> str | None:
-    """'cluster', 'model' or None (unreadable: the loader says why), from the top-level keys."""
+def _kind_of(path: Path) -> tuple[str | None, str]:
+    """('cluster' | 'model' | None, where): the kind the top-level keys say (None when the
+    file is unreadable: the loader then says why), and ``file:line: key`` of the key that
+    decided it."""
     try:
-        data, _ = load_yaml(path)
+        data, source = load_yaml(path)
     except SpecError:
-        return None
+        return None, str(path)
     if isinstance(data, dict):
-        if spec_kind(data) == "cluster":
-            return "cluster"
-        if _MODEL_KEYS & set(data):
-            return "model"
-    return None
+        kind = "cluster" if spec_kind(data) == "cluster" else "model" if _MODEL_KEYS & set(data) else None
+        if kind is not None:
+            keys = _CLUSTER_KEYS if kind == "cluster" else _MODEL_KEYS
+            key = next(k for k in data if k in keys)
+            return kind, str(source.issue((key,), "")).rstrip(": ")
+    return None, str(path)
+
+
+_CLUSTER_KEYS = ("levels", "device", "interconnects")
 
 
 # Below these, a bare number is almost certainly a unit slip ("400" read as 400 B/s where
@@ -161,9 +167,10 @@ def _warn(spec) -> None:
 def topology_of(path: Path) -> Topology:
     """The cluster spec at ``path``; a model spec given in its place gets a hint (exit 2);
     implausible values are warned about on stderr."""
-    if _kind_of(path) == "model":
-        fail(f"{path} is a model spec, given where the cluster spec goes: the cluster comes first"
-             " (solver-planner COMMAND CLUSTER MODEL ...)", 2)
+    kind, where = _kind_of(path)
+    if kind == "model":
+        fail(f"{where}: a model spec's key, in the file given where the cluster spec goes: the cluster comes"
+             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
     spec = load_cluster_spec(path)
     _warn(spec)
     return Topology(spec)
@@ -171,9 +178,10 @@ def topology_of(path: Path) -> Topology:
 
 def model_of(path: Path):
     """The model spec at ``path``; a cluster spec given in its place gets a hint (exit 2)."""
-    if _kind_of(path) == "cluster":
-        fail(f"{path} is a cluster spec, given where the model spec goes: the cluster comes first"
-             " (solver-planner COMMAND CLUSTER MODEL ...)", 2)
+    kind, where = _kind_of(path)
+    if kind == "cluster":
+        fail(f"{where}: a cluster spec's key, in the file given where the model spec goes: the cluster comes"
+             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
     spec = load_model_spec(path)
     _warn(spec)
     return spec
