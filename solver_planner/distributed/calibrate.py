@@ -229,6 +229,9 @@ def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: fl
             "interconnects": ics}
 
 
+MAX_BANDWIDTH = units.LIMITS["bandwidth"][1]     # the largest bandwidth a cluster spec accepts
+
+
 def topology_for(levels: Sequence[tuple[str, int]], sharing: str, latency: float, bandwidth: float) -> Topology:
     import yaml
 
@@ -255,10 +258,11 @@ def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], 
     """Least-squares ``latency`` and ``bandwidth`` for each port layout (module docstring)."""
     fits = []
     for sharing in ("device", f"{world} devices"):
-        # The model is alpha * a + b / B: read a (B -> infinity) and b (alpha = 0, B = 1) off it.
-        slow_links, no_latency = topology_for(levels, sharing, 1.0, 1e30), topology_for(levels, sharing, 0.0, 1.0)
-        a = np.array([predict(slow_links, m) for m in measurements])
+        # The model is alpha * a + b / B: read b (alpha = 0, B = 1) and a + b (alpha = 1, B = 1)
+        # off it (specs refuse an infinite bandwidth, so a is not read at B -> infinity).
+        unit, no_latency = topology_for(levels, sharing, 1.0, 1.0), topology_for(levels, sharing, 0.0, 1.0)
         b = np.array([predict(no_latency, m) for m in measurements])
+        a = np.array([predict(unit, m) for m in measurements]) - b
         y = np.array([m.median for m in measurements])
         rows = np.stack([a / y, b / y], axis=1)
         (alpha, beta), *_ = np.linalg.lstsq(rows, np.ones(len(y)), rcond=None)
@@ -274,7 +278,8 @@ def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], 
         error = float(np.sqrt(np.mean((pred / y - 1) ** 2)))
         ratios = {k: float(np.median([y[i] / pred[i] for i, m in enumerate(measurements) if m.kind == k]))
                   for k in dict.fromkeys(m.kind for m in measurements)}
-        fits.append(Fit(sharing, float(alpha), float(1 / beta), error, ratios))
+        # a bandwidth no measurement can tell from infinite is written as the largest a spec holds
+        fits.append(Fit(sharing, float(alpha), float(min(1 / beta, MAX_BANDWIDTH)), error, ratios))
     return fits
 
 
