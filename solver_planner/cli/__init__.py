@@ -265,22 +265,20 @@ def main() -> None:
     with one line, and under ``--json`` also print the error object on stdout."""
     import sys
 
-    import click
-
     try:
         code = app(standalone_mode=False)
-    except (click.ClickException, typer.TyperException) as exc:
-        # typer carries its own copy of click: its usage errors are TyperExceptions
-        if not hasattr(exc, "show"):       # typer.Abort: Ctrl-C at a prompt
-            typer.echo("aborted", err=True)
-            sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        # click's usage errors (a bad option value, a missing argument), whether typer uses
+        # the click package or carries its own copy: they can show themselves and have a code
+        if not (hasattr(exc, "show") and hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
+            raise
         if "--json" in sys.argv[1:]:
             print_json(error_object(exc.format_message(), exc.exit_code))
         exc.show()
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
-        sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
 
 
