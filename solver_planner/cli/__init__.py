@@ -13,7 +13,6 @@ import typer
 from rich.table import Table
 
 from .. import units
-from ..cost import Algorithm, Collective, CostModel
 from ..errors import SpecError
 from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 from ..topology import Topology
@@ -185,6 +184,8 @@ def cost(
     Groups of one call run concurrently and share links: --across node on a cluster with
     one NIC per node puts every cross-node pair behind the same NIC.
     """
+    from ..cost import Algorithm, Collective, CostModel
+
     topo = topology_of(cluster)
     try:
         size = units.parse_bytes(nbytes)

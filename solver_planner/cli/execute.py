@@ -14,11 +14,7 @@ from .. import units
 from ..errors import unknown_choice
 from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
 from .reduce import MATRIX_OPT, MAX_SIZE_OPT, REDUCTION_OPT, _load, _matrix, read_program
-from ..distributed.emit import module_text
-from ..distributed.jobs import chunk_elems, reduction_run, resharding_plans, synthesized_runs
-from ..distributed.launch import execute_plans, require_torch
-from ..reduction.ranking import lowering_for, reduction_named
-from ..resharding import METHODS
+from ..choices import RESHARD_METHODS as METHODS
 
 execute_app = typer.Typer(help="Run plans on local processes with torch.distributed and check every rank.",
                           no_args_is_help=True, rich_markup_mode=None)
@@ -64,6 +60,7 @@ def _guard(plans, max_ranks: int, memory: str) -> None:
 
 
 def _emit(plans, path: Optional[Path]) -> None:
+    from ..distributed.emit import module_text
     if path is None:
         return
     command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -156,6 +153,9 @@ def execute_reduction(
     Exits 1 when a rank holds a wrong element (naming the rank, the step and the element)
     or when a program cannot be lowered; 2 on bad input or without torch.
     """
+    from ..distributed.jobs import chunk_elems, reduction_run, synthesized_runs
+    from ..reduction.ranking import lowering_for, reduction_named
+
     check_output(emit, "--emit")
     topo, spec = _load(cluster, model)
     if not dry_run:
@@ -182,6 +182,8 @@ def execute_reduction(
 
 
 def _finish(plans, verdicts, header, backend, repeat, warmup, timeout, max_ranks, memory, emit, dry_run, as_json):
+    from ..distributed.launch import execute_plans, require_torch
+
     _emit(plans, emit)
     if dry_run:
         if as_json:
@@ -232,6 +234,8 @@ def execute_reshard(
     Each step is one unit task; its measured span is printed next to the scheduled one.
     Exits 1 when a rank holds a wrong element; 2 on bad input or without torch.
     """
+    from ..distributed.jobs import resharding_plans
+
     if method not in METHODS:
         fail(unknown_choice("method", method, METHODS), 2)
     check_output(emit, "--emit")
@@ -271,6 +275,8 @@ def calibrate(
     Prints every measured call next to the fitted model's prediction.  Local runs
     ('execute ... local.yaml ...') can then be compared with predictions.
     """
+    from ..distributed.launch import require_torch
+
     from ..distributed.calibrate import calibrate as run_calibration
     from ..distributed.calibrate import cluster_yaml, parse_levels
 

@@ -12,13 +12,9 @@ from .. import units
 from ..errors import unknown_choice
 from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, model_of, print_json,
                      topology_of)
-from ..plan import STRATEGIES, make_plan
-from ..plan.check import check_plan
-from ..plan.emit import emit_execute_specs
-from ..plan.planfile import PlanFileError, plan_document, read_plan, write_plan
-from ..simulate import write_chrome_trace
-from ..stages import METHODS, SCHEDULES
-from ..stages.report import parse_config, parse_split
+from ..choices import CROSS_MESH as STRATEGIES
+from ..choices import SCHEDULES
+from ..choices import STAGE_METHODS as METHODS
 
 
 def _progress(text: str) -> None:
@@ -73,6 +69,12 @@ def plan(
 
     Exit codes: 0 plan found; 1 no plan fits in memory, or a part could not be proved; 2 bad spec or option; 3 a search or proof ran out of time with nothing proven.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    from ..plan import make_plan
+    from ..plan.emit import emit_execute_specs
+    from ..plan.planfile import plan_document, write_plan
+    from ..simulate import write_chrome_trace
+    from ..stages.report import parse_config, parse_split
+
     if cross_mesh not in STRATEGIES:
         fail(unknown_choice("--cross-mesh", cross_mesh, STRATEGIES), 2)
     check_output(output, "--output")
@@ -197,6 +199,9 @@ def check(
 
     Exit codes: 0 every part holds; 1 a part does not (the first is named); 2 unreadable plan file or spec; 3 a proof timed out.
     """  # noqa: E501
+    from ..plan.check import check_plan
+    from ..plan.planfile import PlanFileError, read_plan
+
     topo = topology_of(cluster)
     spec = model_of(model)
     try:

@@ -10,14 +10,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from ..distributed.plan import format_rows
-from ..cost import CostModel
-from ..placement import ParallelismMatrix
-from ..reduction import format_program, parse_program
-from ..reduction.explicit import load_explicit_program
-from ..reduction.ranking import check_placeable, lowering_for, rank_placements, reduce_on_placement, reduction_named
-from ..reduction.synthesis import METRICS
-from ..reduction.verify import system_steps, verify_steps
+from ..choices import SIZE_METRICS as METRICS
 from ..errors import unknown_choice
 from .common import JSON_OPT, check_output, console, fail, handles_errors, print_json, model_of, topology_of
 
@@ -74,6 +67,7 @@ def _check_choices(algorithm: str, size_metric: str) -> None:
 
 
 def _load(cluster: Path, model: Path):
+    from ..reduction.ranking import check_placeable
     topo = topology_of(cluster)
     spec = model_of(model)
     check_placeable(topo, spec)
@@ -81,6 +75,8 @@ def _load(cluster: Path, model: Path):
 
 
 def _matrix(topo, spec, text, algorithm):
+    from ..placement import ParallelismMatrix
+    from ..reduction.ranking import rank_placements
     if text is None:
         reports, _ = rank_placements(topo, spec, algorithm=algorithm, progress=_progress("ranking placements"))
         if not reports:
@@ -96,6 +92,10 @@ def _matrix(topo, spec, text, algorithm):
 
 def read_program(topo, lowering, program: str):
     """PROGRAM as ``(steps, labels, title)``: a YAML file of explicit steps (labels None) or DSL text."""
+    from ..reduction import format_program, parse_program
+    from ..reduction.explicit import load_explicit_program
+    from ..reduction.verify import system_steps
+
     path = Path(program)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         return load_explicit_program(path, topo.num_devices), None, f"explicit steps from {path}"
@@ -125,6 +125,8 @@ def place(
     For each placement and reduction: the time of a single AllReduce, the best
     synthesized program and its time, and how many valid programs were synthesized.
     """
+    from ..reduction.ranking import rank_placements
+
     if method not in ("auto", "cp-sat", "enumerate"):
         fail(unknown_choice("method", method, ("auto", "cp-sat", "enumerate")), 2)
     _check_choices(algorithm, size_metric)
@@ -177,6 +179,10 @@ def synth(
     as_json: bool = JSON_OPT,
 ) -> None:
     """The valid reduction programs of one placement, fastest first, with their times."""
+    from ..cost import CostModel
+    from ..reduction.ranking import lowering_for, reduce_on_placement, reduction_named
+    from ..reduction.verify import system_steps
+
     _check_choices(algorithm, size_metric)
     _plot_first(plot)
     topo, spec = _load(cluster, model)
@@ -233,6 +239,11 @@ def verify(
     Exit 0 and 'valid' when proved; 1 with the step, group, device and chunk where it
     goes wrong when invalid; 3 when z3 could not decide within --timeout.
     """
+    from ..distributed.plan import format_rows
+    from ..reduction import format_program, parse_program
+    from ..reduction.ranking import lowering_for, reduction_named
+    from ..reduction.verify import verify_steps
+
     if not (math.isfinite(timeout) and timeout > 0):
         fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
     if engine not in ("z3", "semantics"):

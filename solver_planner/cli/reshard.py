@@ -11,9 +11,8 @@ from rich.table import Table
 from .. import units
 from ..errors import unknown_choice
 from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
-from ..cost import CostModel
-from ..resharding import METHODS, Strategy, check, plan_resharding, problems_from_model, replay, report
-from ..simulate import Simulation, write_chrome_trace
+from ..choices import RESHARD_METHODS as METHODS
+from ..choices import RESHARD_STRATEGIES
 
 ROWS_SHOWN = 24
 
@@ -32,7 +31,7 @@ def reshard(
                                     " dispatching improved by CP-SAT on tail windows."),
     strategy: str = typer.Option("broadcast", "--strategy", "-s",
                                  help="How one slice reaches its receivers: "
-                                      + ", ".join(s.value for s in Strategy) + "."),
+                                      + ", ".join(RESHARD_STRATEGIES) + "."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Plan only this resharding of the model."),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.01, max=86400,
                                      help="Budget of CP-SAT (its deterministic time, about seconds) or the DFS."),
@@ -51,10 +50,14 @@ def reshard(
     With --json, one resharding prints {"tasks", "makespan", "lower_bound", "status",
     "method", "solve_time", "schedule": [...], ...}; several print {"reshardings": [...]}.
     """
+    from ..cost import CostModel
+    from ..resharding import check, plan_resharding, problems_from_model, replay, report
+    from ..simulate import Simulation, write_chrome_trace
+
     if method not in METHODS:
         fail(unknown_choice("method", method, METHODS), 2)
-    if strategy not in {s.value for s in Strategy}:
-        fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(s.value for s in Strategy)}", 2)
+    if strategy not in set(RESHARD_STRATEGIES):
+        fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(RESHARD_STRATEGIES)}", 2)
     check_output(trace, "--trace")
     check_output(plot, "--plot")
     if plot is not None:

@@ -10,10 +10,8 @@ from rich.table import Table
 
 from .. import units
 from .common import JSON_OPT, check_output, console, handles_errors, model_of, print_json, topology_of
-from ..simulate import write_chrome_trace
-from ..stages import METHODS, SCHEDULES
-from ..stages.report import parse_config, parse_split, plan_stages
-from ..stages.search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
+from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES
+from ..choices import STAGE_METHODS as METHODS
 
 
 def _progress(text: str) -> None:
@@ -92,6 +90,9 @@ def stages(
 
     Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    from ..simulate import write_chrome_trace
+    from ..stages.report import parse_config, parse_split, plan_stages
+
     check_output(trace, "--trace")
     check_output(plot, "--plot")
     if plot is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..choices import CROSS_MESH
 from ..cost import CostModel
 from ..resharding import DeviceMesh, Layout, ReshardingPlan, ReshardingProblem, ShardingSpec, plan_resharding
 from ..resharding import check as check_resharding
@@ -31,7 +32,7 @@ __all__ = ["Boundary", "STRATEGIES", "boundary_problem", "solve_boundaries", "tr
 
 # How a boundary's tensor moves (the rows of seed 002's ablation): broadcast schedules, Alpa's
 # send/recv (one sender per destination device), or free ("Signal Send/Recv", the bound).
-STRATEGIES = ("broadcast", "send-recv", "free")
+STRATEGIES = CROSS_MESH
 SPEC = ("S0", "R")
 
 

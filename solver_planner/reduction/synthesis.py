@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..choices import SIZE_METRICS
 from ..cost import Collective
 from .dsl import Instruction, Program
 from .hierarchy import SynthesisHierarchy
@@ -37,7 +38,7 @@ COLLECTIVE_ORDER = (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.A
                     Collective.REDUCE, Collective.BROADCAST)
 
 
-METRICS = ("instructions", "paper")
+METRICS = SIZE_METRICS
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ..errors import OptionError, PlannerError, unknown_choice
 from ..simulate import Simulation, Timeline
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Resource
+from ..choices import RESHARD_METHODS
 from . import heuristics
 from .bounds import assignment_bound
 from .cpsat import solve_cpsat
@@ -28,7 +29,7 @@ from .tasks import ReshardingProblem, UnitTask
 __all__ = ["METHODS", "AUTO_EXACT_TASKS", "ReshardingPlan", "Scheduled", "build_instance", "schedule_instance",
            "plan_resharding", "replay", "check", "baselines", "report"]
 
-METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy", "alpa-greedy", "dispatch")
+METHODS = RESHARD_METHODS
 # Up to this many unit tasks, method="auto" runs the CP-SAT model; above, dispatching and LNS.
 AUTO_EXACT_TASKS = 256
 # Nodes of DFS that improve CP-SAT's starting schedule.

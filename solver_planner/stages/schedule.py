@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SCHEDULES", "Schedule", "family", "stage_order", "warmup", "live_peak", "live_count"]
+from ..choices import SCHEDULES
 
-SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
+__all__ = ["SCHEDULES", "Schedule", "family", "stage_order", "warmup", "live_peak", "live_count"]
 
 
 @dataclass(frozen=True, order=True)

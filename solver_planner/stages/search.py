@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, STAGE_METHODS
 from ..cost import CostModel
 from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
@@ -55,12 +56,10 @@ from .schedule import SCHEDULES, Schedule, family
 __all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "BRUTE_FORCE_LIMIT",
            "CPSAT_MAX_CELLS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
 
-METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
+METHODS = STAGE_METHODS
 TOLERANCE = 1e-9               # relative: OPTIMAL means no plan is faster by more than this
 BRUTE_FORCE_LIMIT = 20_000     # plans brute force may price (each is simulated)
 CPSAT_MAX_CELLS = 200_000      # Booleans of one pair's CP-SAT model
-DEFAULT_BUDGET = 2000          # subspaces solved before the search stops with a gap
-DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the search stops with a gap (~10 s)
 
 
 @dataclass

@@ -1,0 +1,19 @@
+"""The names each option accepts, in one light module.
+
+The library modules that give these names meaning import them from here, and so does the
+command line, which can then declare its options without importing the solvers (a command
+starts in a fraction of a second; the solvers load when the command runs).
+"""
+
+__all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
+           "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
+
+STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
+SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
+RESHARD_METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy", "alpa-greedy", "dispatch")
+RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allgather")
+# How a plan's stage boundaries move their tensors (the rows of seed 002's ablation).
+CROSS_MESH = ("broadcast", "send-recv", "free")
+SIZE_METRICS = ("instructions", "paper")
+DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it stops with a gap
+DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the stage search stops with a gap (~10 s)
