@@ -122,9 +122,11 @@ def test_unit_slips_are_warned_about(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ["stages", P3, GPT, "--trace"], ["plan", P3, GPT, "-o"], ["plan", P3, GPT, "--trace"],
-    ["reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml", "--trace"],
-    ["schema", "cluster", "-o"],
+    ["stages", P3, GPT, "--trace"], pytest.param(["plan", P3, GPT, "-o"], marks=pytest.mark.slow),
+    ["plan", P3, GPT, "--trace"],
+    pytest.param(["reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml",
+                  "--trace"], marks=pytest.mark.slow),
+    pytest.param(["schema", "cluster", "-o"], marks=pytest.mark.slow),
 ])
 def test_output_paths_are_checked_before_the_work(tmp_path, args):
     r = run_cli(*args, tmp_path / "missing" / "out.json")
@@ -133,6 +135,7 @@ def test_output_paths_are_checked_before_the_work(tmp_path, args):
     assert r.returncode == 2 and "folder" in r.stderr
 
 
+@pytest.mark.slow
 def test_nccl_without_gpus_is_an_environment_error():
     pytest.importorskip("torch")
     import torch

@@ -82,6 +82,7 @@ def test_reduce_verify_refuses_a_timeout_that_is_not_a_positive_number():
         assert result.exit_code == 2 and "--timeout must be a positive number" in result.output, value
 
 
+@pytest.mark.slow
 def test_explicit_op_names_are_read_in_any_case(tmp_path):
     steps = tmp_path / "lower.yaml"
     steps.write_text("steps:\n  - {op: reduce_scatter, groups: [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]}\n"

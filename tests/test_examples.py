@@ -89,6 +89,7 @@ def test_example_stages(tmp_path):
     assert speedup and float(speedup.group(1)) >= 1.0     # the eager family contains 1F1B
 
 
+@pytest.mark.slow
 def test_example_plan(tmp_path):
     plan_file = tmp_path / "plan.yaml"
     out = checked("plan", plan_file, cwd=tmp_path)
@@ -102,6 +103,7 @@ def test_example_plan(tmp_path):
     assert re.search(rf"{doc['throughput']:.1f} samples/s", out)
 
 
+@pytest.mark.slow
 def test_example_sweep(tmp_path):
     out = checked("sweep", cwd=tmp_path)
     rows = dict(re.findall(r"^(\S+) +\d+ +(\S+) ", out, re.M))

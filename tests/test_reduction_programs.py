@@ -136,7 +136,7 @@ def test_z3_and_the_semantics_agree_on_enumerated_and_mutated_programs(levels, n
 @pytest.mark.parametrize("levels, names, matrix, axes", [
     ((2, 2), ("node", "gpu"), [[2, 2]], [0]),
     ((2, 4), ("node", "gpu"), [[2, 1], [1, 4]], [1]),
-    ((2, 2, 2), ("node", "cpu", "gpu"), [[2, 1, 2], [1, 2, 1]], [0]),
+    pytest.param((2, 2, 2), ("node", "cpu", "gpu"), [[2, 1, 2], [1, 2, 1]], [0], marks=pytest.mark.slow),
 ])
 def test_z3_synthesis_returns_the_enumerated_programs(levels, names, matrix, axes):
     low = Lowering(ParallelismMatrix.of(matrix), levels, names, axes)

@@ -63,6 +63,7 @@ def test_verify_plot_highlights_the_counterexample(tmp_path):
     assert {f"step-{n}" for n in range(4)} <= set(ids(ok))
 
 
+@pytest.mark.slow
 def test_synth_plot_png(tmp_path):
     out = tmp_path / "synth.png"
     r = run_cli("reduce", "synth", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml", "--top", "1", "--plot", out)
@@ -108,6 +109,7 @@ def test_reshard_gantt_has_one_bar_per_unit_task_and_port_and_the_bound(tmp_path
             assert f"r{n}-{which}-lower-bound" in found
 
 
+@pytest.mark.slow
 def test_reshard_cli_plot(tmp_path):
     out = tmp_path / "r.png"
     r = run_cli("reshard", CLUSTERS / "aws-p3.8xlarge-3.yaml", MODELS / "reshard-1x4-to-2x4.yaml", "--plot", out)
@@ -167,6 +169,7 @@ def test_without_matplotlib_plot_exits_2_with_the_install_hint(tmp_path):
     assert not (tmp_path / "x.svg").exists()
 
 
+@pytest.mark.slow
 def test_bad_plot_paths_exit_2_before_the_work(tmp_path):
     r = run_cli("reduce", "synth", CLUSTERS / "p2-v100-2x8.yaml", MODELS / "dp16.yaml", "--plot", tmp_path / "x.pdf")
     assert r.returncode == 2 and ".svg or .png" in r.stderr

@@ -190,6 +190,7 @@ def test_auto_dispatch_path_is_optimal_on_tiny_instances(inst):
 
 # -- the improvement phase -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_improvement_phase_improves_deterministically():
     """From the naive schedule (everything in index order) of 120 bipartite tasks, the tail
     windows shorten the schedule, keep it feasible, and give the same answer twice."""

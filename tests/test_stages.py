@@ -220,6 +220,7 @@ def test_cli_json_shape_and_determinism():
     assert da["gap"] == pytest.approx((da["iteration_time"] - da["bound"]) / da["iteration_time"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_cli_trace_of_a_forced_stage_count(tmp_path):
     out = tmp_path / "t.json"
     res = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "u-transformer.yaml",

@@ -145,6 +145,7 @@ def fits_band(pair: PairProblem, plan: Partition):
     return [pair._value(p, st) is not None for p, st in enumerate(plan.stages)]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances())
 def test_the_relaxations_are_computed_the_same_way_twice(case):
