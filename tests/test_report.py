@@ -213,3 +213,31 @@ def test_plan_report_and_plot_open_in_headless_chromium(tmp_path):
     colours = collections.Counter(map(tuple, (pixels * 255).astype(int)[::7]))
     white = colours.get((255, 255, 255), 0) / sum(colours.values())
     assert white < 0.97 and len(colours) > 20                    # not blank: text, tables, pictures
+
+
+def test_plan_report_draws_each_stages_proven_program_step_by_step(tmp_path):
+    """A plan whose stages reduce over replicas on two hosts: the report draws the stage's
+    program step by step on its sub-mesh (one panel per step, the groups drawn), with its
+    proof status in the caption."""
+    import yaml
+
+    from solver_planner.plan import make_plan
+    from solver_planner.plan.planfile import plan_document
+    from solver_planner.report.html import plan_report
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages.report import Config
+    from solver_planner.topology import load_topology
+
+    model = tmp_path / "m.yaml"
+    model.write_text(yaml.safe_dump({
+        "name": "m", "training": {"global_batch": 128, "dtype": "float16", "optimizer": "adam"},
+        "layers": [{"name": "l", "repeat": 8, "flops": "80 GFLOP", "params": "200 MiB", "activations": "8 MiB"}]}))
+    plan = make_plan(load_topology(CLUSTERS / "aws-p3.8xlarge-4.yaml"), load_model_spec(model), "1f1b",
+                     config=Config(4, 2, 2, 16))
+    program = plan.parts[0].program
+    assert "host" in program and plan.parts[0].proof == "valid"
+    page = plan_report(plan, plan_document(plan))
+    assert f"gradient program, step by step on its sub-mesh (devices numbered within the stage): {program}" in page
+    assert "z3 proof: valid" in page
+    steps = len(program.split(";"))
+    assert all(re.search(rf'id="f\d+-step-{n}-groups', page) for n in range(1, steps + 1))

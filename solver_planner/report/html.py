@@ -14,6 +14,8 @@ from .style import figure, svg_text
 __all__ = ["plan_report", "write_plan_report", "MAX_BOUNDARIES"]
 
 MAX_BOUNDARIES = 4      # boundary schedules drawn (the others are in the table)
+MAX_PROGRAMS = 3        # distinct stage gradient programs drawn step by step
+MAX_PROGRAM_DEVICES = 256   # a larger stage's program is in the table only (its device map is unreadable)
 
 CSS = """
 body { font-family: 'DejaVu Sans', Arial, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -68,6 +70,7 @@ def _figures(plan) -> list[tuple[str, str]]:
         _stage_map(fig, plan)
         out.append(("Where each stage lives, and each device's data / tensor coordinate in its stage.",
                      svg_text(fig)))
+    out += _programs(plan)
     drawn = [b for b in plan.boundaries if b.result is not None and b.result.solution is not None]
     for b in drawn[:MAX_BOUNDARIES]:
         ports = len(b.result.solution.instance.resources)
@@ -75,6 +78,46 @@ def _figures(plan) -> list[tuple[str, str]]:
             resharding_figure(fig, b.result, plan.topology, index=len(out))
             out.append((f"Boundary {b.kind} {b.src}->{b.dst}: broadcast schedule per port, beside the naive one.",
                          svg_text(fig)))
+    return out
+
+
+def _programs(plan) -> list[tuple[str, str]]:
+    """Each distinct stage gradient program, step by step on its stage's sub-mesh (the
+    devices numbered from 0 within the stage), with its proof status."""
+    from ..plan.parts import stage_lowering
+    from ..reduction.dsl import parse_program
+    from ..reduction.verify import system_steps
+    from ..spec.cluster import ClusterSpec
+    from ..topology import Topology
+    from .program import program_figure
+
+    c = plan.partition.costs
+    out: list[tuple[str, str]] = []
+    seen: set = set()
+    for part in plan.parts:
+        key = (part.matrix, part.program)
+        if part.program == "none" or part.proof == "not an all-reduce" or key in seen or len(out) >= MAX_PROGRAMS:
+            continue
+        seen.add(key)
+        if len(part.devices) > MAX_PROGRAM_DEVICES or len(plan.topology.levels) != 2:
+            continue
+        data = plan.topology.spec.model_dump(mode="json", exclude_none=True)
+        data["name"] = f"{plan.topology.name} stage {part.index}"
+        for level, count in zip(data["levels"], part.mesh):
+            level["count"] = count
+        sub = Topology(ClusterSpec.model_validate(data))
+        lowering = stage_lowering(part.matrix, part.mesh, plan.topology.level_names)
+        program = parse_program(part.program)
+        steps = system_steps(lowering, program)
+        grad = float(c[plan.partition.stages[part.index].config].grad_bytes[part.first, part.last])
+        nbytes = min(grad, c.model.options.gradient_bucket)
+        panels = len(steps) + 1
+        with figure(10, 2.6 * -(-panels // 4) + 0.8) as fig:
+            program_figure(sub, steps, lowering.hierarchy.size, nbytes,
+                           f"stage {part.index} gradient bucket ({part.data} replicas x {part.tensor}): proof {part.proof}",
+                           fig=fig)
+            out.append((f"Stage {part.index}'s gradient program, step by step on its sub-mesh (devices numbered"
+                        f" within the stage): {part.program}; z3 proof: {part.proof}.", svg_text(fig)))
     return out
 
 
