@@ -204,7 +204,8 @@ def cost(
     warnings = []
     if max(len(g) for g in groups) < 2:
         warnings.append(f"every group {scope} has one device: a collective on one device moves nothing"
-                        f" (levels of '{topo.name}': {', '.join(topo.level_names)}; try --across {level or ''})".rstrip())
+                        f" (levels of '{topo.name}': {', '.join(topo.level_names)};"
+                        f" try --across {level or ''})".rstrip())
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     model = CostModel(topo)

@@ -106,6 +106,15 @@ def check_output(path: Path | None, what: str, folder: bool = False) -> None:
         fail(f"{what} {path}: folder {parent} is not writable", 2)
 
 
+def check_plot(path: Path | None, what: str = "--plot") -> None:
+    """Check a picture's path before the work: its folder, its extension, matplotlib (exit 2)."""
+    check_output(path, what)
+    if path is not None:
+        from ..report import prepare
+
+        prepare(path, what)
+
+
 _MODEL_KEYS = {"parallelism", "reductions", "resharding", "layers", "transformer", "training"}
 
 
@@ -143,8 +152,8 @@ def implausible(spec) -> list[str]:
     out = []
     for i, ic in enumerate(getattr(spec, "interconnects", ()) or ()):
         if ic.bandwidth < MIN_BANDWIDTH:
-            out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below 1 MB/s:"
-                       " a bare number is bytes per second (write e.g. '400 Gbps' or '50 GB/s')")
+            out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below"
+                       " 1 MB/s: a bare number is bytes per second (write e.g. '400 Gbps' or '50 GB/s')")
         if ic.latency > MAX_LATENCY:
             out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
                        " a bare number is seconds (write e.g. '5us')")

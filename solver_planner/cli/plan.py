@@ -10,8 +10,8 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, model_of, print_json,
-                     topology_of)
+from .common import (JSON_OPT, check_output, check_plot, console, error_object, fail, handles_errors, model_of,
+                     print_json, topology_of)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
@@ -80,13 +80,8 @@ def plan(
     check_output(output, "--output")
     check_output(trace, "--trace")
     check_output(emit, "--emit", folder=True)
-    check_output(plot, "--plot")
-    check_output(report, "--report")
-    if plot is not None or report is not None:
-        from ..report import prepare
-
-        prepare(plot)
-        prepare(report, "--report")
+    check_plot(plot)
+    check_plot(report, "--report")
     topo = topology_of(cluster)
     spec = model_of(model)
     try:

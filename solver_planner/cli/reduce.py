@@ -12,9 +12,10 @@ from rich.table import Table
 from .. import units
 from ..choices import SIZE_METRICS as METRICS
 from ..errors import unknown_choice
-from .common import JSON_OPT, check_output, console, fail, handles_errors, print_json, model_of, topology_of
+from .common import JSON_OPT, check_plot, console, fail, handles_errors, model_of, print_json, topology_of
 
-reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True, rich_markup_mode=None)
+reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True,
+                         rich_markup_mode=None)
 
 MAX_SIZE_OPT = typer.Option(5, "--max-size", min=1, max=8, help="Largest program size to synthesize.")
 METRIC_OPT = typer.Option("instructions", "--size-metric",
@@ -25,15 +26,6 @@ MATRIX_OPT = typer.Option(None, "--matrix",
                           help="Placement as [[...],...] (rows = axes, columns = levels); default: the best-ranked one.")
 REDUCTION_OPT = typer.Option(None, "--reduction", "-r", help="Which reduction of the model spec; default: the first.")
 PLOT_HELP = " (.svg or .png, by the extension; needs solver-planner[plot])."
-
-
-def _plot_first(plot: Optional[Path]) -> None:
-    """Check --plot before the work: its folder, its extension, matplotlib."""
-    check_output(plot, "--plot")
-    if plot is not None:
-        from ..report import prepare
-
-        prepare(plot)
 
 
 def _wrote(path) -> None:
@@ -130,7 +122,7 @@ def place(
     if method not in ("auto", "cp-sat", "enumerate"):
         fail(unknown_choice("method", method, ("auto", "cp-sat", "enumerate")), 2)
     _check_choices(algorithm, size_metric)
-    _plot_first(plot)
+    check_plot(plot)
     topo, spec = _load(cluster, model)
     reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"),
                                       metric=size_metric)
@@ -184,7 +176,7 @@ def synth(
     from ..reduction.verify import system_steps
 
     _check_choices(algorithm, size_metric)
-    _plot_first(plot)
+    check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, algorithm)
@@ -248,7 +240,7 @@ def verify(
         fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
     if engine not in ("z3", "semantics"):
         fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
-    _plot_first(plot)
+    check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
     chosen = _matrix(topo, spec, matrix, "ring")

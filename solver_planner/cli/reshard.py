@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import JSON_OPT, check_output, console, fail, handles_errors, model_of, print_json, topology_of
+from .common import JSON_OPT, check_output, check_plot, console, fail, handles_errors, model_of, print_json, topology_of
 from ..choices import RESHARD_METHODS as METHODS
 from ..choices import RESHARD_STRATEGIES
 
@@ -59,11 +59,7 @@ def reshard(
     if strategy not in set(RESHARD_STRATEGIES):
         fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(RESHARD_STRATEGIES)}", 2)
     check_output(trace, "--trace")
-    check_output(plot, "--plot")
-    if plot is not None:
-        from ..report import prepare
-
-        prepare(plot)
+    check_plot(plot)
     topo = topology_of(cluster)
     spec = model_of(model)
     cost = CostModel(topo)

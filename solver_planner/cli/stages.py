@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, check_output, console, handles_errors, model_of, print_json, topology_of
+from .common import JSON_OPT, check_output, check_plot, console, handles_errors, model_of, print_json, topology_of
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 
@@ -94,11 +94,7 @@ def stages(
     from ..stages.report import parse_config, parse_split, plan_stages
 
     check_output(trace, "--trace")
-    check_output(plot, "--plot")
-    if plot is not None:
-        from ..report import prepare
-
-        prepare(plot)
+    check_plot(plot)
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
