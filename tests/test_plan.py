@@ -346,8 +346,8 @@ def test_breakdown_adds_up_and_prices_compute_from_flops(reduced):
 
 
 def test_a_proof_that_times_out_exits_3(reduced, monkeypatch):
-    import solver_planner.plan.check as check_mod
-    monkeypatch.setattr(check_mod, "prove_program", lambda *a, **k: ("unknown", "", 0.0))
+    import solver_planner.plan.parts as parts_mod
+    monkeypatch.setattr(parts_mod, "prove_program", lambda *a, **k: ("unknown", "", 0.0))
     rep = _check(reduced, copy.deepcopy(reduced[2]))
     assert rep.exit_code == 3 and rep.first_failure is None
 

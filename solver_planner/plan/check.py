@@ -25,7 +25,7 @@ from ..stages.costs import MeshShape, StageConfig, port_names
 from ..stages.layers import layer_model
 from ..topology import Topology
 from .boundaries import Boundary, boundary_problem, transfers_of
-from .parts import StagePart, program_text, prove_program, stage_matrix
+from .parts import StagePart, prove_program, stage_parts
 
 __all__ = ["Finding", "CheckReport", "check_plan", "RELATIVE"]
 
@@ -152,33 +152,26 @@ def _partition(topology: Topology, model: ModelSpec, doc: dict) -> Partition:
 
 def _stage_parts(topology: Topology, part: Partition, doc: dict, timeout: float, rep: CheckReport
                  ) -> list[StagePart]:
-    c = part.costs
-    mesh = (c.shape.hosts, c.shape.devices_per_host)
-    out = []
-    for p, (st, entry) in enumerate(zip(part.stages, doc["stages"])):
+    """The stages as :func:`.parts.stage_parts` derives them (placement, the priced program
+    and its proof), compared with what the file records."""
+    derived = stage_parts(part, topology, timeout=timeout)
+    for p, (stage, entry) in enumerate(zip(derived, doc["stages"])):
         where = f"stage {p}"
-        cc = c[st.config]
-        devices = list(range(p * c.shape.size, (p + 1) * c.shape.size))
+        devices = list(stage.devices)
         if entry.get("devices") != devices:
             raise _Stop(f"{where}: devices {entry.get('devices')!r} are not the stage's sub-mesh"
                         f" {devices[0]}..{devices[-1]}", where)
-        if entry.get("data") != cc.data:
-            raise _Stop(f"{where}: data degree {entry.get('data')!r}, but {c.shape.size} devices with tensor"
-                        f" {st.tensor} make {cc.data}", where)
-        matrix, count = stage_matrix(mesh, cc.data, st.tensor)
+        if entry.get("data") != stage.data:
+            raise _Stop(f"{where}: data degree {entry.get('data')!r}, but {len(devices)} devices with tensor"
+                        f" {stage.tensor} make {stage.data}", where)
         try:
             given = ParallelismMatrix.of(entry.get("matrix"))
-            given.check([cc.data, st.tensor], list(mesh))
+            given.check([stage.data, stage.tensor], list(stage.mesh))
         except (TypeError, ValueError) as exc:
             raise _Stop(f"{where}: placement matrix {entry.get('matrix')!r}: {exc}", where) from None
-        if given != matrix:
-            raise _Stop(f"{where}: placement {given} is not the layout the plan was priced with ({matrix})", where)
-        grad = float(cc.grad_bytes[st.first, st.last])
-        reduces = c.comm and cc.data > 1 and grad > 0
-        priced = "none"
-        if reduces:
-            priced = format_program(parse_program(program_text(
-                c.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket)))))
+        if given != stage.matrix:
+            raise _Stop(f"{where}: placement {given} is not the layout the plan was priced with ({stage.matrix})",
+                        where)
         text = entry.get("gradient_program")
         if not isinstance(text, str):
             raise _Stop(f"{where}: 'gradient_program' is missing", where)
@@ -187,23 +180,22 @@ def _stage_parts(topology: Topology, part: Partition, doc: dict, timeout: float,
                 text = format_program(parse_program(text))
             except ValueError as exc:
                 raise _Stop(f"{where}: gradient program does not parse: {exc}", where) from None
-        # the program must be right (proved again) and be the one the times were computed with
-        status, detail, seconds = prove_program(matrix, mesh, topology.level_names, text, timeout) \
-            if text != "none" or not reduces else ("invalid", "no program, but the stage has replicas to reduce", 0.0)
-        if status == "invalid":
-            raise _Stop(f"{where}: gradient program '{text}' is not a valid all-reduce: {detail}", where)
-        if status == "unknown":
+        if text != stage.program:
+            # a program other than the priced one: say whether it is wrong, or only not priced
+            status, detail, _ = prove_program(stage.matrix, stage.mesh, topology.level_names, text, timeout) \
+                if text != "none" else ("invalid", "no program, but the stage has replicas to reduce", 0.0)
+            if status == "invalid":
+                raise _Stop(f"{where}: gradient program '{text}' is not a valid all-reduce: {detail}", where)
+            raise _Stop(f"{where}: gradient program '{text}' is not the one the plan's times price"
+                        f" ('{stage.program}')", where)
+        if stage.proof == "invalid":
+            raise _Stop(f"{where}: gradient program '{text}' is not a valid all-reduce: {stage.proof_detail}", where)
+        if stage.proof == "unknown":
             rep.add(where, "unknown", f"z3 did not decide '{text}' within {timeout:g} s")
-        if text != priced:
-            raise _Stop(f"{where}: gradient program '{text}' is not the one the plan's times price ('{priced}')",
-                        where)
-        if status != "unknown":
-            rep.add(where, "ok", f"layers {st.first}-{st.last}, d={cc.data} t={st.tensor}, placement {matrix},"
-                                 f" program {status} ({seconds:.2f} s)")
-        out.append(StagePart(p, st.first, st.last, (c.model.layers[st.first].name, c.model.layers[st.last].name),
-                             tuple(devices), mesh, cc.data, st.tensor, st.config.recompute, matrix, text, status,
-                             detail, seconds, alternatives=count))
-    return out
+        else:
+            rep.add(where, "ok", f"layers {stage.first}-{stage.last}, d={stage.data} t={stage.tensor}, placement"
+                                 f" {stage.matrix}, program {stage.proof} ({stage.proof_time:.2f} s)")
+    return derived
 
 
 def _boundaries(topology: Topology, part: Partition, parts: list[StagePart], doc: dict, rep: CheckReport

@@ -111,8 +111,10 @@ def prove_program(part_matrix: ParallelismMatrix, mesh: tuple[int, int], level_n
     return verdict.status, detail, verdict.wall_time
 
 
-def stage_parts(plan: Partition, topology: Topology, memory: list[float], timeout: float = 30.0) -> list[StagePart]:
-    """Placement, gradient program and its proof for every stage of ``plan``."""
+def stage_parts(plan: Partition, topology: Topology, memory: list[float] | None = None, timeout: float = 30.0
+                ) -> list[StagePart]:
+    """Placement, gradient program and its proof for every stage of ``plan`` (``memory``
+    per stage, when known, is recorded with them)."""
     c = plan.costs
     mesh = (c.shape.hosts, c.shape.devices_per_host)
     names = topology.level_names
@@ -136,5 +138,6 @@ def stage_parts(plan: Partition, topology: Topology, memory: list[float], timeou
             layer_names=(c.model.layers[st.first].name, c.model.layers[st.last].name),
             devices=tuple(range(p * c.shape.size, (p + 1) * c.shape.size)), mesh=mesh, data=cc.data,
             tensor=st.tensor, recompute=st.config.recompute, matrix=matrix, program=program, proof=status,
-            proof_detail=detail, proof_time=seconds, memory=memory[p], alternatives=count))
+            proof_detail=detail, proof_time=seconds, memory=memory[p] if memory else 0.0,
+            alternatives=count))
     return out
