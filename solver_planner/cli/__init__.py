@@ -16,8 +16,8 @@ from .. import units
 from ..errors import SpecError
 from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 from ..topology import Topology
-from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, implausible, print_json,
-                     topology_of)
+from ..spec.plausible import implausible
+from .common import JSON_OPT, check_output, console, error_object, fail, handles_errors, print_json, topology_of
 from .execute import calibrate, execute_app
 from .plan import check, plan
 from .reduce import place, reduce_app

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 
 from ..errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
-from ..spec import load_cluster_spec, load_model_spec, load_yaml, spec_kind
+from ..spec import deciding_key, load_cluster_spec, load_model_spec, load_yaml
+from ..spec.plausible import implausible
 from ..topology import Topology
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
@@ -115,82 +116,38 @@ def check_plot(path: Path | None, what: str = "--plot") -> None:
         prepare(path, what)
 
 
-_MODEL_KEYS = {"parallelism", "reductions", "resharding", "layers", "transformer", "training"}
-
-
-def _kind_of(path: Path) -> tuple[str | None, str]:
-    """('cluster' | 'model' | None, where): the kind the top-level keys say (None when the
-    file is unreadable: the loader then says why), and ``file:line: key`` of the key that
-    decided it."""
+def _where_kind(path: Path) -> tuple[str, str] | None:
+    """(kind, ``file:line: key``) of the key that decides what the file is; None when the
+    file is unreadable (its loader then says why) or no key decides."""
     try:
         data, source = load_yaml(path)
     except SpecError:
-        return None, str(path)
-    if isinstance(data, dict):
-        kind = "cluster" if spec_kind(data) == "cluster" else "model" if _MODEL_KEYS & set(data) else None
-        if kind is not None:
-            keys = _CLUSTER_KEYS if kind == "cluster" else _MODEL_KEYS
-            key = next(k for k in data if k in keys)
-            return kind, str(source.issue((key,), "")).rstrip(": ")
-    return None, str(path)
+        return None
+    found = deciding_key(data)
+    if found is None:
+        return None
+    kind, key = found
+    return kind, str(source.issue((key,), "")).rstrip(": ")
 
 
-_CLUSTER_KEYS = ("levels", "device", "interconnects")
-
-
-# Below these, a bare number is almost certainly a unit slip ("400" read as 400 B/s where
-# 400 Gbps was meant); above them, a latency is seconds where microseconds were meant.
-MIN_BANDWIDTH = 1e6          # bytes/s
-MAX_LATENCY = 1.0            # s
-MIN_REDUCTION = 64           # bytes per device
-MIN_MEMORY = 2**20           # bytes per device
-
-
-def implausible(spec) -> list[str]:
-    """Warnings for values a user almost certainly did not mean (a cluster or model spec)."""
-    src = spec.source
-    out = []
-    for i, ic in enumerate(getattr(spec, "interconnects", ()) or ()):
-        if ic.bandwidth < MIN_BANDWIDTH:
-            out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below"
-                       " 1 MB/s: a bare number is bytes per second (write e.g. '400 Gbps' or '50 GB/s')")
-        if ic.latency > MAX_LATENCY:
-            out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
-                       " a bare number is seconds (write e.g. '5us')")
-    device = getattr(spec, "device", None)
-    if device is not None and device.memory < MIN_MEMORY:
-        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: a bare"
-                   " number is bytes (write e.g. '80 GiB')")
-    for i, red in enumerate(getattr(spec, "reductions", ()) or ()):
-        if red.bytes < MIN_REDUCTION:
-            out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
-                       " a bare number is bytes (write e.g. '8 MiB')")
-    return out
-
-
-def _warn(spec) -> None:
+def _spec_of(path: Path, kind: str, load):
+    """The ``kind`` spec at ``path``: a spec of the other kind given in its place gets a
+    hint naming the key that says so (exit 2); implausible values are warned about."""
+    found = _where_kind(path)
+    if found is not None and found[0] != kind:
+        fail(f"{found[1]}: a {found[0]} spec's key, in the file given where the {kind} spec goes: the cluster comes"
+             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
+    spec = load(path)
     for w in implausible(spec):
         typer.echo(f"warning: {w}", err=True)
+    return spec
 
 
 def topology_of(path: Path) -> Topology:
-    """The cluster spec at ``path``; a model spec given in its place gets a hint (exit 2);
-    implausible values are warned about on stderr."""
-    kind, where = _kind_of(path)
-    if kind == "model":
-        fail(f"{where}: a model spec's key, in the file given where the cluster spec goes: the cluster comes"
-             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
-    spec = load_cluster_spec(path)
-    _warn(spec)
-    return Topology(spec)
+    """The cluster at ``path`` (see :func:`_spec_of`)."""
+    return Topology(_spec_of(path, "cluster", load_cluster_spec))
 
 
 def model_of(path: Path):
-    """The model spec at ``path``; a cluster spec given in its place gets a hint (exit 2)."""
-    kind, where = _kind_of(path)
-    if kind == "cluster":
-        fail(f"{where}: a cluster spec's key, in the file given where the model spec goes: the cluster comes"
-             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
-    spec = load_model_spec(path)
-    _warn(spec)
-    return spec
+    """The model spec at ``path`` (see :func:`_spec_of`)."""
+    return _spec_of(path, "model", load_model_spec)

@@ -7,12 +7,14 @@ from typing import Any
 from .cluster import ClusterSpec
 from .model import ModelSpec
 
-__all__ = ["json_schema", "spec_kind", "SCHEMAS"]
+__all__ = ["json_schema", "spec_kind", "deciding_key", "SCHEMAS"]
 
 SCHEMAS = {"cluster": ClusterSpec, "model": ModelSpec}
 
 # Keys only a cluster spec has; a file with any of them is read as a cluster.
-_CLUSTER_KEYS = {"levels", "device", "interconnects"}
+_CLUSTER_KEYS = ("levels", "device", "interconnects")
+# Keys only a model spec has.
+_MODEL_KEYS = ("parallelism", "reductions", "resharding", "layers", "transformer", "training")
 
 
 def json_schema(kind: str) -> dict[str, Any]:
@@ -25,6 +27,17 @@ def json_schema(kind: str) -> dict[str, Any]:
 
 def spec_kind(data: Any) -> str:
     """``'cluster'`` or ``'model'``, judged by the top-level keys."""
-    if isinstance(data, dict) and _CLUSTER_KEYS & set(data):
+    if isinstance(data, dict) and set(_CLUSTER_KEYS) & set(data):
         return "cluster"
     return "model"
+
+
+def deciding_key(data: Any) -> tuple[str, str] | None:
+    """(kind, the first top-level key that says so), or None when no key does: how a file
+    given in the wrong place is named (its line comes from the key)."""
+    if not isinstance(data, dict):
+        return None
+    kind = spec_kind(data)
+    keys = _CLUSTER_KEYS if kind == "cluster" else _MODEL_KEYS
+    key = next((k for k in data if k in keys), None)
+    return (kind, key) if key is not None else None

@@ -1,0 +1,34 @@
+"""Values a spec accepts but a user almost certainly did not mean: warnings, not errors."""
+
+from __future__ import annotations
+
+__all__ = ["implausible", "MIN_BANDWIDTH", "MAX_LATENCY", "MIN_REDUCTION", "MIN_MEMORY"]
+
+# Below these, a bare number is almost certainly a unit slip ("400" read as 400 B/s where
+# 400 Gbps was meant); above them, a latency is seconds where microseconds were meant.
+MIN_BANDWIDTH = 1e6          # bytes/s
+MAX_LATENCY = 1.0            # s
+MIN_REDUCTION = 64           # bytes per device
+MIN_MEMORY = 2**20           # bytes per device
+
+
+def implausible(spec) -> list[str]:
+    """Warnings for values a user almost certainly did not mean (a cluster or model spec)."""
+    src = spec.source
+    out = []
+    for i, ic in enumerate(getattr(spec, "interconnects", ()) or ()):
+        if ic.bandwidth < MIN_BANDWIDTH:
+            out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below"
+                       " 1 MB/s: a bare number is bytes per second (write e.g. '400 Gbps' or '50 GB/s')")
+        if ic.latency > MAX_LATENCY:
+            out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
+                       " a bare number is seconds (write e.g. '5us')")
+    device = getattr(spec, "device", None)
+    if device is not None and device.memory < MIN_MEMORY:
+        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: a bare"
+                   " number is bytes (write e.g. '80 GiB')")
+    for i, red in enumerate(getattr(spec, "reductions", ()) or ()):
+        if red.bytes < MIN_REDUCTION:
+            out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
+                       " a bare number is bytes (write e.g. '8 MiB')")
+    return out
