@@ -343,6 +343,11 @@ def test_breakdown_adds_up_and_prices_compute_from_flops(reduced):
     flops = sum(per_layer * (s["layers"][1] - s["layers"][0] + 1) * doc["microbatch_size"] / (s["data"] * s["tensor"])
                 for s in doc["stages"]) * B
     assert bd["compute"] == pytest.approx(flops / topo.device.flops / S, rel=1e-9)
+    # MFU: the model's FLOPs over the iteration at the cluster's peak, counted from the spec
+    model_flops = per_layer * 8 * 128
+    assert doc["mfu"] == pytest.approx(model_flops / (doc["iteration_time"] * topo.num_devices * topo.device.flops),
+                                       rel=1e-9)
+    assert doc["throughput"] == pytest.approx(128 / doc["iteration_time"], rel=1e-12)
 
 
 def test_a_proof_that_times_out_exits_3(reduced, monkeypatch):
