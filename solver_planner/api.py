@@ -360,7 +360,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
            method: str = "auto", num_stages: int | None = None, config=None, split=None, top: int = 1,
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
            budget: int | None = None, simulations: int | None = None,
-           progress: Callable[[str], None] | None = None) -> StagesReport:
+           progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> StagesReport:
     """Cut the model's layers into pipeline stages on equal sub-meshes, choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
     simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
@@ -397,6 +397,10 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         (default: the library's).
     progress : callable, optional
         Called with a line of text as the search advances.
+    compute : {'efficiency', 'peak'}
+        How compute is timed: kernel efficiency, launch overhead and memory traffic from the
+        cluster spec's ``device.compute`` (peak when the spec has none), or FLOPs at peak
+        (:mod:`solver_planner.compute`).
 
     Returns
     -------
@@ -433,14 +437,14 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     limits = {k: v for k, v in (("budget", budget), ("simulations", simulations)) if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
-                       **limits)
+                       compute=compute, **limits)
 
 
 def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",
          method: str = "auto", cross_mesh: str = "broadcast", overlap: bool = True, num_stages: int | None = None,
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
          output: PathLike | None = None, candidates: int = 1,
-         progress: Callable[[str], None] | None = None) -> TrainingPlan:
+         progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> TrainingPlan:
     """One plan for the whole training job (seed 002 §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
@@ -477,6 +481,8 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
         schedules; the fastest simulated one is returned (``.search["composed"]`` lists them).
     progress : callable, optional
         Called with a line of text as each part starts.
+    compute : {'efficiency', 'peak'}
+        How compute is timed (as for :func:`stages`); the plan file records it.
 
     Returns
     -------
@@ -514,7 +520,8 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     topo, spec = load(cluster, model)
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
-                       seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress)
+                       seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress,
+                       compute=compute)
     if output is not None:
         from .plan.planfile import write_plan
 

@@ -6,7 +6,7 @@ starts in a fraction of a second; the solvers load when the command runs).
 """
 
 __all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
-           "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
+           "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
 
 STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
@@ -15,5 +15,7 @@ RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allga
 # How a plan's stage boundaries move their tensors (the rows of seed 002's ablation).
 CROSS_MESH = ("broadcast", "send-recv", "free")
 SIZE_METRICS = ("instructions", "paper")
+# How compute is timed (solver_planner.compute): kernel efficiency and memory traffic, or FLOPs at peak.
+COMPUTE_MODELS = ("efficiency", "peak")
 DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it stops with a gap
 DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the stage search stops with a gap (~10 s)

@@ -29,6 +29,19 @@ takes no time.
   takes 2(n-1) steps, ReduceScatter/AllGather n-1; Broadcast and Reduce are a pipelined
   chain from/to the root (the first device of the group, as P² fixes, seed 000 §3.2).
   Latency term: steps x the slowest edge's latency.
+* Levels: an edge belongs to the level of the interconnect its route is for (``via``
+  links included).  With ``y_l = factor(n) * S / share_l`` the time each level needs at its
+  own bottleneck share, the bandwidth term is ``max_l y_l + (1 - o) * (sum_l y_l - max_l
+  y_l)``: ``o = collective_overlap`` of the cluster spec; 1 (the default) is a perfectly
+  pipelined ring where only the slowest level costs time (the bus bandwidth above), 0 a
+  hierarchical collective that runs level by level and pays the intra-node part as well as
+  the NIC's.  Fitted by ``calibrate``.
+* Efficiency: an interconnect's ``efficiency`` for a collective (``sendrecv`` for
+  point-to-point transfers, ``broadcast`` for pipelined broadcasts) multiplies its
+  bandwidth for that collective (NCCL reaches a fraction of the nominal link speed, and a
+  different one per collective); default 1.
+* Rings: on a ``ring`` interconnect an edge holds every ring segment it crosses
+  (:meth:`Topology.route`), so groups whose paths overlap share segments.
 * ``tree``: NCCL's tree: a chain inside the innermost level and two complementary binary
   trees over the instances of outer levels (Sanders, Speck & Träff 2009), each tree
   carrying half the data (edge weight 1/2).  Latency term: the longest root-to-leaf
@@ -54,6 +67,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Sequence
 
+from .compute import ComputeModel
 from .topology import Resource, Route, Topology
 
 __all__ = ["Collective", "Algorithm", "CollectiveCost", "BroadcastCost", "CostModel", "bus_factor"]
@@ -144,8 +158,9 @@ class BroadcastCost:
 class CostModel:
     """Closed-form times on a topology; see the module docstring for every formula."""
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, compute: str = "efficiency"):
         self.topology = topology
+        self.compute = ComputeModel.of(topology.device, compute)
         self._routes: dict[tuple[int, int], Route] = {}
 
     def route(self, a: int, b: int) -> Route:
@@ -163,20 +178,60 @@ class CostModel:
                 load[res] += e.weight
         return load
 
-    def _bottleneck(self, edges: Sequence[Edge], load: dict[Resource, float]) -> tuple[float, Resource | None]:
-        """Smallest shared bandwidth ``min B_r / L_r`` over the resources the edges cross."""
+    def _efficiency(self, interconnect: str, kind: str | None) -> float:
+        if kind is None:
+            return 1.0
+        return self.topology.interconnects[interconnect].efficiency_of(kind)
+
+    def _bottleneck(self, edges: Sequence[Edge], load: dict[Resource, float], kind: str | None = None
+                    ) -> tuple[float, Resource | None]:
+        """Smallest shared bandwidth ``min e_r B_r / L_r`` over the resources the edges cross
+        (``e_r`` the efficiency of ``kind`` on the resource's interconnect)."""
         worst, where = math.inf, None
+        for level in self._levels(edges, load, kind).values():
+            if level[0] < worst or (level[0] == worst and where is not None and level[1] < where):
+                worst, where = level
+        return worst, where
+
+    def _levels(self, edges: Sequence[Edge], load: dict[Resource, float], kind: str | None = None
+                ) -> dict[str, tuple[float, Resource]]:
+        """Per level (the interconnect an edge's route is for, its ``via`` links included): the
+        smallest shared bandwidth of that level's edges and where it is."""
+        out: dict[str, tuple[float, Resource]] = {}
         for e in edges:
             route = self.route(e.src, e.dst)
             for res, bw in zip(route.resources, route.bandwidths):
-                share = bw / load[res]
-                if share < worst or (share == worst and where is not None and res < where):
-                    worst, where = share, res
-        return worst, where
+                share = bw * self._efficiency(res.interconnect, kind) / load[res]
+                best = out.get(route.interconnect)
+                if best is None or share < best[0] or (share == best[0] and res < best[1]):
+                    out[route.interconnect] = (share, res)
+        return out
 
-    def compute_time(self, flops: float) -> float:
-        """Seconds for ``flops`` on one device at its peak rate."""
-        return flops / self.topology.device.flops
+    def _bandwidth_term(self, edges: Sequence[Edge], load: dict[Resource, float], kind: str, volume: float
+                        ) -> tuple[float, float, Resource | None]:
+        """(seconds, bus bandwidth, bottleneck) of moving ``volume`` bus bytes over ``edges``.
+
+        Each level (intra-node links, the NIC, ...) needs ``volume / share_level``.  A perfectly
+        pipelined ring overlaps the levels, and only the slowest costs time (seed 000's
+        model); a hierarchical collective runs them one after another.  The cluster's
+        ``collective_overlap`` (``o``) says where between the two a collective sits::
+
+            time = max_l y_l + (1 - o) * (sum_l y_l - max_l y_l)
+        """
+        levels = self._levels(edges, load, kind)
+        if not levels:
+            return 0.0, math.inf, None
+        parts = {name: volume / share for name, (share, _) in levels.items()}
+        slowest = max(parts, key=lambda n: (parts[n], n))
+        overlap = self.topology.collective_overlap
+        seconds = parts[slowest] + (1.0 - overlap) * (sum(parts.values()) - parts[slowest])
+        share, where = min(levels.values(), key=lambda x: (x[0], x[1]))
+        return seconds, share, where
+
+    def compute_time(self, flops: float, nbytes: float = 0.0, kernels: float = 1.0) -> float:
+        """Seconds for ``flops`` on one device in ``kernels`` kernels moving ``nbytes`` through
+        its memory (:mod:`solver_planner.compute`)."""
+        return float(self.compute.time(flops, nbytes, kernels))
 
     def copy_time(self, nbytes: float) -> float:
         """A local copy of ``nbytes`` (read once, written once) at the device's memory bandwidth;
@@ -197,7 +252,7 @@ class CostModel:
         load = self._loads(edges)
         times = []
         for e in edges:
-            bw, _ = self._bottleneck([e], load)
+            bw, _ = self._bottleneck([e], load, "sendrecv")
             times.append(self.route(e.src, e.dst).latency + nbytes / bw)
         return max(times)
 
@@ -311,9 +366,9 @@ class CostModel:
         load = self._loads(e for edges in per_group for e in edges)
         times, lat_terms, bw_terms, busbws, where = [], [], [], [], []
         for g, edges, size in zip(groups, per_group, sizes):
-            busbw, res = self._bottleneck(edges, load) if edges else (math.inf, None)
+            bw_term, busbw, res = self._bandwidth_term(edges, load, kind.value, bus_factor(kind, len(g)) * size) \
+                if edges else (0.0, math.inf, None)
             lat = self._latency(kind, g, algorithm, edges)
-            bw_term = bus_factor(kind, len(g)) * size / busbw if edges else 0.0
             times.append(lat + bw_term)
             lat_terms.append(lat)
             bw_terms.append(bw_term)
@@ -354,7 +409,7 @@ class CostModel:
         if not edges or nbytes <= 0:
             return BroadcastCost(0.0, 1, tuple(chain), (), (), frozenset())
         load = self._loads(edges)
-        bws = tuple(self._bottleneck([e], load)[0] for e in edges)
+        bws = tuple(self._bottleneck([e], load, "broadcast")[0] for e in edges)
         lats = tuple(self.route(e.src, e.dst).latency for e in edges)
         if chunks is None:
             chunks = self._best_chunks(nbytes, bws, lats)

@@ -6,7 +6,9 @@ node are contiguous.  A transfer between two devices uses the interconnect of th
 outermost level at which their coordinates differ (seed 000 §2) and holds one *resource*
 per crossed port and direction: the sender's ``tx`` side and the receiver's ``rx`` side,
 since links are full duplex (seed 002 §3).  Resources are what transfers share: all 16
-GPUs of a node behind one NIC cross the same ``nic[n].tx``.
+GPUs of a node behind one NIC cross the same ``nic[n].tx``.  On a ``ring`` interconnect a
+transfer holds each directed ring segment it crosses, the shortest way round, so groups
+whose paths overlap share those segments.
 
 >>> from solver_planner.topology import load_topology
 >>> topo = load_topology("specs/clusters/p2-a100-2x16.yaml")
@@ -26,7 +28,7 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .spec.cluster import ClusterSpec, load_cluster_spec, parse_sharing
+from .spec.cluster import ClusterSpec, ComputeSpec, load_cluster_spec, parse_sharing
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -46,6 +48,7 @@ class Device:
     flops: float
     memory: float
     memory_bandwidth: float | None = None
+    compute: ComputeSpec | None = None     # the efficiency model's parameters (solver_planner.compute)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class Interconnect:
     sharing_arg: str | int | None  # level name for 'level', K for 'devices'
     shape: str
     via: tuple[str, ...]
+    efficiency: tuple[tuple[str, float], ...] = ()   # (collective, fraction of the bandwidth it reaches)
+
+    def efficiency_of(self, collective: str) -> float:
+        return dict(self.efficiency).get(collective, 1.0)
 
     def describe_sharing(self) -> str:
         if self.sharing == "device":
@@ -71,11 +78,12 @@ class Interconnect:
 
 @dataclass(frozen=True, order=True)
 class Resource:
-    """One direction of one port of an interconnect: what concurrent transfers share."""
+    """One direction of one port of an interconnect, or one directed segment of a ring
+    interconnect: what concurrent transfers share."""
 
     interconnect: str
     instance: int
-    direction: str  # 'tx' or 'rx'
+    direction: str  # 'tx' or 'rx'; on a ring 'cw' or 'ccw' (the segment leaving device ``instance``)
 
     def __str__(self) -> str:
         return f"{self.interconnect}[{self.instance}].{self.direction}"
@@ -105,14 +113,16 @@ class Topology:
         self.name = spec.name
         self.levels = tuple(Level(lv.name, lv.count) for lv in spec.levels)
         self.level_names = tuple(lv.name for lv in self.levels)
-        self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth)
+        self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth,
+                             spec.device.compute)
+        self.collective_overlap = spec.collective_overlap
         self.num_devices = prod(lv.count for lv in self.levels)
         self.interconnects: dict[str, Interconnect] = {}
         for ic in spec.interconnects:
             kind, arg = parse_sharing(ic.sharing, list(self.level_names))
             self.interconnects[ic.name] = Interconnect(
-                ic.name, ic.level, ic.bandwidth, ic.latency, kind, arg, ic.shape, tuple(ic.via)
-            )
+                ic.name, ic.level, ic.bandwidth, ic.latency, kind, arg, ic.shape, tuple(ic.via),
+                tuple(sorted(ic.efficiency.items())))
         self._serving = {ic.level: ic for ic in self.interconnects.values() if ic.level is not None}
         # Devices below one instance of level i: the product of the counts of deeper levels.
         self._stride = tuple(prod(lv.count for lv in self.levels[i + 1:]) for i in range(len(self.levels)))
@@ -216,10 +226,29 @@ class Topology:
         resources: list[Resource] = []
         bandwidths: list[float] = []
         for link in crossed:
+            if link is ic and ic.shape == "ring" and ic.level is not None:
+                # the segments of the ring between them, the shortest way round: groups
+                # whose paths overlap share those segments (and only those)
+                segments = self._ring_segments(a, b, ic)
+                resources += segments
+                bandwidths += [link.bandwidth] * len(segments)
+                continue
             resources += [Resource(link.name, self.port(a, link), "tx"), Resource(link.name, self.port(b, link), "rx")]
             bandwidths += [link.bandwidth, link.bandwidth]
         latency = ic.latency * self._hops(a, b, ic) + sum(self.interconnects[v].latency for v in ic.via)
         return Route(a, b, ic.name, tuple(resources), tuple(bandwidths), latency)
+
+    def _ring_segments(self, a: int, b: int, ic: Interconnect) -> list[Resource]:
+        """Directed segments from ``a`` to ``b`` on ``ic``'s ring (clockwise on a tie): the
+        segment leaving device ``x`` clockwise is ``(ic, x, 'cw')``, anticlockwise ``(ic, x, 'ccw')``."""
+        i = self.level_index(str(ic.level))
+        n = self.levels[i].count
+        stride = self._stride[i]
+        pos_a, pos_b = self.coords(a)[i], self.coords(b)[i]
+        forward = (pos_b - pos_a) % n
+        step, direction, hops = (1, "cw", forward) if forward <= n - forward else (-1, "ccw", n - forward)
+        base = a - pos_a * stride
+        return [Resource(ic.name, base + ((pos_a + step * h) % n) * stride, direction) for h in range(hops)]
 
     def _hops(self, a: int, b: int, ic: Interconnect) -> int:
         """Hops on a ring interconnect (shortest way round); 1 through a switch."""

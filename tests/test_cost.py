@@ -176,7 +176,11 @@ def test_pipelined_broadcast_barely_grows_with_receiving_hosts(p3x3):
 
 
 def test_compute_time(a100):
-    assert CostModel(a100).compute_time(312e12) == pytest.approx(1.0)
+    assert CostModel(a100, "peak").compute_time(312e12) == pytest.approx(1.0)
+    # the efficiency model: one kernel of F FLOPs takes overhead + (F + x_half) / (peak e_max)
+    c = a100.device.compute
+    want = c.kernel_overhead + (312e12 + c.half_efficiency_flops) / (312e12 * c.matmul_efficiency)
+    assert CostModel(a100).compute_time(312e12) == pytest.approx(want)
 
 
 def test_collective_names_are_parsed(cm):
@@ -190,3 +194,79 @@ def test_time_grows_linearly_with_bytes(cm):
     big = cm.collective("allreduce", [list(range(32))], 2 * S)
     assert big.time - big.latency_term == pytest.approx(2 * (small.time - small.latency_term))
     assert math.isclose(big.latency_term, small.latency_term)
+
+
+# -- issue 17: hierarchical collectives, efficiency factors, ring segments ----------------
+
+def _variant(path: str, **changes) -> Topology:
+    """A shipped cluster spec with top-level fields or interconnect fields changed."""
+    spec = load_cluster_spec(path)
+    ics = changes.pop("interconnects", {})
+    new_ics = [ic.model_copy(update=ics.get(ic.name, {})) for ic in spec.interconnects]
+    return Topology(spec.model_copy(update={**changes, "interconnects": new_ics}))
+
+
+def test_collective_overlap_charges_every_level():
+    # Ring 0 -> 1 -> 16 -> 17 -> 0 on p2-a100-2x16: two NVSwitch edges, two NIC edges, each
+    # resource loaded once.  Bus volume 2 (n-1)/n S = 1.5 S.
+    group = [[0, 1, 16, 17]]
+    lat = 6 * A_NIC
+    y_nic, y_nvs = 1.5 * S / NIC, 1.5 * S / NVS
+    for overlap, want in ((1.0, y_nic), (0.0, y_nic + y_nvs), (0.25, y_nic + 0.75 * y_nvs)):
+        cm = CostModel(_variant("specs/clusters/p2-a100-2x16.yaml", collective_overlap=overlap))
+        assert cm.collective_time("allreduce", group, S) == pytest.approx(lat + want)
+    # inside one level there is nothing else to charge
+    cm = CostModel(_variant("specs/clusters/p2-a100-2x16.yaml", collective_overlap=0.0))
+    assert cm.collective_time("allreduce", [[0, 1, 2, 3]], S) == pytest.approx(6 * A_NVS + 1.5 * S / NVS)
+
+
+def test_efficiency_scales_the_bandwidth_of_its_collective_only():
+    topo = _variant("specs/clusters/p2-a100-2x16.yaml",
+                    interconnects={"nic": {"efficiency": {"allreduce": 0.5, "sendrecv": 0.8}}})
+    cm = CostModel(topo)
+    assert cm.collective_time("allreduce", [[0, 16]], S) == pytest.approx(2 * A_NIC + S / (0.5 * NIC))
+    assert cm.collective_time("allgather", [[0, 16]], S) == pytest.approx(A_NIC + 0.5 * S / NIC)
+    assert cm.transfer_time(0, 16, S) == pytest.approx(A_NIC + S / (0.8 * NIC))
+    assert cm.transfer_time(0, 1, S) == pytest.approx(A_NVS + S / NVS)
+
+
+def test_efficiency_outside_zero_one_is_refused(tmp_path):
+    from solver_planner.errors import SpecError
+
+    text = open("specs/clusters/p2-a100-2x16.yaml").read().replace(
+        "sharing: node", "sharing: node\n    efficiency: {allreduce: 1.5}")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="efficiency"):
+        load_cluster_spec(path)
+
+
+# p2-v100-2x8: an NVLink ring of 8 GPUs per node, 135 GB/s per direction, 2us per hop.
+RING = 135e9
+
+
+def test_ring_segments_are_shared_where_paths_overlap(v100):
+    cm = CostModel(v100)
+    # 0 -> 2 crosses segments 0 and 1; 1 -> 2 crosses segment 1: they share it
+    assert cm.transfers_time([(0, 2), (1, 2)], S) == pytest.approx(2 * 2e-6 + S / (RING / 2))
+    # 0 -> 2 and 2 -> 4 use disjoint segments: full speed each
+    assert cm.transfers_time([(0, 2), (2, 4)], S) == pytest.approx(2 * 2e-6 + S / RING)
+    # opposite directions never share: 0 -> 1 clockwise, 1 -> 0 anticlockwise
+    assert cm.transfers_time([(0, 1), (1, 0)], S) == pytest.approx(2e-6 + S / RING)
+
+
+def test_placements_behind_one_nic_differ_by_their_intra_node_traffic():
+    # Four 4-device groups across the two nodes of p2-v100-2x8, every group's NIC edges
+    # behind the same NIC, so the NIC part is equal.  Adjacent pairs inside a node use one
+    # ring segment each; pairs four apart overlap on the ring (segment 3 carries four).
+    adjacent = [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
+    apart = [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    pipelined = CostModel(_variant("specs/clusters/p2-v100-2x8.yaml", collective_overlap=1.0))
+    a = pipelined.collective("allreduce", adjacent, S)
+    b = pipelined.collective("allreduce", apart, S)
+    assert a.bandwidth_term == pytest.approx(b.bandwidth_term)        # only the NIC counts: a tie
+    staged = CostModel(_variant("specs/clusters/p2-v100-2x8.yaml", collective_overlap=0.0))
+    a = staged.collective("allreduce", adjacent, S)
+    b = staged.collective("allreduce", apart, S)
+    volume = 1.5 * S
+    assert b.bandwidth_term - a.bandwidth_term == pytest.approx(volume / (RING / 4) - volume / RING)

@@ -331,18 +331,27 @@ def test_more_candidates_never_give_a_slower_plan(tmp_path, p3):
 
 
 def test_breakdown_adds_up_and_prices_compute_from_flops(reduced):
-    """The four per-stage parts add up to the iteration; compute is the stages' FLOPs at the
-    device's peak (counted here from the layer specs, not from the stage tables)."""
+    """The four per-stage parts add up to the iteration; compute is the stages' kernels under
+    the efficiency model (solver_planner/compute.py's formula, written out here from the
+    layer specs and the device's parameters, not from the stage tables)."""
     topo, spec, doc = reduced
     bd = doc["breakdown"]
     parts = [bd["compute"], bd["tensor"], bd["data_parallel"], bd["pipeline"]]
     assert all(x >= 0 for x in parts)
     assert sum(parts) == pytest.approx(doc["iteration_time"], rel=1e-9)
-    per_layer = 3 * 80e9                       # forward, and backward at twice the forward (the default)
+    assert doc["compute"] == "efficiency"
+    dev, c = topo.device, topo.device.compute
     B, S = doc["microbatches"], len(doc["stages"])
-    flops = sum(per_layer * (s["layers"][1] - s["layers"][0] + 1) * doc["microbatch_size"] / (s["data"] * s["tensor"])
-                for s in doc["stages"]) * B
-    assert bd["compute"] == pytest.approx(flops / topo.device.flops / S, rel=1e-9)
+    total = 0.0
+    for s in doc["stages"]:
+        n = doc["microbatch_size"] / s["data"]                 # samples per replica
+        flops = 80e9 * n / s["tensor"]                         # each pass: forward, input grads, weight grads
+        moved = 200 * 2**20 / s["tensor"] + n * 8 * 2**20 * (1 + 1 / s["tensor"])
+        one = c.kernel_overhead + max((flops + c.half_efficiency_flops) / (dev.flops * c.matmul_efficiency),
+                                      moved / dev.memory_bandwidth)
+        total += 3 * one * (s["layers"][1] - s["layers"][0] + 1) * B
+    assert bd["compute"] == pytest.approx(total / S, rel=1e-9)
+    per_layer = 3 * 80e9                       # forward, and backward at twice the forward (the default)
     # MFU: the model's FLOPs over the iteration at the cluster's peak, counted from the spec
     model_flops = per_layer * 8 * 128
     assert doc["mfu"] == pytest.approx(model_flops / (doc["iteration_time"] * topo.num_devices * topo.device.flops),

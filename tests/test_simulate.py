@@ -30,7 +30,7 @@ def test_transfer_broadcast_and_compute_alone(p3x3):
     add_broadcast(sim, cm, 0, [4, 5, 8], S)
     assert sim.run().makespan == cm.pipelined_broadcast(0, [4, 5, 8], S).time
     sim = Simulation()
-    add_compute(sim, cm, 3, 250e12)
+    add_compute(sim, CostModel(p3x3, "peak"), 3, 250e12)
     assert sim.run().makespan == pytest.approx(2.0)
 
 

@@ -69,7 +69,7 @@ def least_peak(search: StageSearch) -> float:
 def searches(draw, memory=("64 GiB",)):
     hosts, gpus = draw(st.sampled_from([(2, 2), (1, 4)]))
     topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "20 GB/s"])), draw(st.sampled_from(["host", "device"])),
-                    draw(st.sampled_from(memory)))
+                    draw(st.sampled_from(memory)), efficiency=draw(st.booleans()))
     n = draw(st.integers(2, 4))
     layers = []
     for i in range(n):

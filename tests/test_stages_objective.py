@@ -29,13 +29,20 @@ REL = 1e-9
 _TOPOLOGIES: dict = {}
 
 
-def topology(hosts: int, gpus: int, nic: str, sharing: str, memory: str = "64 GiB") -> Topology:
-    key = (hosts, gpus, nic, sharing, memory)
+# the compute efficiency model (issue 17): kernels of ~1e10 FLOPs at half efficiency, a launch
+# overhead, and a memory bandwidth that makes small micro-batches memory-bound
+EFFICIENCY = {"memory_bandwidth": "200 GB/s",
+              "compute": {"matmul_efficiency": 0.7, "half_efficiency_flops": "10 GFLOP", "kernel_overhead": "20us"}}
+
+
+def topology(hosts: int, gpus: int, nic: str, sharing: str, memory: str = "64 GiB", efficiency: bool = False
+             ) -> Topology:
+    key = (hosts, gpus, nic, sharing, memory, efficiency)
     if key not in _TOPOLOGIES:
         _TOPOLOGIES[key] = Topology(ClusterSpec.model_validate({
             "name": f"toy-{hosts}x{gpus}",
             "levels": [{"name": "host", "count": hosts}, {"name": "gpu", "count": gpus}],
-            "device": {"name": "toy", "flops": "100 TFLOP/s", "memory": memory},
+            "device": {"name": "toy", "flops": "100 TFLOP/s", "memory": memory, **(EFFICIENCY if efficiency else {})},
             "interconnects": [
                 {"name": "nvlink", "level": "gpu", "bandwidth": "50 GB/s", "latency": "2us"},
                 {"name": "eth", "level": "host", "bandwidth": nic, "latency": "20us", "sharing": sharing}],
@@ -48,7 +55,7 @@ def instances(draw, max_layers=6, comm=True):
     """(plan, family) of a random model, cluster, mesh, micro-batch count and partition."""
     hosts, gpus = draw(st.sampled_from([(2, 2), (2, 4), (1, 4), (4, 2)]))
     topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "4 GB/s", "40 GB/s"])),
-                    draw(st.sampled_from(["host", "device"])))
+                    draw(st.sampled_from(["host", "device"])), efficiency=draw(st.booleans()))
     n = draw(st.integers(2, max_layers))
     layers = []
     for i in range(n):

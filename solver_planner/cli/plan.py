@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import (JSON_OPT, check_output, check_plot, console, error_object, fail, handles_errors, model_of,
+from .common import (COMPUTE_OPT, JSON_OPT, check_output, check_plot, console, error_object, fail, handles_errors, model_of,
                      print_json, topology_of)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
@@ -47,6 +47,7 @@ def plan(
     proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
                                         help="z3 time limit per gradient program (seconds)."),
     seed: int = typer.Option(0, "--seed", help="Solver seed (one worker: reproducible)."),
+    compute: str = COMPUTE_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan file (YAML) here."),
     trace: Optional[Path] = typer.Option(None, "--trace",
                                          help="Write the simulated iteration as a Perfetto trace: one track per"
@@ -88,7 +89,7 @@ def plan(
         result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                            parse_config(config) if config is not None else None,
                            parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                           candidates, progress=_progress)
+                           candidates, progress=_progress, compute=compute)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -166,7 +167,8 @@ def _print(doc: dict) -> None:
         out.print(table)
     bd = doc["breakdown"]
     hid = doc["communication_hidden"]
-    out.print(f"  iteration {units.format_time(doc['iteration_time'])} (simulated): {doc['throughput']:.1f} samples/s,"
+    out.print(f"  iteration {units.format_time(doc['iteration_time'])} (simulated, {doc['compute']} compute model):"
+              f" {doc['throughput']:.1f} samples/s,"
               f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}")
     out.print("  per stage on average: " + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}"
                                                     for k, v in bd.items()))

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, check_output, check_plot, console, handles_errors, model_of, print_json, topology_of
+from .common import (COMPUTE_OPT, JSON_OPT, check_output, check_plot, console, handles_errors, model_of, print_json,
+                     topology_of)
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 
@@ -77,6 +78,7 @@ def stages(
     sim_budget: int = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
                                    help="Simulated tasks before the search stops with a gap."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
+    compute: str = COMPUTE_OPT,
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the pipeline Gantt per stage, memory per stage and"
                                         " where the time goes (.svg or .png, by the extension; needs"
@@ -101,7 +103,8 @@ def stages(
         cfg = parse_config(config) if config is not None else None
         rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
                           top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
-                          baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress)
+                          baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
+                          compute=compute)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -129,8 +132,9 @@ def _print(data: dict, model: str, cluster: str) -> None:
               f" (d,t,p,k = {_config(data)})")
     out.print(_plan_table(data, data["device_memory"]))
     exact = "exact" if data["objective_exact"] else f"lower bound, {data['binding_bound']}"
-    out.print(f"  iteration {units.format_time(data['iteration_time'])} (simulated)   objective"
-              f" {units.format_time(data['objective'])} ({exact})   bubble {data['bubble_ratio']:.1%}")
+    out.print(f"  iteration {units.format_time(data['iteration_time'])} (simulated, {data['compute_model']} compute"
+              f" model)   objective {units.format_time(data['objective'])} ({exact})   bubble"
+              f" {data['bubble_ratio']:.1%}")
     s = data["search"]
     gap = data["gap"]
     out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"

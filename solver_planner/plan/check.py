@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..choices import COMPUTE_MODELS
 from ..cost import CostModel
 from ..placement import ParallelismMatrix
 from ..reduction.dsl import format_program, parse_program
@@ -127,7 +128,10 @@ def _partition(topology: Topology, model: ModelSpec, doc: dict) -> Partition:
     if shape.size > topology.num_devices or topology.num_devices % shape.size or \
             shape.devices_per_host > topology.devices_per_host:
         raise _Stop(f"a {shape} mesh does not tile '{topology.name}'", "stages")
-    pairs = StageSearch(lm, topology, "1f1b", shapes=[shape], microbatches=[B]).pairs()
+    compute = doc.get("compute", "efficiency")
+    if compute not in COMPUTE_MODELS:
+        raise _Stop(f"'compute' must be one of {', '.join(COMPUTE_MODELS)}, got {compute!r}", "stages")
+    pairs = StageSearch(lm, topology, "1f1b", shapes=[shape], microbatches=[B], compute=compute).pairs()
     if not pairs:
         raise _Stop(f"no plan has {shape} meshes and {B} micro-batches on '{topology.name}'", "stages")
     costs = pairs[0].costs

@@ -17,7 +17,6 @@ from ..cost import CostModel
 from ..errors import InfeasibleError
 from ..spec.model import ModelSpec
 from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
-from ..stages.memory import recompute_flops
 from ..stages.report import Config, plan_stages
 from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
@@ -92,11 +91,12 @@ def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tupl
 
 def breakdown(plan: TrainingPlan) -> dict[str, float]:
     """Where the iteration goes, averaged over stages (seconds; the first four add up to the
-    iteration time): ``compute`` (FLOPs at peak rate, recomputation included) and
+    iteration time): ``compute`` (the layers' kernels under the compute model, recomputation
+    included) and
     ``tensor`` (the rest of the stage's busy time: tensor-parallel collectives, and ZeRO-3's
     parameter gathers, inside forward and backward), ``data_parallel`` (from a stage's
-    last backward to the end of the iteration: its exposed gradient reduction and the wait
-    for the slowest stage), ``pipeline`` (idle before and between its ops: bubbles and
+    last backward to the end of the iteration: its exposed gradient reduction, its optimizer
+    step and the wait for the slowest stage), ``pipeline`` (idle before and between its ops: bubbles and
     waits for transfers); and ``cross_mesh_exposed``, what the boundaries' transfers add
     (the iteration time minus the same iteration with them free)."""
     part = plan.partition
@@ -121,23 +121,19 @@ def breakdown(plan: TrainingPlan) -> dict[str, float]:
 
 
 def _pure_compute(part: Partition, p: int) -> float:
-    """Compute time of one micro-batch through stage ``p`` at peak rate, no collectives."""
+    """Compute time of one micro-batch through stage ``p`` under the run's compute model, no
+    collectives."""
     c = part.costs
     st = part.stages[p]
-    m = c.model
-    t = st.tensor
-    per_flop = c.samples(t) / t / c.topology.device.flops
     sl = slice(st.first, st.last + 1)
-    flops = (m.column("forward")[sl].sum() + m.column("backward")[sl].sum()
-             + recompute_flops(m.layers, st.config.recompute)[sl].sum())
-    return float(flops * per_flop)
+    return float(sum(x[sl].sum() for x in c.compute_times(st.config)))
 
 
 def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
               cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
-              progress: Callable[[str], None] | None = None) -> TrainingPlan:
+              progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> TrainingPlan:
     """Plan ``model`` on ``topology`` end to end.
 
     The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
@@ -151,7 +147,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", meth
     t0 = time.perf_counter()
     say("searching stages")
     rep = plan_stages(topology, model, schedule, method, time_limit, seed, stages=stages, config=config,
-                      layer_counts=layer_counts, top=max(1, candidates))
+                      layer_counts=layer_counts, top=max(1, candidates), compute=compute)
     elapsed = time.perf_counter() - t0
     search = {"status": rep.result.status.value, "method": rep.result.method, "bound": rep.result.bound,
               "gap": rep.result.gap, "objective": rep.best.time, "candidates": len(rep.result.solutions)}

@@ -70,7 +70,7 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
         "format": FORMAT, "version": VERSION,
         "cluster": plan.topology.name, "model": plan.model.name, "devices": plan.topology.num_devices,
         "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay},
-        "cross_mesh": plan.cross_mesh, "overlap": plan.overlap,
+        "cross_mesh": plan.cross_mesh, "overlap": plan.overlap, "compute": c.compute.mode,
         "mesh": c.shape.as_list(), "microbatches": c.microbatches, "microbatch_size": c.micro_size,
         "global_batch": c.model.global_batch,
         "iteration_time": plan.iteration_time,

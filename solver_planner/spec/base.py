@@ -20,6 +20,7 @@ from .source import Source, format_path
 
 __all__ = ["NAME_PATTERN", "SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "Integer", "Number",
            "validate", "MAX_DEVICES", "MAX_LEVELS", "MAX_AXES", "MAX_LIST", "MAX_LAYERS", "MAX_GLOBAL_BATCH",
+           "MAX_MICROBATCHES",
            "MAX_TENSOR_BYTES", "MAX_ISSUES", "first_issues"]
 
 
@@ -35,7 +36,8 @@ MAX_LEVELS = 16              # hierarchy levels; also parallelism axes
 MAX_AXES = 16
 MAX_LIST = 256               # interconnects, constraints, reductions, resharding tasks, ...
 MAX_LAYERS = 1_024           # layers after 'repeat', or transformer blocks (stages keeps L x L tables)
-MAX_GLOBAL_BATCH = 2**16     # samples per iteration (stages simulates up to one task per sample)
+MAX_GLOBAL_BATCH = 2**20     # samples per iteration (seed 004 Table 2 goes to 262 144)
+MAX_MICROBATCHES = 2**16     # micro-batches per iteration (stages simulates a few tasks per micro-batch)
 MAX_TENSOR_BYTES = 2**50     # one resharded tensor (1 PiB): byte counts stay exact floats
 MAX_ISSUES = 100             # problems reported from one file
 

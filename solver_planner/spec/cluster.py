@@ -27,14 +27,14 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from ..errors import SpecError
-from .base import (MAX_DEVICES, MAX_LEVELS, MAX_LIST, NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, Integer,
-                   SpecModel, first_issues, validate)
+from .base import (MAX_DEVICES, MAX_LEVELS, MAX_LIST, NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, Flops,
+                   Integer, Number, SpecModel, first_issues, validate)
 from .source import Source, load_yaml
 
-__all__ = ["LevelSpec", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
+__all__ = ["LevelSpec", "ComputeSpec", "COLLECTIVE_KEYS", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
 
 class LevelSpec(SpecModel):
     """One level of the hardware hierarchy and how many instances each parent holds."""
@@ -42,6 +42,22 @@ class LevelSpec(SpecModel):
     name: str = Field(pattern=NAME_PATTERN, description="level name, e.g. 'node' or 'gpu'")
     count: Integer = Field(ge=1, le=MAX_DEVICES,
                            description="instances of this level inside one instance of the level above")
+
+
+class ComputeSpec(SpecModel):
+    """How fast the device runs a layer's kernels (seed 004 §4: per-op costs fitted by
+    regression on micro-benchmarks; :mod:`solver_planner.compute` gives the formulas)."""
+
+    matmul_efficiency: Number = Field(
+        gt=0, le=1, description="fraction of the peak FLOP/s that large matrix multiplies reach")
+    half_efficiency_flops: Flops = Field(
+        default=0.0, ge=0, description="FLOPs per kernel at which a matrix multiply reaches half of "
+        "matmul_efficiency (efficiency x / (x + this) rises with size and saturates)")
+    kernel_overhead: Duration = Field(
+        default=0.0, ge=0, le=1.0, description="fixed time per kernel launch (per layer pass and micro-batch)")
+
+
+COLLECTIVE_KEYS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv")
 
 
 class DeviceSpec(SpecModel):
@@ -55,6 +71,9 @@ class DeviceSpec(SpecModel):
         description="device memory bandwidth; prices local copies (a collective's buffer packed or unpacked)."
         " Omitted: such copies are shown but cost nothing",
     )
+    compute: ComputeSpec | None = Field(
+        default=None, description="the compute efficiency model (matrix-multiply efficiency, kernel overhead); "
+        "omitted: compute runs at the peak rate")
 
 
 class InterconnectSpec(SpecModel):
@@ -77,7 +96,18 @@ class InterconnectSpec(SpecModel):
         default="switch", description="'switch': any pair in one hop; 'ring': devices linked in a ring"
     )
     via: list[str] = Field(default_factory=list, max_length=MAX_LIST, description="interconnects also crossed at each end")
+    efficiency: dict[Literal[COLLECTIVE_KEYS], Number] = Field(  # type: ignore[valid-type]
+        default_factory=dict, description="per collective (allreduce, allgather, reducescatter, broadcast, reduce, "
+        "sendrecv), the fraction of the bandwidth it reaches on this interconnect (default 1)")
     description: str = ""
+
+    @field_validator("efficiency")
+    @classmethod
+    def _fractions(cls, value: dict) -> dict:
+        for key, x in value.items():
+            if not 0 < x <= 1:
+                raise ValueError(f"efficiency of {key} must be in (0, 1], got {x:g}")
+        return value
 
 
 class ClusterSpec(SpecModel):
@@ -93,6 +123,10 @@ class ClusterSpec(SpecModel):
         description="the level whose instances are hosts (one NIC domain each, seed 002 §3); "
         "default: the level just above the innermost one",
     )
+    collective_overlap: Number = Field(
+        default=1.0, ge=0, le=1, description="how much of a collective's traffic on its non-bottleneck "
+        "interconnects overlaps the bottleneck's: 1 = only the slowest interconnect costs time (a perfectly "
+        "pipelined ring), 0 = each interconnect's part adds up (a hierarchical collective run level by level)")
 
     _source: Source = PrivateAttr(default=Source("<memory>", None))
 

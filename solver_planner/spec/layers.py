@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import MAX_GLOBAL_BATCH, MAX_LAYERS, NAME_PATTERN, Bytes, Flops, Integer, SpecModel
+from .base import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Bytes, Flops, Integer, SpecModel
 
 __all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS", "RECOMPUTE",
            "OPTIMIZER_SHARDING"]
@@ -64,6 +64,9 @@ class LayerSpec(SpecModel):
     selective_flops: Flops = Field(
         default=0.0, ge=0, description="forward FLOPs per sample recomputed in backward under selective "
         "recomputation")
+    kernels: Integer | None = Field(
+        default=None, ge=0, le=4096, description="matrix-multiply kernels of the forward pass (default 1 when "
+        "flops > 0): each pays the kernel overhead and the efficiency of its size (cluster device.compute)")
     tied_to: str | None = Field(
         default=None, description="an earlier layer whose parameters this one shares (tied embeddings): a "
         "stage holding this layer without that one keeps a copy and all-reduces its gradient with it")
@@ -90,7 +93,8 @@ class TrainingSpec(SpecModel):
 
     global_batch: Integer = Field(ge=1, le=MAX_GLOBAL_BATCH, description="samples per iteration")
     microbatches: Integer | Literal["auto"] = Field(
-        default="auto", description="micro-batches per iteration, or 'auto' to search the divisors of global_batch")
+        default="auto", description="micro-batches per iteration, or 'auto' to search the divisors of global_batch "
+        f"(at most {MAX_MICROBATCHES})")
     dtype: Literal[tuple(FLOAT_DTYPES)] = Field(default="bfloat16", description="parameter and activation type")  # type: ignore[valid-type]
     optimizer: Literal[OPTIMIZERS] = Field(default="adam", description="adam or sgd (plain, no momentum)")  # type: ignore[valid-type]
     recompute: Literal[RECOMPUTE] = Field(  # type: ignore[valid-type]

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr
 
 from ..errors import SpecError
-from .base import (MAX_AXES, MAX_DEVICES, MAX_LAYERS, MAX_LIST, MAX_TENSOR_BYTES, NAME_PATTERN, Bytes, Integer,
+from .base import (MAX_AXES, MAX_DEVICES, MAX_LAYERS, MAX_LIST, MAX_MICROBATCHES, MAX_TENSOR_BYTES, NAME_PATTERN, Bytes, Integer,
                    Number, SpecModel, first_issues, validate)
 from .layers import LayerSpec, TrainingSpec, TransformerSpec
 from .source import Source, load_yaml
@@ -204,6 +204,9 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
             issues.append(source.issue(("training", "microbatches"),
                                        f"{training.microbatches} micro-batches do not divide the global batch"
                                        f" of {training.global_batch}"))
+        elif training.microbatches > MAX_MICROBATCHES:
+            issues.append(source.issue(("training", "microbatches"),
+                                       f"{training.microbatches} micro-batches exceed the limit of {MAX_MICROBATCHES}"))
     return issues
 
 

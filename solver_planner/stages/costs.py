@@ -50,7 +50,7 @@ from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel, range_sums
-from .memory import gathered_bytes, recompute_flops, saved_per_sample, static_bytes, transient_per_sample
+from .memory import gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes, transient_per_sample
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
@@ -271,6 +271,7 @@ class ConfigCosts:
     bucket_time: object = None      # bytes -> time of one bucket
     grad_bytes: np.ndarray | None = None   # [k, i]: gradient bytes per device, tied copies included
     bucket_cap: float = 25 * 2**20
+    optimizer: np.ndarray | None = None   # [k, i]: the optimizer step, after the reductions (in the tails)
 
     def stage_buckets(self, first: int, last: int) -> list[float]:
         """Times of the buckets of a whole stage's gradients (no overlap)."""
@@ -322,6 +323,11 @@ class StageCosts:
         self._configs: dict[StageConfig, ConfigCosts] = {}
         self._transfers: dict[tuple, tuple[float, float]] = {}
 
+    @property
+    def compute(self):
+        """The compute model every table of this mesh uses (:mod:`solver_planner.compute`)."""
+        return next(iter(self.tables.values())).cost.compute
+
     def bucket_program(self, t: int, nbytes: float) -> str:
         """The program one gradient bucket of ``nbytes`` is reduced with (as ``_costs`` prices it)."""
         if self.model.options.sharding == "zero-3":
@@ -347,10 +353,7 @@ class StageCosts:
         tab = self.tables[t]
         d = self.shape.size // t
         smp = self.samples(t)
-        per_flop = smp / t / self.topology.device.flops
-        fwd = m.column("forward") * per_flop
-        weight = m.column("weight_flops") * per_flop
-        act_grad = (m.column("backward") - m.column("weight_flops") + recompute_flops(m.layers, c.recompute)) * per_flop
+        fwd, act_grad, weight = self.compute_times(c)
         if self.comm and t > 1:
             a, b = tab.tensor_allreduce
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
@@ -363,6 +366,45 @@ class StageCosts:
             act_grad = act_grad + ag
         self._transfers[key] = (fwd, act_grad, weight)
         return self._transfers[key]
+
+    def compute_times(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer, seconds of compute per micro-batch: forward, activation gradients (with
+        the recomputed forward), weight gradients (:mod:`solver_planner.compute`)."""
+        m, t = self.model, c.tensor
+        comp = self.tables[t].cost.compute
+        per_device = self.samples(t) / t                       # FLOPs per sample -> per device
+        fwd_f = m.column("forward") * per_device
+        weight_f = m.column("weight_flops") * per_device
+        again = recompute_flops(m.layers, c.recompute)
+        act_f = (m.column("backward") - m.column("weight_flops") + again) * per_device
+        if comp.is_peak:
+            return comp.time(fwd_f), comp.time(act_f), comp.time(weight_f)
+        k = m.column("kernels")
+        forward = m.column("forward")
+        # bytes one pass moves: the weight matrix (matrix-multiply layers) and the activations
+        moved = np.where(forward > 0, m.column("params") / t, 0.0) + self.samples(t) * m.column("activations") * (
+            1 + 1 / t)
+        # the recomputed forward runs its share of the forward's kernels and traffic again
+        share = np.divide(again, forward, out=np.zeros_like(again), where=forward > 0)
+        k_again = np.ceil(k * share)
+        return (comp.time(fwd_f, moved, k), comp.time(act_f, moved * (1 + share), k + k_again),
+                comp.time(weight_f, moved, k))
+
+    def optimizer_time(self, c: StageConfig) -> np.ndarray:
+        """``[k, i]``: seconds of the optimizer step of a stage of layers k..i (0 under the
+        peak model, which prices FLOPs only)."""
+        m, opts, t = self.model, self.model.options, c.tensor
+        comp = self.tables[t].cost.compute
+        if comp.is_peak:
+            return np.zeros((m.num_layers, m.num_layers))
+        d = self.shape.size // t
+        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
+        traffic = range_sums(per_layer)
+        if m.ties():
+            traffic = traffic + self._copy_bytes(
+                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding))
+        kernels = range_sums((m.column("params") + m.column("tied_params") > 0).astype(float))
+        return np.triu(comp.time(0.0, traffic, kernels))
 
     def _costs(self, c: StageConfig) -> ConfigCosts:
         m, opts, t = self.model, self.model.options, c.tensor
@@ -404,6 +446,9 @@ class StageCosts:
                 tail_weight = np.where(copies, _flow_shop_tail(weight, red_copy), tail_weight)
         else:
             tail_full = tail_weight = red_all
+        # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
+        opt = self.optimizer_time(c)
+        tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
@@ -412,7 +457,7 @@ class StageCosts:
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
-            grad_bytes=range_sums(grads) + self._copy_bytes(copy), bucket_cap=cap,
+            grad_bytes=range_sums(grads) + self._copy_bytes(copy), bucket_cap=cap, optimizer=opt,
         )
 
     def _copy_bytes(self, per_layer: np.ndarray) -> np.ndarray:

@@ -41,7 +41,8 @@ class Layer:
     under full recomputation (default: the output); ``selective_saved`` / ``selective_flops``
     what selective recomputation keeps (split by the tensor degree) and recomputes;
     ``tied_to`` an earlier layer whose ``tied_params`` / ``tied_optimizer`` bytes this one
-    shares (a copy when the two sit on different stages).
+    shares (a copy when the two sit on different stages); ``kernels`` the matrix-multiply
+    kernels of its forward pass (each backward part runs as many).
     """
 
     name: str
@@ -61,6 +62,7 @@ class Layer:
     tied_to: int | None = None
     tied_params: float = 0.0
     tied_optimizer: float = 0.0
+    kernels: float = 1.0            # matrix-multiply kernels of the forward pass (solver_planner.compute)
 
     @property
     def weight_flops(self) -> float:
@@ -87,7 +89,9 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     * the embedding holds ``V h + s h`` parameters (token and position tables); the
       logits layer costs ``2 s h V`` FLOPs and, when ``tied`` (GPT-3), shares the token
       table: a logits layer on another stage keeps a copy (Narayanan et al. 2021 §2.1,
-      Megatron's embedding group), else it has a ``V h`` table of its own.
+      Megatron's embedding group), else it has a ``V h`` table of its own;
+    * a block runs six matrix-multiply kernels per pass (QKV, scores, context, projection and
+      the two MLP products), the logits layer one.
     """
     s, h, a, v = spec.sequence, spec.hidden, spec.heads, spec.vocab
     e = FLOAT_DTYPES[dtype]
@@ -96,11 +100,11 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     out = float(s * h * e)
     block_params = 12.0 * h * h + 13.0 * h
     block_fwd = 24.0 * s * h * h + 4.0 * s * s * h
-    layers = [Layer("embed", 0.0, 0.0, (v * h + s * h) * e, (v * h + s * h) * opt, out, out, 0.0, 1)]
+    layers = [Layer("embed", 0.0, 0.0, (v * h + s * h) * e, (v * h + s * h) * opt, out, out, 0.0, 1, kernels=0.0)]
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
                   s * h * (24.0 + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
                   weight=24.0 * s * h * h, checkpoint=out, selective_saved=24.0 * s * h * scale,
-                  selective_flops=4.0 * s * s * h)
+                  selective_flops=4.0 * s * s * h, kernels=6.0)
     layers += [block] * spec.layers
     logits = 2.0 * s * h * v
     table = float(v * h)
@@ -138,6 +142,7 @@ def _from_specs(specs: list[LayerSpec], training: TrainingSpec) -> list[Layer]:
             checkpoint=spec.checkpoint,
             selective_saved=spec.selective_saved,
             selective_flops=spec.selective_flops,
+            kernels=float(spec.kernels if spec.kernels is not None else (1 if spec.flops > 0 else 0)),
         )
         if spec.tied_to is not None:
             src = by_name[spec.tied_to]

@@ -115,6 +115,14 @@ def static_bytes(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, shar
     return (2 * params + optimizer) / t
 
 
+def optimizer_traffic(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
+    """Bytes per device the optimizer step moves through memory: it reads and writes the
+    parameters and optimizer state it updates and reads their gradients, ``2 (P + O) + G``
+    (:mod:`solver_planner.compute`); with a sharded optimizer each replica updates its 1/d."""
+    share = t * d if sharding != "none" else t
+    return (3 * params + 2 * optimizer) / share
+
+
 def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
     """Per layer, bytes ZeRO-3 gathers for the layer's forward or backward (0 otherwise)."""
     if sharding != "zero-3" or d == 1:

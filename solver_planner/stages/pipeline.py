@@ -14,7 +14,9 @@ Tasks, all with the cost model's times of :mod:`.costs` (``Partition`` reads the
   over the data-parallel groups (holding their ports) when its piece is done, buckets one
   after another; without ``gradient_overlap``, one reduction after the last backward;
 * a tied copy (GPT's logits sharing the embedding) is all-reduced with the shared layer's
-  gradient after both stages have reduced theirs.
+  gradient after both stages have reduced theirs;
+* the optimizer step of each stage follows its reductions and tied all-reduces, on its exec
+  resource (:mod:`solver_planner.compute`; none under the peak compute model).
 
 The iteration ends with the last task.  The objective (:mod:`.objective`) is a proven lower
 bound of this time; tests compare the two on random plans.
@@ -210,11 +212,20 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")  # an order bug, never a user error
+    ties: list[list[int]] = [[] for _ in range(S)]
     for a, b, q in plan.copies:
         p = plan.owner[a]
         duration, res = c.tie_sync(plan, a, b)
-        sim.add(f"tie {a}<->{b}", duration, res, last_task[p] + last_task[q], stream="comm",
-                category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
+        tid = sim.add(f"tie {a}<->{b}", duration, res, last_task[p] + last_task[q], stream="comm",
+                      category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
+        ties[p].append(tid)
+        ties[q].append(tid)
+    for p, st in enumerate(plan.stages):
+        # the optimizer step: after the stage's gradients are reduced (its tied copies too)
+        duration = float(c[st.config].optimizer[st.first, st.last])
+        if duration > 0:
+            sim.add(f"optimizer {p}", duration, [exec_res[p]], last_task[p] + ties[p], stream="compute",
+                    category="optimizer", devices=(p * size,))
     timeline = sim.run()
     busy = [0.0] * S
     stage_of = {name: p for p, name in enumerate(exec_res)}

@@ -140,6 +140,7 @@ class StagesReport:
     baselines: dict = field(default_factory=dict)
     one_f_one_b: SolveResult[Candidate] | None = None
     config: Config | None = None
+    compute: str = "efficiency"          # the compute model used (peak when the spec has no device.compute)
 
     @property
     def best(self) -> Candidate:
@@ -164,6 +165,7 @@ class StagesReport:
             "gap": r.gap,
             "solve_time": r.wall_time,
             "device_memory": self.device_memory,
+            "compute_model": self.compute,
             "search": dict(r.info),
         }
         if self.config is not None:
@@ -181,7 +183,7 @@ class StagesReport:
 
 
 def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str, time_limit: float, seed: int,
-               comm: bool, best: float, budget: int, simulations: int) -> dict:
+               comm: bool, best: float, budget: int, simulations: int, compute: str = "efficiency") -> dict:
     """Seed 004 Table 2: the best pure data, tensor and pipeline plans (or why there is none)."""
     N, M = topology.num_devices, topology.devices_per_host
     whole = MeshShape(N // M, M) if N >= M else MeshShape(1, N)
@@ -205,7 +207,7 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
             out[name] = {"possible": False, "config": label,
                          "reason": f"a global batch of {model.global_batch} does not split over {N} replicas"}
             continue
-        search = StageSearch(model, topology, schedule, comm, **restrict)
+        search = StageSearch(model, topology, schedule, comm, compute=compute, **restrict)
         try:
             res = plan_partition(search, method if method != "brute-force" else "dp", time_limit, seed,
                                  budget=budget, simulations=simulations)
@@ -230,7 +232,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
-                progress: Callable[[str], None] | None = None) -> StagesReport:
+                progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
     or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines."""
     lm = layer_model(model)
@@ -256,13 +258,15 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     if schedule == "eager-1f1b":
         # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
         # eager search can only return something at least as fast
-        base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, **restrict), method, **args)
+        base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute, **restrict),
+                              method, **args)
         incumbents = base.solutions
-    search = StageSearch(lm, topology, schedule, comm, stages=stages, **restrict)
+    search = StageSearch(lm, topology, schedule, comm, stages=stages, compute=compute, **restrict)
     result = plan_partition(search, method, incumbents=incumbents, **args)
-    report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config)
+    report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config,
+                          compute=search.cost.compute.mode)
     if baselines and config is None and layer_counts is None:
         report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,
-                                      budget, simulations)
+                                      budget, simulations, compute)
     return report
 

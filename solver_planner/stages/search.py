@@ -43,6 +43,7 @@ from ..cost import CostModel
 from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
+from ..spec.base import MAX_MICROBATCHES
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
 from .cpsat import minimize_cpsat, model_size
 from .enumerate import all_plans, balanced_greedy, count_plans
@@ -97,11 +98,12 @@ class StageSearch:
     microbatches: list[int] | None = None
     tensor: int | None = None                 # every stage with this tensor degree
     layer_counts: tuple[int, ...] | None = None   # layers per stage, fixed
+    compute: str = "efficiency"               # the compute model (solver_planner.compute)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise OptionError(unknown_choice("schedule", self.schedule, SCHEDULES))
-        self.cost = CostModel(self.topology)
+        self.cost = CostModel(self.topology, self.compute)
         self._tables: dict[MeshShape, dict[int, CostTables]] = {}
 
     def tables(self, shape: MeshShape) -> dict[int, CostTables]:
@@ -114,7 +116,9 @@ class StageSearch:
             return list(self.microbatches)
         if self.model.microbatches is not None:
             return [self.model.microbatches]
-        return divisors(self.model.global_batch)
+        # every divisor up to the spec limit: more micro-batches than that would only
+        # lengthen the simulation (one sample per replica is reached long before)
+        return [k for k in divisors(self.model.global_batch) if k <= MAX_MICROBATCHES]
 
     def all_shapes(self) -> list[MeshShape]:
         return self.shapes or mesh_shapes(self.topology.num_hosts, self.topology.devices_per_host)

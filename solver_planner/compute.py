@@ -1,0 +1,94 @@
+"""How long a device takes for a layer's kernels: the compute half of the cost model.
+
+Two models, chosen per run (``--compute``):
+
+* ``peak``: ``FLOPs / peak``, the model of earlier versions.  It makes a kernel of one
+  sample as efficient as one of thousands, so tiny micro-batches look free.
+* ``efficiency`` (the default; seed 004 §4: per-op costs are linear regressions on the op's
+  sizes, whose coefficients are kernel launch overhead, FLOP rate and DRAM bandwidth).  A
+  pass over a layer that runs ``k`` matrix-multiply kernels of ``F`` FLOPs in all and moves
+  ``M`` bytes through device memory takes::
+
+      k * overhead + max((F + k * x_half) / (peak * e_max),  M / memory_bandwidth)
+
+  The first term of the max is ``F / (peak * e(x))`` with ``e(x) = e_max * x / (x + x_half)``
+  the efficiency of a kernel of ``x = F / k`` FLOPs: it rises with the kernel's size and
+  saturates at ``e_max``; written this way it is affine in ``F``, i.e. seed 004's
+  regression.  The second is the roofline's memory side (Williams, Waterman & Patterson
+  2009): a pass over one sample reads the whole weight matrix, so a pipeline of one-sample
+  micro-batches is bound by memory bandwidth, not by FLOPs (seed 004 Table 2: pure pipeline
+  parallelism 21.7x slower than pure tensor parallelism on MLP 1B at batch 128).  Element-wise
+  work (activation functions) is in ``M``: it moves bytes, its FLOPs are negligible.
+
+  The parameters come from the cluster spec's ``device.compute`` block (with ``device.flops``
+  and ``device.memory_bandwidth``).  A spec without that block gets the peak model (the
+  command says so), nothing is guessed.
+
+What each pass of a layer moves (per device, one micro-batch of ``n`` samples per replica,
+tensor degree ``t``, weights ``W`` bytes, output activations ``a`` bytes per sample): the
+forward reads the weights and the input and writes the output, ``W / t + n a (1 + 1 / t)``
+(the input of a tensor-parallel pair is whole, the output split); the activation-gradient
+pass the same with gradients; the weight-gradient pass reads the input and the output
+gradient and writes the weight gradient, the same again.  The optimizer step reads and
+writes every parameter and optimizer-state byte and reads the gradients, ``2 (P + O) + G``,
+one kernel per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .choices import COMPUTE_MODELS
+from .errors import OptionError, unknown_choice
+
+__all__ = ["COMPUTE_MODELS", "ComputeModel"]
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """The compute model of one device kind (see the module docstring)."""
+
+    mode: str                       # 'efficiency' or 'peak' (what is actually used)
+    peak: float                     # FLOP/s
+    efficiency: float = 1.0         # e_max
+    half_flops: float = 0.0         # x_half, FLOPs per kernel
+    overhead: float = 0.0           # seconds per kernel
+    memory_bandwidth: float = 0.0   # bytes/s; 0: memory traffic is free
+
+    @classmethod
+    def of(cls, device, mode: str = "efficiency") -> ComputeModel:
+        """The model ``mode`` asks for on ``device`` (a :class:`~solver_planner.topology.Device`);
+        ``efficiency`` without a ``compute`` block in the spec falls back to ``peak``."""
+        if mode not in COMPUTE_MODELS:
+            raise OptionError(unknown_choice("compute model", mode, COMPUTE_MODELS))
+        spec = getattr(device, "compute", None)
+        if mode == "peak" or spec is None:
+            return cls("peak", device.flops)
+        return cls("efficiency", device.flops, spec.matmul_efficiency, spec.half_efficiency_flops,
+                   spec.kernel_overhead, device.memory_bandwidth or 0.0)
+
+    @property
+    def is_peak(self) -> bool:
+        return self.mode == "peak"
+
+    def time(self, flops, nbytes=0.0, kernels=1.0) -> np.ndarray:
+        """Seconds of passes of ``flops`` FLOPs in ``kernels`` kernels moving ``nbytes`` bytes
+        (element-wise on arrays); 0 where a pass has neither FLOPs nor bytes."""
+        import numpy as np   # here: `import solver_planner` and the CLI's start stay light
+
+        f = np.asarray(flops, dtype=float)
+        if self.is_peak:
+            return f / self.peak
+        k = np.asarray(kernels, dtype=float)
+        m = np.asarray(nbytes, dtype=float)
+        arith = np.where(f > 0, (f + k * self.half_flops) / (self.peak * self.efficiency), 0.0)
+        mem = m / self.memory_bandwidth if self.memory_bandwidth > 0 else np.zeros_like(m)
+        busy = np.maximum(arith, mem)
+        return np.where(busy > 0, k * self.overhead + busy, 0.0)
+
+    def describe(self) -> str:
+        if self.is_peak:
+            return f"peak rate ({self.peak / 1e12:g} TFLOP/s)"
+        bw = f", memory {self.memory_bandwidth / 1e9:g} GB/s" if self.memory_bandwidth else ""
+        return (f"efficiency {self.efficiency:g} of {self.peak / 1e12:g} TFLOP/s, half at "
+                f"{self.half_flops / 1e9:g} GFLOP per kernel, {self.overhead * 1e6:g} us per kernel{bw}")

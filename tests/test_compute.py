@@ -1,0 +1,107 @@
+"""The compute efficiency model (issue 17, seed 004 §4) against its written formula, its
+properties on random inputs, and the ranking it exists for: seed 004 Table 2's MLP 1B on a
+DGX-2, where pure tensor parallelism beats pure pipeline parallelism."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver_planner import api
+from solver_planner.compute import ComputeModel
+from solver_planner.errors import OptionError
+from solver_planner.spec import load_model_spec
+from solver_planner.topology import load_topology
+
+from conftest import run_cli
+
+DGX2 = "specs/clusters/dgx-v100-16.yaml"
+MLP1B = "specs/models/mlp-1b.yaml"
+
+
+@pytest.fixture(scope="module")
+def v100():
+    return ComputeModel.of(load_topology(DGX2).device)
+
+
+def test_the_spec_parameters_are_read(v100):
+    assert v100.mode == "efficiency"
+    assert (v100.peak, v100.efficiency, v100.half_flops, v100.overhead, v100.memory_bandwidth) == (
+        125e12, 0.70, 1e9, 5e-6, 900e9)
+
+
+def test_a_spec_without_compute_block_falls_back_to_peak():
+    topo = load_topology("specs/clusters/local-2x2.yaml")
+    model = ComputeModel.of(topo.device, "efficiency")
+    assert model.is_peak and float(model.time(1e9, 1e12, 3)) == pytest.approx(1e9 / topo.device.flops)
+
+
+def test_unknown_mode_is_an_option_error(v100):
+    with pytest.raises(OptionError, match="did you mean 'peak'"):
+        ComputeModel.of(load_topology(DGX2).device, "peek")
+
+
+@settings(max_examples=200, deadline=None)
+@given(flops=st.floats(1e3, 1e15), nbytes=st.floats(0, 1e12), kernels=st.integers(1, 64))
+def test_roofline_and_efficiency_curve(v100, flops, nbytes, kernels):
+    t = float(v100.time(flops, nbytes, kernels))
+    # never faster than the peak at full efficiency, than memory, or than the launches
+    assert t >= flops / (v100.peak * v100.efficiency) * (1 - 1e-12)
+    assert t >= nbytes / v100.memory_bandwidth * (1 - 1e-12)
+    assert t >= kernels * v100.overhead
+    arith = t - kernels * v100.overhead
+    if arith > nbytes / v100.memory_bandwidth * (1 + 1e-9):
+        # compute-bound: the efficiency of a kernel of x FLOPs is e_max x / (x + x_half)
+        x = flops / kernels
+        achieved = flops / (v100.peak * arith)
+        assert achieved == pytest.approx(v100.efficiency * x / (x + v100.half_flops), rel=1e-9)
+    # the same FLOPs in fewer, larger kernels are never slower
+    if kernels > 1:
+        assert float(v100.time(flops, nbytes, 1)) <= t * (1 + 1e-12)
+
+
+def test_peak_model_is_flops_over_peak():
+    peak = ComputeModel.of(load_topology(DGX2).device, "peak")
+    assert float(peak.time(125e12, 1e15, 100)) == pytest.approx(1.0)
+
+
+def _time(config: str, compute: str, batch: int = 128) -> float:
+    spec = load_model_spec(MLP1B)
+    if batch != spec.training.global_batch:
+        spec = spec.model_copy(update={"training": spec.training.model_copy(update={"global_batch": batch})})
+    rep = api.stages(DGX2, spec, config=config, compute=compute)
+    return rep.run.iteration_time
+
+
+def test_mlp_1b_pure_tensor_beats_pure_pipeline_as_measured():
+    """Seed 004 Table 2, MLP 1B at batch 128: pure tensor parallelism is best, pure pipeline
+    (K = 8P = 128) 21.7x slower.  FLOPs at peak got this backwards (one-sample micro-batches
+    looked free); the efficiency model reads each layer's weights once per micro-batch."""
+    tensor, pipeline = _time("1,16,1,1", "efficiency"), _time("1,1,16,128", "efficiency")
+    assert pipeline > 5 * tensor
+    assert _time("1,1,16,128", "peak") < _time("1,16,1,1", "peak")
+
+
+def test_optimizer_step_follows_the_reductions_in_the_simulation():
+    rep = api.stages(DGX2, MLP1B, config="16,1,1,1")
+    records = {r.name: r for r in rep.run.timeline.records}
+    step = records["optimizer 0"]
+    # SGD without a master copy: read and write the weights, read the gradients (3 x 2 GiB /
+    # 16 layers of 128 MiB), one kernel per layer, at the V100's 900 GB/s
+    assert step.duration == pytest.approx(16 * 5e-6 + 3 * 16 * 128 * 2**20 / 900e9, rel=1e-9)
+    last_reduction = max(r.end for r in rep.run.timeline.records if r.category == "gradient-reduction")
+    assert step.start >= last_reduction - 1e-12
+    assert rep.run.iteration_time == pytest.approx(step.end)
+    # the peak model prices FLOPs only: no optimizer task
+    peak = api.stages(DGX2, MLP1B, config="16,1,1,1", compute="peak")
+    assert not any(r.category == "optimizer" for r in peak.run.timeline.records)
+
+
+def test_cli_compute_option():
+    out = run_cli("stages", DGX2, MLP1B, "--config", "1,16,1,1", "--compute", "peak", "--json", "--no-baselines")
+    assert out.returncode == 0 and json.loads(out.stdout)["compute_model"] == "peak"
+    out = run_cli("stages", DGX2, MLP1B, "--config", "1,16,1,1", "--json", "--no-baselines")
+    assert json.loads(out.stdout)["compute_model"] == "efficiency"
+    bad = run_cli("stages", DGX2, MLP1B, "--config", "1,16,1,1", "--compute", "fast")
+    assert bad.returncode == 2 and "compute model" in bad.stderr
