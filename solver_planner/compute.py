@@ -37,11 +37,15 @@ one kernel per layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .choices import COMPUTE_MODELS
 from .errors import OptionError, unknown_choice
 
-__all__ = ["COMPUTE_MODELS", "ComputeModel"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["COMPUTE_MODELS", "ComputeModel", "fit_matmul"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class ComputeModel:
     def is_peak(self) -> bool:
         return self.mode == "peak"
 
-    def time(self, flops, nbytes=0.0, kernels=1.0) -> np.ndarray:
+    def time(self, flops, nbytes=0.0, kernels=1.0) -> "np.ndarray":
         """Seconds of passes of ``flops`` FLOPs in ``kernels`` kernels moving ``nbytes`` bytes
         (element-wise on arrays); 0 where a pass has neither FLOPs nor bytes."""
         import numpy as np   # here: `import solver_planner` and the CLI's start stay light
@@ -92,3 +96,26 @@ class ComputeModel:
         bw = f", memory {self.memory_bandwidth / 1e9:g} GB/s" if self.memory_bandwidth else ""
         return (f"efficiency {self.efficiency:g} of {self.peak / 1e12:g} TFLOP/s, half at "
                 f"{self.half_flops / 1e9:g} GFLOP per kernel, {self.overhead * 1e6:g} us per kernel{bw}")
+
+
+def fit_matmul(points, overhead: float) -> tuple[float, float]:
+    """(peak x e_max, x_half) from timed single matrix multiplies ``(FLOPs, seconds)``.
+
+    The model's time of one kernel, ``overhead + (F + x_half) / (peak e_max)``, is affine in
+    ``F`` (seed 004 §4's regression): a least-squares line ``a + b F`` on relative errors gives
+    ``peak e_max = 1 / b`` and ``x_half = (a - overhead) / b`` (at least 0).  ``overhead`` is
+    measured apart (an empty kernel), since the line alone cannot tell it from ``x_half``.
+    """
+    import numpy as np
+
+    pts = [(float(f), float(t)) for f, t in points if f > 0 and t > 0]
+    if len(pts) < 2:
+        raise ValueError("fitting a matrix-multiply line needs at least two timed sizes")
+    f = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    # minimise sum ((a + b f) / t - 1)^2: weighted least squares with weights 1 / t
+    A = np.stack([1 / t, f / t], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if b <= 0:
+        raise ValueError("the timed matrix multiplies do not get slower with size; time larger ones")
+    return 1.0 / b, max(0.0, (a - overhead) / b)

@@ -5,7 +5,7 @@ DGX-2, where pure tensor parallelism beats pure pipeline parallelism."""
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from solver_planner import api
@@ -105,3 +105,27 @@ def test_cli_compute_option():
     assert json.loads(out.stdout)["compute_model"] == "efficiency"
     bad = run_cli("stages", DGX2, MLP1B, "--config", "1,16,1,1", "--compute", "fast")
     assert bad.returncode == 2 and "compute model" in bad.stderr
+
+
+@settings(max_examples=100, deadline=None)
+@given(rate=st.floats(1e9, 1e15), half=st.floats(0, 2.0 * 512 ** 3), overhead=st.floats(0, 1e-4),
+       noise=st.lists(st.floats(-0.005, 0.005), min_size=5, max_size=5))
+def test_fit_matmul_recovers_the_line(rate, half, overhead, noise):
+    """``calibrate``'s fit of the compute model from timed multiplies of several sizes (the
+    sizes reach past the half-efficiency point, as calibrate's do on a CPU)."""
+    from solver_planner.compute import fit_matmul
+
+    assume(2.0 * 512 ** 3 / rate >= overhead)     # the largest multiply shows its FLOPs
+    sides = (64, 128, 256, 384, 512)
+    points = [(2.0 * n ** 3, (overhead + (2.0 * n ** 3 + half) / rate) * (1 + e)) for n, e in zip(sides, noise)]
+    got_rate, got_half = fit_matmul(points, overhead)
+    assert got_rate == pytest.approx(rate, rel=0.1)
+    # the intercept is only as good as the noise on the smallest multiply allows
+    assert abs(got_half - half) <= 0.1 * (half + rate * overhead) + 0.03 * 2.0 * 64 ** 3
+
+
+def test_fit_matmul_refuses_flat_timings():
+    from solver_planner.compute import fit_matmul
+
+    with pytest.raises(ValueError, match="larger"):
+        fit_matmul([(1e6, 1e-3), (1e9, 1e-3 * 0.5)], 0.0)

@@ -23,12 +23,14 @@ import os
 import socket
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from .. import units
+from ..compute import fit_matmul
 from ..cost import CostModel
 from ..errors import PlannerError
 from ..spec.cluster import load_cluster_spec
@@ -40,7 +42,8 @@ __all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "cali
 
 KINDS = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
 DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
-MATMUL = 256  # the side of the float32 matrices timed for the device's FLOP/s
+MATMUL_SIDES = (64, 128, 256, 384, 512)  # float32 matrices timed for the compute model
+COPY_BYTES = 64 * 2**20                   # the copy timed for the memory bandwidth
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Calibration:
     flops: float
     memory: float
     fits: list[Fit]
+    compute: dict | None = None      # the device's compute block (solver_planner.compute), fitted
+    memory_bandwidth: float | None = None
 
     @property
     def best(self) -> Fit:
@@ -79,13 +84,14 @@ class Calibration:
 
     def spec(self, name: str | None = None) -> dict[str, Any]:
         return cluster_dict(name or f"local-{self.backend}-{self.world}", self.levels, self.best, self.flops,
-                            self.memory)
+                            self.memory, self.compute, self.memory_bandwidth)
 
     def as_dict(self) -> dict[str, Any]:
         best = self.best
         topo = self.topology(best)
         return {"world": self.world, "backend": self.backend, "levels": [list(lv) for lv in self.levels],
-                "flops": self.flops, "memory": self.memory,
+                "flops": self.flops, "memory": self.memory, "memory_bandwidth": self.memory_bandwidth,
+                "compute": self.compute,
                 "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
                         "rms_relative_error": best.error, "measured_over_predicted": best.ratios},
                 "fits": [{"sharing": f.sharing, "latency": f.latency, "bandwidth": f.bandwidth,
@@ -122,7 +128,6 @@ def _pairs(world: int) -> list[list[int]]:
 
 def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int], repeat: int, timeout: float,
             results) -> None:
-    import time
     import traceback
 
     try:
@@ -139,14 +144,9 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
         mine = next((g for p, g in zip(pairs, pair_groups) if rank in p), None)
         pair_rank = next((p for p in pairs if rank in p), None)
         records = []
-        # All ranks multiply at once: the FLOP/s one process gets while the others work too.
-        a = torch.randn(MATMUL, MATMUL, device=device)
+        # All ranks at once: what one process gets while the others work too.
         dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(8):
-            a @ a
-        sync()
-        flops = 8 * 2 * MATMUL ** 3 / (time.perf_counter() - t0)
+        profile = _device_profile(torch, device, sync)
         for size in sizes:
             elems = max(world, size // 4 // world * world)  # divisible by world for the scatter and gather
             full = torch.ones(elems, device=device)
@@ -190,14 +190,42 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
                         records.append((kind, elems * 4, rep, start, time.perf_counter()))
         dist.barrier()
         dist.destroy_process_group()
-        results.put((rank, {"records": records, "flops": flops}, None))
+        results.put((rank, {"records": records, "profile": profile}, None))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, None, traceback.format_exc()))
 
 
+def _device_profile(torch, device, sync) -> dict:
+    """The compute model's measurements (:mod:`solver_planner.compute`): the median time of
+    single matrix multiplies of several sizes, of an almost empty kernel (the overhead), and
+    the bandwidth of a large copy (read once, written once)."""
+    def median_time(fn, repeat: int = 5) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    matmul = []
+    for n in MATMUL_SIDES:
+        a = torch.randn(n, n, device=device)
+        matmul.append((2.0 * n ** 3, median_time(lambda: a @ a)))
+    one = torch.ones(1, device=device)
+    overhead = median_time(lambda: one.add_(1.0), 50)
+    big = torch.ones(COPY_BYTES // 4, device=device)
+    out = torch.empty_like(big)                 # preallocated: time the copy, not the allocation
+    copy = median_time(lambda: out.copy_(big))
+    return {"matmul": matmul, "overhead": overhead, "bandwidth": 2 * COPY_BYTES / copy}
+
+
 def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SIZES, repeat: int = 10,
-            timeout: float = 300.0) -> tuple[str, list[Measurement], float]:
-    """Run the measurements on ``world`` local processes: (backend used, medians, FLOP/s per process)."""
+            timeout: float = 300.0) -> tuple[str, list[Measurement], dict]:
+    """Run the measurements on ``world`` local processes: (backend used, medians, the
+    device's compute profile: medians over processes)."""
     if world < 2:
         raise PlannerError("calibration needs at least 2 processes")
     backend = choose_backend(backend, world)
@@ -212,10 +240,16 @@ def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SI
     out = [Measurement(kind, nbytes, tuple(e - s for _, (s, e) in sorted(reps.items())))
            for (kind, nbytes), reps in spans.items()]
     out.sort(key=lambda m: (KINDS.index(m.kind), m.nbytes))
-    return backend, out, statistics.median(r["flops"] for r in per_rank)
+    profiles = [r["profile"] for r in per_rank]
+    profile = {"matmul": [(f, statistics.median(p["matmul"][i][1] for p in profiles))
+                          for i, (f, _) in enumerate(profiles[0]["matmul"])],
+               "overhead": statistics.median(p["overhead"] for p in profiles),
+               "bandwidth": statistics.median(p["bandwidth"] for p in profiles)}
+    return backend, out, profile
 
 
-def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: float, memory: float) -> dict:
+def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: float, memory: float,
+                 compute: dict | None = None, memory_bandwidth: float | None = None) -> dict:
     inner = levels[-1][0]
     ics = [{"name": "loopback", "level": inner, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
             "latency": f"{f.latency * 1e6:.6g}us", "sharing": f.sharing}]
@@ -223,9 +257,15 @@ def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: fl
         # Another level of the same machine: the same loopback, so no latency or bandwidth of its own.
         ics.append({"name": f"{lv}-loopback", "level": lv, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
                     "latency": "0us", "via": ["loopback"]})
-    return {"name": name, "levels": [{"name": n, "count": c} for n, c in levels],
-            "device": {"name": "cpu-process", "flops": f"{flops / 1e9:.4g} GFLOP/s",
-                       "memory": f"{memory / 2 ** 30:.4g} GiB"},
+    device: dict[str, Any] = {"name": "cpu-process", "flops": f"{flops / 1e9:.4g} GFLOP/s",
+                              "memory": f"{memory / 2 ** 30:.4g} GiB"}
+    if memory_bandwidth:
+        device["memory_bandwidth"] = f"{memory_bandwidth / 1e9:.4g} GB/s"
+    if compute:
+        device["compute"] = {"matmul_efficiency": compute["matmul_efficiency"],
+                             "half_efficiency_flops": f"{compute['half_efficiency_flops'] / 1e6:.4g} MFLOP",
+                             "kernel_overhead": f"{compute['kernel_overhead'] * 1e6:.4g}us"}
+    return {"name": name, "levels": [{"name": n, "count": c} for n, c in levels], "device": device,
             "interconnects": ics}
 
 
@@ -286,9 +326,14 @@ def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], 
 def calibrate(world: int, backend: str = "auto", levels: str | None = None, sizes: Sequence[int] = DEFAULT_SIZES,
               repeat: int = 10, timeout: float = 300.0) -> Calibration:
     parsed = parse_levels(levels, world)
-    used, measured, flops = measure(world, backend, sizes, repeat, timeout)
+    used, measured, profile = measure(world, backend, sizes, repeat, timeout)
+    # the rate large multiplies tend to is the spec's flops (efficiency 1 of it); the
+    # overhead and the size at which half of it is reached come from the line's intercept
+    flops, half = fit_matmul(profile["matmul"], profile["overhead"])
+    compute = {"matmul_efficiency": 1.0, "half_efficiency_flops": half, "kernel_overhead": profile["overhead"]}
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
-    return Calibration(world, used, parsed, measured, flops, memory, fit(parsed, measured, world))
+    return Calibration(world, used, parsed, measured, flops, memory, fit(parsed, measured, world), compute,
+                       profile["bandwidth"])
 
 
 def cluster_yaml(cal: Calibration, name: str | None = None, command: str = "") -> str:
