@@ -268,13 +268,63 @@ def calibrate(
                                                                       " print it)."),
     timeout: float = TIMEOUT_OPT,
     as_json: bool = JSON_OPT,
+    logs: Optional[list[str]] = typer.Argument(
+        None, metavar="LOG", show_default=False,
+        help="With --from-nccl-tests: nccl-tests outputs, each LOG or LEVEL=LOG (the level a log measures, when its"
+             " '# Using devices' lines are missing)."),
+    from_nccl_tests: bool = typer.Option(
+        False, "--from-nccl-tests", help="Fit the --cluster spec's interconnects (latency, bandwidth, per-collective"
+                                         " efficiency) to nccl-tests logs instead of measuring; needs no torch."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With --from-nccl-tests: the base cluster spec"
+                                                                   " (levels, device); the rest of it is kept."),
 ) -> None:
     """Measure point-to-point and collective calls on this machine and write a cluster spec
     whose latency and bandwidth make the cost model fit them.
 
     Prints every measured call next to the fitted model's prediction.  Local runs
-    ('execute ... local.yaml ...') can then be compared with predictions.
+    ('execute ... local.yaml ...') can then be compared with predictions.  With
+    --from-nccl-tests, fits the interconnects of --cluster to NVIDIA nccl-tests logs
+    (all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf, reduce_perf,
+    sendrecv_perf) instead: one-host runs the innermost level, multi-host runs the host level.
     """
+    if from_nccl_tests or logs:
+        from ..distributed.nccl_tests import calibrate as from_logs
+
+        if not from_nccl_tests:
+            fail("LOG arguments are read with --from-nccl-tests (calibrate measures this machine without it)", 2)
+        check_output(output, "--output")
+        if not logs:
+            fail("--from-nccl-tests needs at least one nccl-tests log (LOG or LEVEL=LOG)", 2)
+        if cluster is None:
+            fail("--from-nccl-tests needs --cluster BASE.yaml: the levels and device the logs are fitted on", 2)
+        if levels is not None:
+            fail("--levels is for measuring this machine; with --from-nccl-tests the levels are --cluster's", 2)
+        topology_of(cluster)                  # a model spec in its place gets a hint; implausible values a warning
+        cal = from_logs(cluster, logs, name)
+        text = cal.yaml("solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        if output is not None:
+            output.write_text(text, encoding="utf-8")
+            typer.echo(f"wrote {output}", err=True)
+        if as_json:
+            print_json(cal.as_dict())
+            return
+        if output is None:
+            typer.echo(text)
+            return
+        errors = cal.log_errors()
+        fitted = "; ".join(f"{lv.interconnect}: latency {units.format_time(lv.latency)}, bandwidth"
+                           f" {units.format_bandwidth(lv.bandwidth)}" for lv in cal.levels)
+        table = Table(title=f"fitted to {len(errors)} nccl-tests log(s): {fitted}")
+        for col in ("log", "test", "ranks", "hosts", "level", "samples", "median |pred/meas-1|"):
+            table.add_column(col)
+        for f in cal.runs:
+            table.add_row(f"{f.run.file}:{f.run.where}", f"{f.run.program}_perf", str(f.placement.ranks),
+                          str(f.placement.hosts or "?"), f"{f.placement.level} ({f.placement.interconnect})",
+                          str(len(f.sizes)), f"{f.median_error:.3f}")
+        console().print(table)
+        for note in cal.notes:
+            typer.echo(f"note: {note}", err=True)
+        return
     from ..distributed.launch import require_torch
 
     from ..distributed.calibrate import calibrate as run_calibration
