@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner import api  # noqa: E402
+from solver_planner.agreement import pairwise_agreement, spearman  # noqa: E402
 from solver_planner.errors import InfeasibleError  # noqa: E402
 from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.model import ModelSpec, load_model_spec  # noqa: E402
@@ -210,39 +211,13 @@ def run_row(topo: Topology, spec: ModelSpec, paper: PaperRow, compute: str) -> R
 
 # -- agreement -----------------------------------------------------------------------------
 
-def _ranks(xs: list[float]) -> list[float]:
-    """Ranks from 1, ties sharing their mean rank."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    ranks = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (Pearson's on tie-averaged ranks); None under 3 pairs or
-    when one side is constant."""
-    if len(xs) != len(ys) or len(xs) < 3:
-        return None
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
-
-
-def pure_winners(speedups: dict[str, float | None], among: list[str]) -> set[str]:
-    """The fastest pure strategies among ``among``: least speedup of the best over them
-    (ties at the printed precision all win)."""
-    least = min(round(speedups[k], 1) for k in among)
-    return {k for k in among if round(speedups[k], 1) == least}
+def pure_winners(speedups: dict[str, float | None], among: list[str], digits: int | None = None) -> set[str]:
+    """The fastest pure strategies among ``among``: least speedup of the best over them.
+    ``digits``: compare at that printed precision (the paper's speedups are printed to 0.1x,
+    so its ties at that precision all win; ours are compared exactly)."""
+    key = (lambda k: round(speedups[k], digits)) if digits is not None else (lambda k: speedups[k])
+    least = min(key(k) for k in among)
+    return {k for k in among if key(k) == least}
 
 
 def agreement(rows: list[Row]) -> dict:
@@ -261,14 +236,15 @@ def agreement(rows: list[Row]) -> dict:
             paper_s.append(r.paper.speedup[k])
         if len(both) >= 2:
             winner_rows += 1
-            same_winner += bool(pure_winners(ours, both) & pure_winners(r.paper.speedup, both))
+            same_winner += bool(pure_winners(ours, both) & pure_winners(r.paper.speedup, both, 1))
     rho = spearman(ours_s, paper_s)
+    pairs = pairwise_agreement(ours_s, paper_s, tolerance=0.05)
     return {
         "rows": len(rows),
         "same_best": len(same_best), "same_best_fraction": len(same_best) / len(rows) if rows else None,
         "winner_rows": winner_rows, "same_pure_winner": same_winner,
         "same_pure_winner_fraction": same_winner / winner_rows if winner_rows else None,
-        "spearman": rho, "spearman_pairs": len(ours_s),
+        "spearman": rho, "spearman_pairs": len(ours_s), "pairwise_order_agreement": pairs,
         "fit_cells": fit_cells, "fit_mismatches": fit_mismatch,
     }
 
@@ -306,6 +282,9 @@ def print_table(rows: list[Row], agree: dict, compute: str, seconds: float) -> N
     rho = agree["spearman"]
     print(f"Spearman rank correlation of predicted vs measured speedups: "
           f"{'n/a' if rho is None else f'{rho:.3f}'} over {agree['spearman_pairs']} pairs")
+    pw = agree["pairwise_order_agreement"]
+    print(f"pairs of those speedups ordered as measured (measured 5% apart or more): "
+          f"{'n/a' if pw is None else f'{pw:.0%}'}")
     print(f"baseline cells whose fit differs from the paper's: {agree['fit_mismatches']}/{agree['fit_cells']}")
     print(f"({sum(len(r.outcomes) for r in rows)} configurations simulated in {seconds:.1f} s)")
 

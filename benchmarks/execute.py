@@ -19,12 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner import units  # noqa: E402
+from solver_planner.agreement import pairwise_agreement, spearman  # noqa: E402
 from solver_planner.distributed.calibrate import calibrate, cluster_yaml  # noqa: E402
 from solver_planner.distributed.jobs import resharding_plans, synthesized_runs  # noqa: E402
 from solver_planner.distributed.launch import execute_plans  # noqa: E402
@@ -36,24 +36,6 @@ MODEL = ROOT / "specs" / "models" / "local-2x4.yaml"
 PLACEMENTS = ("[[2,1],[1,4]]", "[[1,2],[2,2]]")
 
 
-def spearman(x, y) -> float:
-    """Rank correlation, ties given their average rank."""
-    def ranks(v):
-        v = np.asarray(v, dtype=float)
-        order = np.argsort(v, kind="stable")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v))
-        for value in np.unique(v):
-            tied = v == value
-            r[tied] = r[tied].mean()
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def table(title: str, rows: list[tuple[str, float, float]]) -> None:
     print(f"\n{title}")
     width = min(100, max(len(r[0]) for r in rows))
@@ -62,8 +44,48 @@ def table(title: str, rows: list[tuple[str, float, float]]) -> None:
         print(f"{name[:width]:<{width}}  {units.format_time(pred):>10}  {units.format_time(meas):>10}"
               f"  {meas / pred if pred else float('nan'):>6.2f}")
     pred, meas = [r[1] for r in rows], [r[2] for r in rows]
+    rho, pairs = spearman(pred, meas), pairwise_agreement(pred, meas, 0.05)
     print(f"{len(rows)} plans; median measured/predicted {statistics.median(m / p for _, p, m in rows):.2f};"
-          f" Spearman rank correlation {spearman(pred, meas):.2f}")
+          f" Spearman rank correlation {'n/a' if rho is None else f'{rho:.2f}'}; pairs ordered as measured"
+          f" {'n/a' if pairs is None else f'{pairs:.0%}'}")
+
+
+def calibrated_cluster(say=print) -> Path:
+    """Calibrate 8 gloo processes as 2 hosts of 4 now; the spec's path."""
+    say("calibrating 8 gloo processes (host=2, proc=4) ...")
+    cal = calibrate(8, "gloo", "host=2,proc=4", repeat=10)
+    tmp = Path(tempfile.mkdtemp()) / "local-2x4.yaml"
+    tmp.write_text(cluster_yaml(cal, "local-2x4"))
+    best = cal.best
+    say(f"fitted: latency {units.format_time(best.latency)}, bandwidth {units.format_bandwidth(best.bandwidth)},"
+        f" ports {best.sharing}, rms relative error {best.error:.2f}")
+    return tmp
+
+
+def measure(cluster: Path, nbytes: int, repeat: int = 5, top: int | None = None
+            ) -> tuple[dict[str, list[tuple[str, float, float]]], list[tuple[str, float, float]]]:
+    """Run every synthesized program of the model's reductions on each placement, and its
+    resharding schedules: ({case: [(plan, predicted, measured)]}, resharding rows)."""
+    topo = load_topology(cluster)
+    spec = load_model_spec(MODEL)
+    cases = {}
+    for matrix in PLACEMENTS:
+        for reduction in spec.reductions:
+            runs = synthesized_runs(topo, spec, ParallelismMatrix.parse(matrix), reduction, nbytes, top=top)
+            executions = execute_plans([r.plan for r in runs], "gloo", repeat=repeat)
+            bad = [e.plan.title for e in executions if not e.ok]
+            if bad:
+                raise SystemExit(f"wrong results: {bad}")
+            cases[f"placement {matrix}, reduction '{reduction.name}'"] = [
+                (e.plan.title, e.plan.predicted, e.total) for e in executions]
+    plans = resharding_plans(topo, spec)
+    rows = []
+    for world in sorted({p.world for p in plans}):
+        for e in execute_plans([p for p in plans if p.world == world], "gloo", repeat=repeat):
+            if not e.ok:
+                raise SystemExit(f"wrong results: {e.plan.title}")
+            rows.append((e.plan.title, e.plan.predicted, e.total))
+    return cases, rows
 
 
 def main() -> None:
@@ -73,38 +95,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per plan (median)")
     ap.add_argument("--top", type=int, help="only the N fastest predicted programs per case")
     args = ap.parse_args()
-    if args.cluster is None:
-        print("calibrating 8 gloo processes (host=2, proc=4) ...", flush=True)
-        cal = calibrate(8, "gloo", "host=2,proc=4", repeat=10)
-        tmp = Path(tempfile.mkdtemp()) / "local-2x4.yaml"
-        tmp.write_text(cluster_yaml(cal, "local-2x4"))
-        best = cal.best
-        print(f"fitted: latency {units.format_time(best.latency)}, bandwidth {units.format_bandwidth(best.bandwidth)},"
-              f" ports {best.sharing}, rms relative error {best.error:.2f}")
-        args.cluster = tmp
-    topo = load_topology(args.cluster)
-    spec = load_model_spec(MODEL)
-    nbytes = units.parse_bytes(args.bytes)
+    cluster = args.cluster or calibrated_cluster(lambda text: print(text, flush=True))
+    cases, reshard_rows = measure(cluster, units.parse_bytes(args.bytes), args.repeat, args.top)
     all_rows = []
-    for matrix in PLACEMENTS:
-        for reduction in spec.reductions:
-            runs = synthesized_runs(topo, spec, ParallelismMatrix.parse(matrix), reduction, nbytes, top=args.top)
-            executions = execute_plans([r.plan for r in runs], "gloo", repeat=args.repeat)
-            bad = [e.plan.title for e in executions if not e.ok]
-            if bad:
-                raise SystemExit(f"wrong results: {bad}")
-            rows = [(e.plan.title, e.plan.predicted, e.total) for e in executions]
-            all_rows += rows
-            if len(rows) > 1:
-                table(f"placement {matrix}, reduction '{reduction.name}' ({args.bytes} per process)", rows)
-    plans = resharding_plans(topo, spec)
-    rows = []
-    for world in sorted({p.world for p in plans}):
-        for e in execute_plans([p for p in plans if p.world == world], "gloo", repeat=args.repeat):
-            if not e.ok:
-                raise SystemExit(f"wrong results: {e.plan.title}")
-            rows.append((e.plan.title, e.plan.predicted, e.total))
-    table("resharding (broadcast schedules)", rows)
+    for name, rows in cases.items():
+        all_rows += rows
+        if len(rows) > 1:
+            table(f"{name} ({args.bytes} per process)", rows)
+    table("resharding (broadcast schedules)", reshard_rows)
     table("every reduction program together", all_rows)
 
 

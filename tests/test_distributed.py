@@ -397,3 +397,19 @@ def test_calibration_fit_recovers_known_parameters_and_survives_noise():
         assert f.bandwidth > 0 and f.latency >= 0
         no_latency = topology_for(levels, f.sharing, 0.0, f.bandwidth)
         assert all(predict(no_latency, m) <= m.median * (1 + 1e-5) for m in noisy)  # 6 digits in the spec
+
+
+def test_calibration_fits_an_efficiency_per_collective():
+    """Issue 17: calls of one collective slower than the others by a constant factor on their
+    bandwidth term come out as that collective's efficiency, the fastest at 1."""
+    from solver_planner.distributed.calibrate import Measurement, fit, predict, topology_for
+
+    levels = [("host", 2), ("proc", 2)]
+    eff = {"allreduce": 0.25, "broadcast": 0.6, "reduce": 0.5}
+    truth = topology_for(levels, "4 devices", 300e-6, 2e9, eff)
+    kinds = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
+    exact = [Measurement(k, n, (predict(truth, Measurement(k, n, (1.0,))),)) for k in kinds for n in (4096, 1 << 22)]
+    shared = {f.sharing: f for f in fit(levels, exact, 4)}["4 devices"]
+    assert shared.latency == pytest.approx(300e-6, rel=1e-6) and shared.bandwidth == pytest.approx(2e9, rel=1e-6)
+    assert shared.efficiency == pytest.approx(eff, rel=1e-6)
+    assert shared.error < 1e-9

@@ -11,8 +11,10 @@ processes talk over the same loopback, so every level gets the same two numbers,
 ``latency`` (alpha) and ``bandwidth`` (B): the innermost level's interconnect carries
 them and every outer one is crossed ``via`` it, so that all transfers share its ports.
 They are fitted by least squares, on relative errors, to the cost model's own formulas
-(:mod:`solver_planner.cost`): for a fixed call the model is ``alpha * a + b / B`` with
-``a`` and ``b`` read off the model itself.  Two port layouts are fitted, one port per
+(:mod:`solver_planner.cost`): for a fixed call the model is ``alpha * a + b / (B e_c)`` with
+``a`` and ``b`` read off the model itself and ``e_c`` the efficiency of the call's
+collective (``sendrecv`` for point-to-point): the fastest collective gets 1 and ``B``, the
+others their fraction of it, written as the interconnects' ``efficiency``.  Two port layouts are fitted, one port per
 process and one port shared by all processes (a machine whose cores, not its links,
 bound the throughput), and the one that fits better is written.
 """
@@ -24,7 +26,7 @@ import socket
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -64,6 +66,7 @@ class Fit:
     bandwidth: float
     error: float  # root mean square of (predicted / measured - 1)
     ratios: dict[str, float]  # per kind: median of measured / predicted
+    efficiency: dict[str, float] = field(default_factory=dict)   # per collective, below 1 only
 
 
 @dataclass
@@ -93,6 +96,7 @@ class Calibration:
                 "flops": self.flops, "memory": self.memory, "memory_bandwidth": self.memory_bandwidth,
                 "compute": self.compute,
                 "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
+                        "efficiency": best.efficiency,
                         "rms_relative_error": best.error, "measured_over_predicted": best.ratios},
                 "fits": [{"sharing": f.sharing, "latency": f.latency, "bandwidth": f.bandwidth,
                           "rms_relative_error": f.error} for f in self.fits],
@@ -101,7 +105,7 @@ class Calibration:
                                  for m in self.measurements]}
 
     def topology(self, f: Fit) -> Topology:
-        return topology_for(self.levels, f.sharing, f.latency, f.bandwidth)
+        return topology_for(self.levels, f.sharing, f.latency, f.bandwidth, f.efficiency)
 
 
 def parse_levels(text: str | None, world: int) -> list[tuple[str, int]]:
@@ -251,12 +255,13 @@ def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SI
 def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: float, memory: float,
                  compute: dict | None = None, memory_bandwidth: float | None = None) -> dict:
     inner = levels[-1][0]
+    eff = {"efficiency": {k: float(f"{v:.4g}") for k, v in f.efficiency.items()}} if f.efficiency else {}
     ics = [{"name": "loopback", "level": inner, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
-            "latency": f"{f.latency * 1e6:.6g}us", "sharing": f.sharing}]
+            "latency": f"{f.latency * 1e6:.6g}us", "sharing": f.sharing, **eff}]
     for lv, _ in levels[:-1]:
         # Another level of the same machine: the same loopback, so no latency or bandwidth of its own.
         ics.append({"name": f"{lv}-loopback", "level": lv, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
-                    "latency": "0us", "via": ["loopback"]})
+                    "latency": "0us", "via": ["loopback"], **eff})
     device: dict[str, Any] = {"name": "cpu-process", "flops": f"{flops / 1e9:.4g} GFLOP/s",
                               "memory": f"{memory / 2 ** 30:.4g} GiB"}
     if memory_bandwidth:
@@ -272,10 +277,11 @@ def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: fl
 MAX_BANDWIDTH = units.LIMITS["bandwidth"][1]     # the largest bandwidth a cluster spec accepts
 
 
-def topology_for(levels: Sequence[tuple[str, int]], sharing: str, latency: float, bandwidth: float) -> Topology:
+def topology_for(levels: Sequence[tuple[str, int]], sharing: str, latency: float, bandwidth: float,
+                 efficiency: dict[str, float] | None = None) -> Topology:
     import yaml
 
-    f = Fit(sharing, latency, bandwidth, 0.0, {})
+    f = Fit(sharing, latency, bandwidth, 0.0, {}, dict(efficiency or {}))
     text = yaml.safe_dump(cluster_dict("fit", levels, f, 1e9, 2 ** 30), sort_keys=False)
     return Topology(load_cluster_spec("<calibration>", text))
 
@@ -295,7 +301,8 @@ def predict(topo: Topology, m: Measurement) -> float:
 
 
 def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], world: int) -> list[Fit]:
-    """Least-squares ``latency`` and ``bandwidth`` for each port layout (module docstring)."""
+    """Least-squares ``latency``, ``bandwidth`` and per-collective ``efficiency`` for each
+    port layout (module docstring)."""
     fits = []
     for sharing in ("device", f"{world} devices"):
         # The model is alpha * a + b / B: read b (alpha = 0, B = 1) and a + b (alpha = 1, B = 1)
@@ -314,13 +321,47 @@ def fit(levels: Sequence[tuple[str, int]], measurements: Sequence[Measurement], 
             beta = float(np.min(y / b))
             rest = 1 - beta * rows[:, 1]
             alpha = max(0.0, float(np.dot(rows[:, 0], rest) / np.dot(rows[:, 0], rows[:, 0])))
-        pred = alpha * a + beta * b
+        alpha, betas = _per_collective(rows, [COLLECTIVE_OF[m.kind] for m in measurements], float(alpha), beta)
+        pred = alpha * a + np.array([betas[COLLECTIVE_OF[m.kind]] for m in measurements]) * b
         error = float(np.sqrt(np.mean((pred / y - 1) ** 2)))
         ratios = {k: float(np.median([y[i] / pred[i] for i, m in enumerate(measurements) if m.kind == k]))
                   for k in dict.fromkeys(m.kind for m in measurements)}
+        # the fastest collective runs at the bandwidth, the others at their efficiency of it
+        fastest = min(betas.values())
+        efficiency = {c: float(fastest / v) for c, v in sorted(betas.items()) if fastest / v < 1 - 1e-9}
         # a bandwidth no measurement can tell from infinite is written as the largest a spec holds
-        fits.append(Fit(sharing, float(alpha), float(min(1 / beta, MAX_BANDWIDTH)), error, ratios))
+        fits.append(Fit(sharing, float(alpha), float(min(1 / fastest, MAX_BANDWIDTH)), error, ratios, efficiency))
     return fits
+
+
+# which collective's efficiency (cluster spec key) each measured call reaches
+COLLECTIVE_OF = {"p2p": "sendrecv", "p2p-pairs": "sendrecv", "allreduce": "allreduce",
+                 "allreduce-pairs": "allreduce", "reducescatter": "reducescatter", "allgather": "allgather",
+                 "broadcast": "broadcast", "reduce": "reduce"}
+
+
+def _per_collective(rows: np.ndarray, keys: list[str], alpha: float, beta: float
+                    ) -> tuple[float, dict[str, float]]:
+    """The model ``alpha a + b / (B e_c)`` with one ``beta_c = 1 / (B e_c)`` per collective:
+    linear least squares on relative errors (``rows`` = [a / y, b / y]).  A negative latency
+    is refitted at 0; a collective whose ``beta_c`` noise makes non-positive keeps the common
+    fit's ``beta``."""
+    names = list(dict.fromkeys(keys))
+    design = np.zeros((len(keys), 1 + len(names)))
+    design[:, 0] = rows[:, 0]
+    for i, k in enumerate(keys):
+        design[i, 1 + names.index(k)] = rows[i, 1]
+    ones = np.ones(len(keys))
+    solution, *_ = np.linalg.lstsq(design, ones, rcond=None)
+    if solution[0] < 0:
+        solution = np.concatenate([[0.0], np.linalg.lstsq(design[:, 1:], ones, rcond=None)[0]])
+    betas = {k: float(v) if v > 0 else beta for k, v in zip(names, solution[1:])}
+    if any(v <= 0 for v in solution[1:]):
+        # refit the latency against the betas kept
+        rest = ones - np.array([betas[k] for k in keys]) * rows[:, 1]
+        denom = float(np.dot(rows[:, 0], rows[:, 0]))
+        return (max(0.0, float(np.dot(rows[:, 0], rest) / denom)) if denom > 0 else 0.0), betas
+    return float(solution[0]), betas
 
 
 def calibrate(world: int, backend: str = "auto", levels: str | None = None, sizes: Sequence[int] = DEFAULT_SIZES,
