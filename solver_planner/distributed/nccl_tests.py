@@ -528,7 +528,9 @@ def _topology(spec: ClusterSpec, values: dict[str, _Values], collective: str) ->
     return Topology(spec.model_copy(update={"interconnects": ics}))
 
 
-def _call_time(cost: CostModel, collective: str, group: Sequence[int], nbytes: float) -> float:
+def call_time(cost: CostModel, collective: str, group: Sequence[int], nbytes: float) -> float:
+    """The cost model's time of one nccl-tests call of ``collective`` on ``group`` (``sendrecv``:
+    every rank sends to the next one at once)."""
     g = list(group)
     if collective == "sendrecv":     # every rank sends to the next one, at once
         return cost.transfers_time([(g[i], g[(i + 1) % len(g)]) for i in range(len(g))], nbytes)
@@ -563,8 +565,8 @@ def _lines(spec: ClusterSpec, values: dict[str, _Values], fits: Sequence[RunFit]
         cost = models.get(f.collective)
         if cost is None:
             cost = models[f.collective] = CostModel(_topology(spec, values, f.collective))
-        t0 = _call_time(cost, f.collective, f.placement.group, 0.0)
-        t1 = _call_time(cost, f.collective, f.placement.group, S_REF)
+        t0 = call_time(cost, f.collective, f.placement.group, 0.0)
+        t1 = call_time(cost, f.collective, f.placement.group, S_REF)
         out.append((t0, (t1 - t0) / S_REF))
     return out
 

@@ -1,0 +1,165 @@
+"""How well the planner's predictions rank what was measured, on every data set the project has.
+
+For each data set: how many (predicted, measured) pairs, the Spearman rank correlation
+between predicted and measured, the fraction of pairs ordered as measured (pairs measured
+at least 5% apart; a predicted tie counts half), and the median measured / predicted.
+
+* **local gloo runs** (``benchmarks/execute.py``): every synthesized P² program of
+  specs/models/local-2x4.yaml's reductions on two placements, and its resharding
+  schedules, run on 8 local gloo processes and timed, against the prediction on a
+  calibrated cluster spec (``specs/clusters/local-2x4.yaml``, or ``--calibrate`` to
+  measure this machine first);
+* **seed 004 Table 2** (``benchmarks/distir_grid.py``): our predicted speedups of the best
+  configuration over pure data, tensor and pipeline parallelism against DistIR's measured
+  ones on a DGX-2, and the rows with the same best configuration / pure winner;
+* **nccl-tests logs** (``benchmarks/data/nccl-tests/``, published measurements of real
+  clusters): every row of each log against the shipped cluster spec's prediction
+  (datasheet numbers) and against the spec ``calibrate --from-nccl-tests`` fits to the log
+  (in sample: how well the cost model's formulas can follow the measurements).
+
+    python benchmarks/fidelity.py                   # everything (the gloo runs take minutes)
+    python benchmarks/fidelity.py --skip-local      # the two published data sets only
+    python benchmarks/fidelity.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from solver_planner.agreement import pairwise_agreement, spearman  # noqa: E402
+
+NCCL = ROOT / "benchmarks" / "data" / "nccl-tests"
+# each published log: the level it measures when it has no rank lines (None: from them), and
+# the shipped spec of the closest hardware (its datasheet numbers are the uncalibrated prediction)
+NCCL_LOGS = {
+    "gcp-a3mega-h100-2x8-all_reduce.log": (None, "dgx-h100-4x8.yaml"),
+    "oci-bm-gpu-h100.8-2x8-all_reduce.log": (None, "dgx-h100-4x8.yaml"),
+    "oci-bm-gpu4.8-a100-1x8-2x8-all_reduce.log": (None, "dgx-a100-8x8.yaml"),
+    "a100-nvlink-1x8-sendrecv.log": ("gpu", "dgx-a100-8x8.yaml"),
+}
+
+
+def summary(name: str, predicted: list[float], measured: list[float], **extra) -> dict:
+    ratios = [m / p for p, m in zip(predicted, measured) if p > 0]
+    return {"data set": name, "pairs": len(predicted), "spearman": spearman(predicted, measured),
+            "pairwise": pairwise_agreement(predicted, measured, 0.05),
+            "median_measured_over_predicted": statistics.median(ratios) if ratios else None, **extra}
+
+
+def local_runs(calibrate_now: bool, repeat: int, say) -> list[dict]:
+    import execute
+
+    cluster = execute.calibrated_cluster(say) if calibrate_now else ROOT / "specs" / "clusters" / "local-2x4.yaml"
+    say(f"running every program and schedule on 8 gloo processes ({cluster.name}) ...")
+    cases, reshard = execute.measure(cluster, 4 * 2**20, repeat)
+    programs = [row for rows in cases.values() for row in rows]
+    out = [summary("local gloo: reduction programs", [r[1] for r in programs], [r[2] for r in programs])]
+    out += [summary(f"local gloo: {name}", [r[1] for r in rows], [r[2] for r in rows])
+            for name, rows in cases.items()]
+    out.append(summary("local gloo: resharding schedules", [r[1] for r in reshard], [r[2] for r in reshard]))
+    return out
+
+
+def distir(quick: bool, say) -> list[dict]:
+    import distir_grid as grid
+
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.spec.model import load_model_spec
+    from solver_planner.topology import Topology
+
+    table = grid.load_table()
+    if quick:
+        table = [r for r in table if r.batch == min(x.batch for x in table if x.model == r.model)]
+    topo = Topology(load_cluster_spec(grid.CLUSTER))
+    specs = {m: load_model_spec(p) for m, p in grid.MODELS.items()}
+    rows = []
+    for i, paper in enumerate(table, 1):
+        say(f"seed 004 Table 2: row {i} of {len(table)} ({paper.model}, batch {paper.batch})")
+        rows.append(grid.run_row(topo, specs[paper.model], paper, "efficiency"))
+    agree = grid.agreement(rows)
+    ours, paper = [], []
+    for r in rows:
+        for k in grid.BASELINES:
+            if r.speedup(k) is not None and r.paper.speedup[k] is not None:
+                ours.append(r.speedup(k))
+                paper.append(r.paper.speedup[k])
+    # speedups are time ratios: compare them as such (a larger speedup = a slower baseline)
+    return [summary("seed 004 Table 2: speedups over pure D/T/P", ours, paper,
+                    same_best=f"{agree['same_best']}/{agree['rows']}",
+                    same_pure_winner=f"{agree['same_pure_winner']}/{agree['winner_rows']}")]
+
+
+def nccl_logs(say) -> list[dict]:
+    from solver_planner.cost import CostModel
+    from solver_planner.distributed.nccl_tests import calibrate, call_time
+    from solver_planner.topology import load_topology
+
+    out = []
+    for name, (level, base) in NCCL_LOGS.items():
+        say(f"nccl-tests: {name}")
+        log = str(NCCL / name)
+        base_path = ROOT / "specs" / "clusters" / base
+        cal = calibrate(base_path, [f"{level}={log}" if level else log])
+        uncalibrated = CostModel(load_topology(base_path))
+        measured, fitted, datasheet = [], [], []
+        for f in cal.runs:
+            measured += [float(t) for t in f.times]
+            fitted += [float(p) for p in f.predicted]
+            datasheet += [call_time(uncalibrated, f.collective, f.placement.group, float(s)) for s in f.sizes]
+        errors = lambda pred: statistics.median(abs(p / m - 1) for p, m in zip(pred, measured))  # noqa: E731
+        out.append(summary(f"nccl-tests {name}: shipped {base}", datasheet, measured,
+                           median_relative_error=errors(datasheet)))
+        out.append(summary(f"nccl-tests {name}: fitted to it", fitted, measured, median_relative_error=errors(fitted)))
+    return out
+
+
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skip-local", action="store_true", help="skip the local gloo runs (minutes)")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate this machine before the gloo runs")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per gloo plan (median)")
+    ap.add_argument("--quick", action="store_true", help="only the smallest Table 2 batch of each model")
+    ap.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    args = ap.parse_args(argv)
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    rows = distir(args.quick, say) + nccl_logs(say)
+    if not args.skip_local:
+        rows += local_runs(args.calibrate, args.repeat, say)
+    if args.json:
+        json.dump({"data_sets": rows, "seconds": time.perf_counter() - t0}, sys.stdout, indent=1)
+        print()
+        return 0
+    width = max(len(r["data set"]) for r in rows)
+    print(f"{'data set':<{width}}  {'pairs':>5}  {'Spearman':>8}  {'pairwise':>8}  {'meas/pred':>9}  notes")
+    for r in rows:
+        notes = []
+        if "median_relative_error" in r:
+            notes.append(f"median |pred/meas-1| {r['median_relative_error']:.3f}")
+        if "same_best" in r:
+            notes.append(f"same best config {r['same_best']}, same pure winner {r['same_pure_winner']}")
+        print(f"{r['data set']:<{width}}  {r['pairs']:>5}  {_fmt(r['spearman'], '8.3f')}  {_fmt(r['pairwise'], '8.0%')}"
+              f"  {_fmt(r['median_measured_over_predicted'], '9.2f')}  {'; '.join(notes)}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
