@@ -28,7 +28,10 @@ takes no time.
 * ``ring``: devices in ring order (by device id, so each host is contiguous); AllReduce
   takes 2(n-1) steps, ReduceScatter/AllGather n-1; Broadcast and Reduce are a pipelined
   chain from/to the root (the first device of the group, as P² fixes, seed 000 §3.2).
-  Latency term: steps x the slowest edge's latency.
+  Latency term: steps x the slowest edge's latency.  A group with ``m > 1`` devices on
+  each of several hosts runs ``m`` rings of ``1/m`` of the data (NCCL's channels), each
+  leaving every host through a different device (:meth:`CostModel._rings`): with a NIC
+  per device the group gets all of them, with one NIC per host nothing changes.
 * Levels: an edge belongs to the level of the interconnect its route is for (``via``
   links included).  With ``y_l = factor(n) * S / share_l`` the time each level needs at its
   own bottleneck share, the bandwidth term is ``max_l y_l + (1 - o) * (sum_l y_l - max_l
@@ -274,7 +277,30 @@ class CostModel:
             chain = order[root:] + order[:root]
             down = [Edge(a, b) for a, b in zip(chain, chain[1:])]
             return down if kind is Collective.BROADCAST else [Edge(e.dst, e.src) for e in down]
-        return [Edge(order[i], order[(i + 1) % len(order)]) for i in range(len(order))]
+        return [e for ring in self._rings(order) for e in ring]
+
+    def _rings(self, order: list[int]) -> list[list[Edge]]:
+        """The rings of a ring collective, each carrying an equal share of the data.
+
+        Inside one host, or with unequal members per host: one ring in device order.  A
+        group of ``m`` devices on each of several hosts runs ``m`` rings (NCCL's channels):
+        ring ``j`` enters each host at its ``j``-th member and leaves from the one before,
+        so each ring crosses hosts through a different device, and through that device's
+        NIC when NICs are per device (what lets NCCL use every NIC of a node: "rails").
+        Where the hosts' devices share one NIC the loads add up to the single ring's.
+        """
+        topo = self.topology
+        hosts: dict[int, list[int]] = defaultdict(list)
+        for d in order:
+            hosts[topo.host(d)].append(d)
+        m = len(order) // len(hosts)
+        if len(hosts) == 1 or m == 1 or any(len(v) != m for v in hosts.values()):
+            return [[Edge(order[i], order[(i + 1) % len(order)]) for i in range(len(order))]]
+        rings = []
+        for j in range(m):
+            path = [d for h in sorted(hosts) for d in hosts[h][j:] + hosts[h][:j]]
+            rings.append([Edge(path[i], path[(i + 1) % len(path)], 1.0 / m) for i in range(len(path))])
+        return rings
 
     def _tree_edges(self, group: list[int]) -> list[Edge]:
         """Parent->child edges of NCCL's two trees rooted at ``group[0]``, each carrying half the data."""

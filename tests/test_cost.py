@@ -207,11 +207,13 @@ def _variant(path: str, **changes) -> Topology:
 
 
 def test_collective_overlap_charges_every_level():
-    # Ring 0 -> 1 -> 16 -> 17 -> 0 on p2-a100-2x16: two NVSwitch edges, two NIC edges, each
-    # resource loaded once.  Bus volume 2 (n-1)/n S = 1.5 S.
+    # Two devices on each of two nodes of p2-a100-2x16: two rings of half the data each,
+    # 0 -> 1 -> 16 -> 17 -> 0 and 1 -> 0 -> 17 -> 16 -> 1.  Each GPU's NVSwitch port sends
+    # one half (share 2 x NVS); each node's NIC sends two halves (share NIC).  Bus volume
+    # 2 (n-1)/n S = 1.5 S.
     group = [[0, 1, 16, 17]]
     lat = 6 * A_NIC
-    y_nic, y_nvs = 1.5 * S / NIC, 1.5 * S / NVS
+    y_nic, y_nvs = 1.5 * S / NIC, 1.5 * S / (2 * NVS)
     for overlap, want in ((1.0, y_nic), (0.0, y_nic + y_nvs), (0.25, y_nic + 0.75 * y_nvs)):
         cm = CostModel(_variant("specs/clusters/p2-a100-2x16.yaml", collective_overlap=overlap))
         assert cm.collective_time("allreduce", group, S) == pytest.approx(lat + want)
@@ -257,8 +259,11 @@ def test_ring_segments_are_shared_where_paths_overlap(v100):
 
 def test_placements_behind_one_nic_differ_by_their_intra_node_traffic():
     # Four 4-device groups across the two nodes of p2-v100-2x8, every group's NIC edges
-    # behind the same NIC, so the NIC part is equal.  Adjacent pairs inside a node use one
-    # ring segment each; pairs four apart overlap on the ring (segment 3 carries four).
+    # behind the same NIC, so the NIC part is equal.  Each group runs two rings of half the
+    # data (two devices per node).  Adjacent pairs inside a node use one ring segment per
+    # ring, disjoint (load 1/2: share 2 x RING); pairs four apart cross four segments each
+    # way round, and the 8 paths of a node cover each of its 8 segments 4 times (load 2:
+    # share RING / 2).
     adjacent = [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
     apart = [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
     pipelined = CostModel(_variant("specs/clusters/p2-v100-2x8.yaml", collective_overlap=1.0))
@@ -269,4 +274,18 @@ def test_placements_behind_one_nic_differ_by_their_intra_node_traffic():
     a = staged.collective("allreduce", adjacent, S)
     b = staged.collective("allreduce", apart, S)
     volume = 1.5 * S
-    assert b.bandwidth_term - a.bandwidth_term == pytest.approx(volume / (RING / 4) - volume / RING)
+    assert b.bandwidth_term - a.bandwidth_term == pytest.approx(volume / (RING / 2) - volume / (2 * RING))
+
+
+def test_rings_use_every_nic_of_a_node_when_nics_are_per_device():
+    # dgx-h100-4x8: a 400 Gb/s NIC per GPU.  All 16 GPUs of two nodes: 8 rings of 1/8 of the
+    # data, each leaving a node through a different GPU's NIC: the bus bandwidth is 8 NICs'
+    # (NCCL's rails), not one's.
+    from solver_planner.topology import load_topology
+
+    cm = CostModel(load_topology("specs/clusters/dgx-h100-4x8.yaml"))
+    c = cm.collective("allreduce", [list(range(16))], S)
+    assert c.bus_bandwidth == pytest.approx(8 * 50e9)
+    # one NIC per node (p2-a100-2x16): the rings add up on it, as one ring's would
+    one_nic = CostModel(_variant("specs/clusters/p2-a100-2x16.yaml")).collective("allreduce", [list(range(32))], S)
+    assert one_nic.bus_bandwidth == pytest.approx(NIC)

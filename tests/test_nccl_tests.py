@@ -199,7 +199,9 @@ def test_single_size_keeps_the_base_latency_and_fits_the_bandwidth(tmp_path):
     cal = nt.calibrate(base, [str(p)])
     (lv,) = cal.levels
     assert not lv.latency_fitted and lv.latency == 1e-6
-    assert lv.bandwidth == pytest.approx(25e9, rel=0.01)
+    # within 3%: with 8 rails the NIC is no longer far below the (deliberately wrong) NVSwitch
+    # of the base, whose share of the time the single size cannot separate
+    assert lv.bandwidth == pytest.approx(25e9, rel=0.03)
     assert any("latency is the base's" in n for n in cal.notes)
 
 
@@ -319,11 +321,14 @@ def test_real_logs_are_read():
 
 
 @pytest.mark.parametrize("base, logs, bounds", [
-    # (log, lowest and highest plausible fitted bandwidth of its level in GB/s, largest median error)
-    ("dgx-h100-4x8.yaml", ["gcp-a3mega-h100-2x8-all_reduce.log"], {"infiniband": (150, 400, 0.25)}),
-    ("dgx-h100-4x8.yaml", ["oci-bm-gpu-h100.8-2x8-all_reduce.log"], {"infiniband": (400, 500, 0.05)}),
+    # (log, lowest and highest plausible fitted bandwidth of its level in GB/s, largest median error).
+    # NICs are per GPU in these specs and a ring collective across nodes runs one ring per GPU
+    # of a node (cost.py), so the fit is per NIC: 8 rails of 2 x 200 Gb/s (OCI H100) or
+    # 2 x 100 Gb/s (OCI A100) are 50 and 25 GB/s each.
+    ("dgx-h100-4x8.yaml", ["gcp-a3mega-h100-2x8-all_reduce.log"], {"infiniband": (20, 50, 0.25)}),
+    ("dgx-h100-4x8.yaml", ["oci-bm-gpu-h100.8-2x8-all_reduce.log"], {"infiniband": (45, 65, 0.05)}),
     ("dgx-a100-8x8.yaml", ["oci-bm-gpu4.8-a100-1x8-2x8-all_reduce.log", "gpu=a100-nvlink-1x8-sendrecv.log"],
-     {"nvswitch": (150, 300, 0.15), "infiniband": (150, 250, 0.05)}),
+     {"nvswitch": (150, 300, 0.15), "infiniband": (20, 30, 0.05)}),
 ])
 def test_real_logs_give_a_sane_fit(base, logs, bounds):
     args = [str(DATA / log) if "=" not in log else log.split("=")[0] + "=" + str(DATA / log.split("=")[1])
