@@ -20,8 +20,8 @@ Two models, chosen per run (``--compute``):
   parallelism 21.7x slower than pure tensor parallelism on MLP 1B at batch 128).  Element-wise
   work (activation functions) is in ``M``: it moves bytes, its FLOPs are negligible.
 
-  The parameters come from the cluster spec's ``device.compute`` block (with ``device.flops``
-  and ``device.memory_bandwidth``).  A spec without that block gets the peak model (the
+  The parameters come from the cluster spec's ``device.compute`` block (with ``device.flops``,
+  or ``device.dtype_flops`` for the training dtype, and ``device.memory_bandwidth``).  A spec without that block gets the peak model (the
   command says so), nothing is guessed.
 
 What each pass of a layer moves (per device, one micro-batch of ``n`` samples per replica,
@@ -60,15 +60,17 @@ class ComputeModel:
     memory_bandwidth: float = 0.0   # bytes/s; 0: memory traffic is free
 
     @classmethod
-    def of(cls, device, mode: str = "efficiency") -> ComputeModel:
-        """The model ``mode`` asks for on ``device`` (a :class:`~solver_planner.topology.Device`);
-        ``efficiency`` without a ``compute`` block in the spec falls back to ``peak``."""
+    def of(cls, device, mode: str = "efficiency", dtype: str | None = None) -> ComputeModel:
+        """The model ``mode`` asks for on ``device`` (a :class:`~solver_planner.topology.Device`)
+        for a job in ``dtype`` (the peak the spec gives for it); ``efficiency`` without a
+        ``compute`` block in the spec falls back to ``peak``."""
         if mode not in COMPUTE_MODELS:
             raise OptionError(unknown_choice("compute model", mode, COMPUTE_MODELS))
+        peak = device.peak(dtype) if hasattr(device, "peak") else device.flops
         spec = getattr(device, "compute", None)
         if mode == "peak" or spec is None:
-            return cls("peak", device.flops)
-        return cls("efficiency", device.flops, spec.matmul_efficiency, spec.half_efficiency_flops,
+            return cls("peak", peak)
+        return cls("efficiency", peak, spec.matmul_efficiency, spec.half_efficiency_flops,
                    spec.kernel_overhead, device.memory_bandwidth or 0.0)
 
     @property

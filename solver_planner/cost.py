@@ -161,9 +161,9 @@ class BroadcastCost:
 class CostModel:
     """Closed-form times on a topology; see the module docstring for every formula."""
 
-    def __init__(self, topology: Topology, compute: str = "efficiency"):
+    def __init__(self, topology: Topology, compute: str = "efficiency", dtype: str | None = None):
         self.topology = topology
-        self.compute = ComputeModel.of(topology.device, compute)
+        self.compute = ComputeModel.of(topology.device, compute, dtype)
         self._routes: dict[tuple[int, int], Route] = {}
 
     def route(self, a: int, b: int) -> Route:

@@ -49,6 +49,11 @@ class Device:
     memory: float
     memory_bandwidth: float | None = None
     compute: ComputeSpec | None = None     # the efficiency model's parameters (solver_planner.compute)
+    dtype_flops: tuple[tuple[str, float], ...] = ()   # peak FLOP/s per dtype where it differs
+
+    def peak(self, dtype: str | None = None) -> float:
+        """Peak FLOP/s for ``dtype`` (the spec's ``dtype_flops``, else ``flops``)."""
+        return dict(self.dtype_flops).get(dtype, self.flops) if dtype else self.flops
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class Topology:
         self.levels = tuple(Level(lv.name, lv.count) for lv in spec.levels)
         self.level_names = tuple(lv.name for lv in self.levels)
         self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth,
-                             spec.device.compute)
+                             spec.device.compute, tuple(sorted(spec.device.dtype_flops.items())))
         self.collective_overlap = spec.collective_overlap
         self.num_devices = prod(lv.count for lv in self.levels)
         self.interconnects: dict[str, Interconnect] = {}

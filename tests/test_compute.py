@@ -129,3 +129,19 @@ def test_fit_matmul_refuses_flat_timings():
 
     with pytest.raises(ValueError, match="larger"):
         fit_matmul([(1e6, 1e-3), (1e9, 1e-3 * 0.5)], 0.0)
+
+
+def test_the_peak_is_the_training_dtypes():
+    """A model trained in float32 runs at the spec's dtype_flops for float32 (a V100 without
+    tensor cores: 15.7 TFLOP/s), in float16 at 'flops' (125); MFU uses the same peak."""
+    topo = load_topology("specs/clusters/aws-p3.8xlarge-2.yaml")
+    assert ComputeModel.of(topo.device, "peak", "float32").peak == 15.7e12
+    assert ComputeModel.of(topo.device, "peak", "float16").peak == 125e12
+    assert ComputeModel.of(topo.device, "efficiency", "bfloat16").peak == 125e12   # no entry: 'flops'
+    spec = load_model_spec(MLP1B)
+    fp32 = spec.model_copy(update={"training": spec.training.model_copy(update={"dtype": "float32"})})
+    a = api.stages(DGX2, spec, config="1,16,1,1", compute="peak", comm=False)
+    b = api.stages(DGX2, fp32, config="1,16,1,1", compute="peak", comm=False)
+    compute = [sum(r.duration for r in rep.run.timeline.records if r.category in ("forward", "backward"))
+               for rep in (a, b)]
+    assert compute[1] == pytest.approx(compute[0] * 125 / 15.7)

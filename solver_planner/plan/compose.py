@@ -61,8 +61,9 @@ class TrainingPlan:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilization: the model's forward and backward FLOPs per second (no
-        recomputation counted) over the cluster's peak (Narayanan et al. 2021's definition)."""
-        peak = self.topology.num_devices * self.topology.device.flops
+        recomputation counted) over the cluster's peak for the training dtype (Narayanan et al.
+        2021's definition)."""
+        peak = self.topology.num_devices * self.topology.device.peak(self.partition.costs.model.dtype)
         return model_flops(self.partition) / (self.iteration_time * peak) if self.iteration_time > 0 else 0.0
 
 

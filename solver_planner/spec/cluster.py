@@ -74,6 +74,9 @@ class DeviceSpec(SpecModel):
     compute: ComputeSpec | None = Field(
         default=None, description="the compute efficiency model (matrix-multiply efficiency, kernel overhead); "
         "omitted: compute runs at the peak rate")
+    dtype_flops: dict[Literal["float32", "bfloat16", "float16"], FlopRate] = Field(  # type: ignore[valid-type]
+        default_factory=dict, description="peak FLOP/s per training dtype where it differs from 'flops' "
+        "(a V100 runs float32 at 15.7 TFLOP/s, float16 on tensor cores at 125)")
 
 
 class InterconnectSpec(SpecModel):

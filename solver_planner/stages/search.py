@@ -103,7 +103,7 @@ class StageSearch:
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise OptionError(unknown_choice("schedule", self.schedule, SCHEDULES))
-        self.cost = CostModel(self.topology, self.compute)
+        self.cost = CostModel(self.topology, self.compute, self.model.dtype)
         self._tables: dict[MeshShape, dict[int, CostTables]] = {}
 
     def tables(self, shape: MeshShape) -> dict[int, CostTables]:
