@@ -14,8 +14,9 @@ every row changes only how the boundaries' tensors move and overlap:
 * ``+overlap`` - the same on the communication streams, overlapping computation (1F1B);
 * ``eager``    - the eager-1F1B family (with backward weight delaying), overlapping.
 
-``u-trans fp32`` is the U-Transformer case with the device's FP32 peak (the spec trains in
-FP32; the cluster spec's one peak rate is the FP16 tensor-core one).
+Compute is timed by the efficiency model at the peak of the model's dtype (the U-Transformer
+trains in FP32: the spec's ``dtype_flops`` gives the V100's 15.7 TFLOP/s, the GPT rows run
+FP16 on tensor cores at 125).
 
 Columns: simulated iteration time, samples/s, speedup over send/recv, and the share of the
 upper bound reached.  The memory model needs recomputation and a sharded optimizer for
@@ -61,14 +62,9 @@ def gpt_spec():
     return spec.model_copy(update={"training": training})
 
 
-def p3(flops: str | None = None) -> Topology:
-    """Seed 002's cluster; ``flops`` overrides the device's peak (the spec gives the V100's
-    FP16 tensor-core rate, 125 TFLOP/s; FP32 runs at 15.7 TFLOP/s)."""
-    data = yaml.safe_load(P3.read_text())
-    if flops is not None:
-        data["device"]["flops"] = flops
-        data["name"] += f"-{flops.replace(' ', '')}"
-    return Topology(ClusterSpec.model_validate(data))
+def p3() -> Topology:
+    """Seed 002's cluster."""
+    return Topology(ClusterSpec.model_validate(yaml.safe_load(P3.read_text())))
 
 
 def ablation_rows(name: str, spec, config: Config | None, stages: int | None, topo: Topology) -> list[str]:
@@ -117,7 +113,7 @@ def main() -> None:
     gpt = gpt_spec()
     unet = load_model_spec(SPECS / "models" / "u-transformer.yaml")
     cases = [("gpt3-2.6b", gpt, Config(2, 2, 2, 0), None, p3()), ("gpt3-2.6b", gpt, Config(4, 1, 2, 0), None, p3()),
-             ("u-transformer", unet, None, 2, p3()), ("u-trans fp32", unet, None, 2, p3("15.7 TFLOP/s"))]
+             ("u-transformer", unet, None, 2, p3())]
     for name, spec, cfg, stages, topo in cases:
         if cfg is not None:
             # the stage planner picks the micro-batch count for this (d, t, p)
