@@ -255,6 +255,21 @@ def execute_reshard(
             memory, emit, dry_run, as_json)
 
 
+def _written(text: str, output: Optional[Path], as_json: bool, as_dict) -> bool:
+    """Write the calibrated spec to ``output`` (or stdout without one) or the JSON; True when
+    nothing is left to print (the table follows only with ``-o`` and without ``--json``)."""
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+    if as_json:
+        print_json(as_dict())
+        return True
+    if output is None:
+        typer.echo(text)
+        return True
+    return False
+
+
 @handles_errors
 def calibrate(
     backend: str = typer.Option("auto", "--backend", help="gloo (CPU), nccl (a GPU per rank) or auto."),
@@ -302,14 +317,7 @@ def calibrate(
         topology_of(cluster)                  # a model spec in its place gets a hint; implausible values a warning
         cal = from_logs(cluster, logs, name)
         text = cal.yaml("solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        if output is not None:
-            output.write_text(text, encoding="utf-8")
-            typer.echo(f"wrote {output}", err=True)
-        if as_json:
-            print_json(cal.as_dict())
-            return
-        if output is None:
-            typer.echo(text)
+        if _written(text, output, as_json, cal.as_dict):
             return
         errors = cal.log_errors()
         fitted = "; ".join(f"{lv.interconnect}: latency {units.format_time(lv.latency)}, bandwidth"
@@ -344,14 +352,7 @@ def calibrate(
         cal = run_calibration(world, backend, levels, byte_sizes, repeat, timeout)
     command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     text = cluster_yaml(cal, name, command)
-    if output is not None:
-        output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {output}", err=True)
-    if as_json:
-        print_json(cal.as_dict())
-        return
-    if output is None:
-        typer.echo(text)
+    if _written(text, output, as_json, cal.as_dict):
         return
     d = cal.as_dict()
     best = cal.best
