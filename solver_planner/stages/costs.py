@@ -9,9 +9,11 @@ tensor-parallel group, the ``d = size / t`` groups are data-parallel replicas, e
 
 Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrices):
 
-* forward ``F`` and backward ``BA + BW`` compute of ``mb / d`` samples split ``t`` ways at peak
-  rate; ``BW`` is the weight-gradient part (seed 002 §4 delays it), ``BA`` the rest plus
-  the recomputed forward;
+* forward ``F`` and backward ``BA + BW`` compute of ``mb / d`` samples split ``t`` ways,
+  timed by the compute model (:mod:`solver_planner.compute`: kernel efficiency, launch
+  overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (seed
+  002 §4 delays it), ``BA`` the rest plus the recomputed forward;
+* the optimizer step, after the stage's gradient reduction (in its tail ``g``);
 * tensor parallelism (t > 1): each layer all-reduces its output ``allreduces`` times per
   pass (Megatron: two per block in forward, two in backward), all groups at once; in ``F``
   and ``BA`` (they sit between the layer's products);
@@ -50,7 +52,8 @@ from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel, range_sums
-from .memory import gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes, transient_per_sample
+from .memory import (gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes,
+                     transient_per_sample)
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
