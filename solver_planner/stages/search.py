@@ -50,7 +50,8 @@ from .enumerate import all_plans, balanced_greedy, count_plans
 from .layers import LayerModel
 from .objective import Bounds, bounds, fits
 from .partition import Partition
-from .pipeline import PipelineRun, simulate_schedule
+from .fastsim import pipeline_run
+from .pipeline import PipelineRun
 from .problem import PairProblem, Subspace, cheap_bound
 from .schedule import SCHEDULES, Schedule, family
 
@@ -165,13 +166,13 @@ def evaluate(plan: Partition, members: list[tuple[Bounds, Schedule]], relax: flo
         limit = min(cutoff, best.time if best else math.inf)
         if bd.value >= limit * (1 - TOLERANCE):
             continue
-        run = simulate_schedule(plan, s)
+        run, tasks = pipeline_run(plan, s)        # exactly simulate_schedule's (fastsim.py)
         if bd.value > run.iteration_time * (1 + 1e-9):
             # the objective is proven to be a lower bound: a violation is a bug, said loudly
             raise PlannerError(f"objective {bd.value!r} above the simulated {run.iteration_time!r} for {plan}"
                                f" under {s}: please report")
         tried[s] = run.iteration_time
-        work[0] += len(run.timeline)
+        work[0] += tasks
         if best is None or run.iteration_time < best.time:
             best = Candidate(plan, run, bd, members[0][0].value, relax)
     if best is not None:

@@ -1,0 +1,470 @@
+"""The iteration time of a plan, exactly as :func:`.pipeline.simulate_schedule` and the engine
+give it, without building the task graph: what the stage search simulates its plans with.
+
+Same tasks, same durations, same rule; only the bookkeeping differs.  In the task graph of
+:mod:`.pipeline` a stage's ops (forwards, backwards, the last backward's per-layer pieces,
+the optimizer step) form one chain on the stage's own exec resource, so they never wait for
+a resource: each starts when the last of its dependencies ends, and is computed as soon as
+that is known.  Only the tasks holding ports (a channel's per-micro-batch transfers, a
+stage's gradient buckets, tied all-reduces) can wait for one another, and they are played
+out in time order by the engine's greedy rule (:mod:`solver_planner.simulate.engine`): at
+each instant, among the tasks ready then, the one with the smaller ``(priority, id)`` whose
+ports are all free starts first; a task blocked by a busy port is tried again when that
+port frees.  Ids and priorities are those the engine would give (the same construction
+order, replayed only when two tasks competing for a port are ready at the same instant).
+A chain whose ports no other task holds never waits and is not played out either.
+
+Where this bookkeeping could order an instant differently from the engine (a zero-length
+task, or one too short to advance the clock, while tasks compete for ports), the plan is
+simulated with :func:`.pipeline.simulate_schedule` instead.  A differential test
+(``tests/test_stages_speed.py``) compares the two on random plans: iteration time, busy
+time and task count bit for bit.
+
+:func:`pipeline_run` returns a :class:`.pipeline.PipelineRun` whose timeline is built (by
+:func:`.pipeline.simulate_schedule`) only when it is read.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from ..errors import PlannerError
+from ..simulate.timeline import Record, Timeline
+from .partition import Partition
+from .pipeline import PipelineRun, _transfer, simulate_schedule, stage_orders
+from .schedule import Schedule, live_peak
+
+__all__ = ["pipeline_run", "iteration", "Iteration"]
+
+_LATE = 1e15      # the engine priority of buckets and tied all-reduces (pipeline._LATE)
+
+
+class _Fallback(Exception):
+    """This plan needs the engine (see the module docstring)."""
+
+
+class Iteration(tuple):
+    """(iteration time, busy time per stage, number of tasks, used the engine)."""
+
+    __slots__ = ()
+
+    @property
+    def time(self) -> float:
+        return self[0]
+
+    @property
+    def busy(self) -> list[float]:
+        return self[1]
+
+    @property
+    def tasks(self) -> int:
+        return self[2]
+
+    @property
+    def engine(self) -> bool:
+        return self[3]
+
+
+def iteration(plan: Partition, schedule: Schedule) -> Iteration:
+    """The simulated iteration time of ``plan`` under ``schedule`` (what
+    ``simulate_schedule(plan, schedule).iteration_time`` is), its busy time per stage and
+    the number of tasks of its graph."""
+    try:
+        return Iteration(_simulate(plan, schedule) + (False,))
+    except _Fallback:
+        run = simulate_schedule(plan, schedule)
+        return Iteration((run.iteration_time, run.busy, len(run.timeline), True))
+
+
+def pipeline_run(plan: Partition, schedule: Schedule) -> tuple[PipelineRun, int]:
+    """``simulate_schedule(plan, schedule)`` with its timeline built on first use, and the
+    number of tasks of the graph."""
+    it = iteration(plan, schedule)
+    orders = stage_orders(plan, schedule)
+    live = [live_peak(o) for o in orders]
+    timeline = _LazyTimeline(lambda: simulate_schedule(plan, schedule).timeline, it.time, it.tasks, plan)
+    return PipelineRun(schedule, timeline, it.time, it.busy, plan.memory(live), live), it.tasks
+
+
+class _LazyTimeline(Timeline):
+    """A :class:`Timeline` simulated with the engine when its records are first read."""
+
+    def __init__(self, build: Callable[[], Timeline], makespan: float, tasks: int, plan: Partition):
+        self._build, self._makespan, self._count, self._plan = build, makespan, tasks, plan
+        self._real: Timeline | None = None
+
+    @property
+    def records(self) -> list[Record]:
+        if self._real is None:
+            real = self._build()
+            if real.makespan != self._makespan or len(real) != self._count:
+                raise PlannerError(f"fast simulation {self._makespan!r} ({self._count} tasks) differs from the engine's"
+                                   f" {real.makespan!r} ({len(real)} tasks) for {self._plan}: please report")
+            self._real = real
+        return self._real.records
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def makespan(self) -> float:
+        return self._makespan
+
+
+def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
+    c = plan.costs
+    model, S, B = c.model, c.stages, c.microbatches
+    orders = stage_orders(plan, schedule)
+    chans = list(plan.channels)
+    nch = len(chans)
+    # channels: act j carries chans[j] = (q, r) forward, grad nch + j carries it back
+    inputs = [[q for (q, r) in chans if r == p] for p in range(S)]
+    outputs = [[r for (q, r) in chans if q == p] for p in range(S)]
+    in_act = [[j for j, (q, r) in enumerate(chans) if r == p] for p in range(S)]
+    in_grad = [[nch + j for j, (q, r) in enumerate(chans) if q == p] for p in range(S)]
+    out_act = [[j for j, (q, r) in enumerate(chans) if q == p] for p in range(S)]
+    out_grad = [[nch + j for j, (q, r) in enumerate(chans) if r == p] for p in range(S)]
+    ch_dst = [r for (q, r) in chans] + [q for (q, r) in chans]
+    ch_dur: list[float] = []
+    sigs: list[tuple] = []                      # resources of each port-task type
+    for q, r in chans:
+        d, ports = _transfer(plan, "act", q, r, None)
+        ch_dur.append(float(d))
+        sigs.append(tuple(dict.fromkeys(ports)))
+    for q, r in chans:
+        d, ports = _transfer(plan, "grad", r, q, None)
+        ch_dur.append(float(d))
+        sigs.append(tuple(dict.fromkeys(ports)))
+
+    # each stage's last op: pieces (one, or one per layer, last layer first) and the buckets
+    # reduced behind each piece; the stage's buckets are port-task type 2 nch + p
+    f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
+    op_dur = [{"F": f[p], "B": b[p], "BA": ba[p], "BW": bw[p]} for p in range(S)]
+    pieces: list[list[float]] = []
+    piece_buckets: list[list[list[float]]] = []
+    for p, st in enumerate(plan.stages):
+        cc = c[st.config]
+        reduces = c.comm and cc.data > 1
+        overlap = model.options.gradient_overlap and reduces
+        last_op = orders[p][-1][0]
+        if not overlap:
+            pieces.append([float(op_dur[p][last_op])])
+            piece_buckets.append([cc.stage_buckets(st.first, st.last) if reduces else []])
+        else:
+            copy_layers = {bb for _, bb, q in plan.copies if q == p}
+            arr = cc.layer_weight if last_op == "BW" else cc.layer_backward
+            layers = range(st.last, st.first - 1, -1)
+            pieces.append([float(arr[layer]) for layer in layers])
+            piece_buckets.append([cc.layer_buckets(layer, layer in copy_layers) for layer in layers])
+        sigs.append(tuple(dict.fromkeys(c.reduction_resources(st.tensor, p))) if reduces else ())
+    copies = plan.copies
+    tie_dur: list[float] = []
+    tie_stages: list[tuple[int, int]] = []
+    for a, bb, q in copies:
+        d, res = c.tie_sync(plan, a, bb)
+        tie_dur.append(float(d))
+        tie_stages.append((plan.owner[a], q))
+        sigs.append(tuple(dict.fromkeys(res)))
+    opt_dur = [float(c[st.config].optimizer[st.first, st.last]) for st in plan.stages]
+
+    # ports as classes (resources exactly the same types hold are busy and free together);
+    # a type none of whose ports another type holds never waits (its own tasks are a chain)
+    users: dict = {}
+    for k, sig in enumerate(sigs):
+        for res in sig:
+            users.setdefault(res, []).append(k)
+    klass: dict = {}
+    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
+    classes = [tuple(dict.fromkeys(of[res] for res in sig)) for sig in sigs]
+    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(sigs))]
+    contended = any(shared)
+    nclass = len(klass)
+    busy_until = [0.0] * nclass
+    nbuckets = [sum(len(x) for x in pb) for pb in piece_buckets]
+    BIG = max([B] + nbuckets) + 1
+    TIE0 = 2 * nch + S
+
+    # state
+    UNK = -1.0
+    send_end = [[UNK] * B for _ in range(2 * nch)]
+    trig = [[UNK] * B for _ in range(2 * nch)]
+    bucket_dur = [[x for pb in piece_buckets[p] for x in pb] for p in range(S)]
+    bucket_trig = [[UNK] * n for n in nbuckets]
+    bucket_end = [[UNK] * n for n in nbuckets]
+    pos = [0] * S
+    prev_end = [0.0] * S
+    busy = [0.0] * S
+    final_end = [UNK] * S              # the last piece
+    red_end = [UNK if n else 0.0 for n in nbuckets]   # the last bucket
+    tie_end = [UNK] * len(copies)
+    stage_ties = [[k for k, (p, q) in enumerate(tie_stages) if s in (p, q)] for s in range(S)]
+    done = [False] * S                 # optimizer step placed
+    heap: list[tuple[float, int]] = []
+    heappush, heappop = heapq.heappush, heapq.heappop
+    work: list[int] = []
+    end_max = 0.0
+
+    def ready(typ: int, k: int, at: float) -> None:
+        """A port task whose dependencies are done at ``at``: start it, or queue it."""
+        if shared[typ]:
+            heappush(heap, (at, typ * BIG + k))
+        else:
+            start(typ, k, at)
+
+    def start(typ: int, k: int, t: float) -> None:
+        nonlocal end_max
+        while True:
+            if typ < 2 * nch:
+                e = t + ch_dur[typ]
+            elif typ < TIE0:
+                e = t + bucket_dur[typ - 2 * nch][k]
+            else:
+                e = t + tie_dur[typ - TIE0]
+            if e <= t and contended:
+                raise _Fallback
+            for cl in classes[typ]:
+                busy_until[cl] = e
+            if e > end_max:
+                end_max = e
+            if typ < 2 * nch:
+                send_end[typ][k] = e
+                work.append(ch_dst[typ])
+                k += 1
+                if k < B:
+                    tr = trig[typ][k]
+                    if tr >= 0.0:
+                        t = tr if tr > e else e
+                        if not shared[typ]:
+                            continue
+                        heappush(heap, (t, typ * BIG + k))
+                return
+            if typ < TIE0:
+                p = typ - 2 * nch
+                bucket_end[p][k] = e
+                k += 1
+                if k == nbuckets[p]:
+                    red_end[p] = e
+                    stage_done(p)
+                    return
+                tr = bucket_trig[p][k]
+                if tr >= 0.0:
+                    t = tr if tr > e else e
+                    if not shared[typ]:
+                        continue
+                    heappush(heap, (t, typ * BIG + k))
+                return
+            j = typ - TIE0
+            tie_end[j] = e
+            for s in tie_stages[j]:
+                optimizer(s)
+            return
+
+    def stage_done(p: int) -> None:
+        """The stage's last piece and last bucket are placed: its tied all-reduces may go."""
+        if final_end[p] < 0.0 or red_end[p] < 0.0:
+            return
+        for j in stage_ties[p]:
+            s, q = tie_stages[j]
+            if tie_end[j] == UNK and final_end[s] >= 0.0 and red_end[s] >= 0.0 and final_end[q] >= 0.0 \
+                    and red_end[q] >= 0.0:
+                at = max(final_end[s], red_end[s], final_end[q], red_end[q])
+                tie_end[j] = -2.0          # queued
+                ready(TIE0 + j, 0, at)
+        optimizer(p)
+
+    def optimizer(p: int) -> None:
+        nonlocal end_max
+        if done[p] or final_end[p] < 0.0 or red_end[p] < 0.0 or any(tie_end[j] < 0.0 for j in stage_ties[p]):
+            return
+        done[p] = True
+        if opt_dur[p] > 0:
+            at = max([final_end[p], red_end[p]] + [tie_end[j] for j in stage_ties[p]])
+            e = at + opt_dur[p]
+            if e > end_max:
+                end_max = e
+
+    def advance(p: int) -> None:
+        """Place stage ``p``'s ops in order while their inputs are known."""
+        nonlocal end_max
+        order = orders[p]
+        i, n = pos[p], len(order)
+        t_prev = prev_end[p]
+        durs = op_dur[p]
+        acc = busy[p]
+        while i < n:
+            op, m = order[i]
+            st = t_prev
+            if op == "F":
+                for ch in in_act[p]:
+                    e = send_end[ch][m]
+                    if e < 0.0:
+                        break
+                    if e > st:
+                        st = e
+                else:
+                    e = None
+                if e is not None:
+                    break
+            elif op != "BW":
+                for ch in in_grad[p]:
+                    e = send_end[ch][m]
+                    if e < 0.0:
+                        break
+                    if e > st:
+                        st = e
+                else:
+                    e = None
+                if e is not None:
+                    break
+            if i < n - 1:
+                d = durs[op]
+                end = st + d
+                acc += d
+                if end <= st and contended:
+                    raise _Fallback
+            else:
+                # the last op: its pieces, each followed by its buckets
+                end = st
+                typ = 2 * nch + p
+                kb = 0
+                for d, bks in zip(pieces[p], piece_buckets[p]):
+                    nxt = end + d
+                    acc += d
+                    if nxt <= end and contended:
+                        raise _Fallback
+                    end = nxt
+                    for _ in bks:
+                        bucket_trig[p][kb] = end
+                        if kb == 0 or bucket_end[p][kb - 1] >= 0.0:
+                            prev = bucket_end[p][kb - 1] if kb else end
+                            ready(typ, kb, end if end > prev else prev)
+                        kb += 1
+            t_prev = end
+            if end > end_max:
+                end_max = end
+            if op == "F":
+                for ch in out_act[p]:
+                    trig[ch][m] = end
+                    if m == 0:
+                        ready(ch, 0, end)
+                    else:
+                        pe = send_end[ch][m - 1]
+                        if pe >= 0.0:
+                            ready(ch, m, end if end > pe else pe)
+            elif op != "BW":
+                for ch in out_grad[p]:
+                    trig[ch][m] = end
+                    if m == 0:
+                        ready(ch, 0, end)
+                    else:
+                        pe = send_end[ch][m - 1]
+                        if pe >= 0.0:
+                            ready(ch, m, end if end > pe else pe)
+            i += 1
+            if i == n:
+                final_end[p] = end
+                pos[p], prev_end[p], busy[p] = i, t_prev, acc
+                stage_done(p)
+                return
+        pos[p], prev_end[p], busy[p] = i, t_prev, acc
+
+    prio: list | None = None
+
+    def priority(code: int) -> float:
+        nonlocal prio
+        if prio is None:
+            prio = _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buckets, len(copies),
+                                      2 * nch, BIG)
+        return prio[code // BIG][code % BIG]
+
+    work.extend(range(S - 1, -1, -1))
+    while True:
+        while work:
+            advance(work.pop())
+        if not heap:
+            break
+        t, code = heappop(heap)
+        if not heap or heap[0][0] != t:
+            cands = [code]
+        else:
+            cands = [code]
+            while heap and heap[0][0] == t:
+                cands.append(heappop(heap)[1])
+            seen: set = set()
+            clash = False
+            for x in cands:
+                for cl in classes[x // BIG]:
+                    if cl in seen:
+                        clash = True
+                    seen.add(cl)
+            if clash:
+                cands.sort(key=lambda x: (priority(x), x))
+        for code in cands:
+            typ = code // BIG
+            until = t
+            for cl in classes[typ]:
+                u = busy_until[cl]
+                if u > until:
+                    until = u
+            if until > t:
+                heappush(heap, (until, code))        # tried again when its last busy port frees
+            else:
+                start(typ, code % BIG, t)
+    if any(i < len(o) for i, o in zip(pos, orders)) or not all(done):
+        raise RuntimeError("pipeline order deadlocks")     # an order bug, never a user error
+    n_tasks = (sum(len(o) - 1 + len(pc) for o, pc in zip(orders, pieces)) + 2 * nch * B + sum(nbuckets)
+               + len(copies) + sum(1 for x in opt_dur if x > 0))
+    return end_max, busy, n_tasks
+
+
+def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buckets, ties, nch2, BIG):
+    """The engine priority of every port task: the order in which simulate_schedule adds the
+    tasks (the same rounds over the stages), a transfer's id, ``_LATE + id`` for buckets
+    and tied all-reduces.  Indexed ``[type][k]``."""
+    prio: list[list[float]] = [[0.0] * B for _ in range(nch2)] + [[] for _ in range(S)] + [[0.0] for _ in range(ties)]
+    nid = 0
+    pos = [0] * S
+    fcnt = [0] * S
+    gcnt = [0] * S
+    pending = sum(len(o) for o in orders)
+    while pending:
+        progressed = False
+        for p in range(S):
+            order = orders[p]
+            i, n = pos[p], len(order)
+            while i < n:
+                op, m = order[i]
+                if op == "F":
+                    if any(fcnt[q] <= m for q in inputs[p]):
+                        break
+                    for ch in in_act[p]:
+                        prio[ch][m] = float(nid)
+                        nid += 1
+                    fcnt[p] += 1
+                elif op != "BW":
+                    if any(gcnt[r] <= m for r in outputs[p]):
+                        break
+                    for ch in in_grad[p]:
+                        prio[ch][m] = float(nid)
+                        nid += 1
+                    gcnt[p] += 1
+                if i < n - 1:
+                    nid += 1
+                else:
+                    row = prio[nch2 + p]
+                    for bks in piece_buckets[p]:
+                        nid += 1                   # the piece
+                        for _ in bks:
+                            row.append(_LATE + nid)
+                            nid += 1
+                i += 1
+                pending -= 1
+                progressed = True
+            pos[p] = i
+        if not progressed:
+            raise RuntimeError("pipeline order deadlocks")
+    for j in range(ties):
+        prio[nch2 + S + j][0] = _LATE + nid
+        nid += 1
+    return prio
