@@ -425,27 +425,39 @@ def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buc
     prio: list[list[float]] = [[0.0] * B for _ in range(nch2)] + [[] for _ in range(S)] + [[0.0] for _ in range(ties)]
     nid = 0
     pos = [0] * S
-    fcnt = [0] * S
-    gcnt = [0] * S
+    fcnt = [0] * S                     # forwards added per stage (they are added in micro-batch order)
+    gcnt = [0] * S                     # backwards (B or BA) added per stage
     pending = sum(len(o) for o in orders)
     while pending:
         progressed = False
         for p in range(S):
             order = orders[p]
             i, n = pos[p], len(order)
+            ins, outs, ia, ig = inputs[p], outputs[p], in_act[p], in_grad[p]
+            start = i
             while i < n:
                 op, m = order[i]
                 if op == "F":
-                    if any(fcnt[q] <= m for q in inputs[p]):
+                    blocked = False
+                    for q in ins:
+                        if fcnt[q] <= m:
+                            blocked = True
+                            break
+                    if blocked:
                         break
-                    for ch in in_act[p]:
+                    for ch in ia:
                         prio[ch][m] = float(nid)
                         nid += 1
                     fcnt[p] += 1
                 elif op != "BW":
-                    if any(gcnt[r] <= m for r in outputs[p]):
+                    blocked = False
+                    for r in outs:
+                        if gcnt[r] <= m:
+                            blocked = True
+                            break
+                    if blocked:
                         break
-                    for ch in in_grad[p]:
+                    for ch in ig:
                         prio[ch][m] = float(nid)
                         nid += 1
                     gcnt[p] += 1
@@ -459,9 +471,10 @@ def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buc
                             row.append(_LATE + nid)
                             nid += 1
                 i += 1
-                pending -= 1
+            if i > start:
+                pending -= i - start
                 progressed = True
-            pos[p] = i
+                pos[p] = i
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")
     for j in range(ties):
