@@ -13,13 +13,16 @@ fit, ``Candidate.family_bound``); ``gap`` from the search's proven bound.  With
 ``--top N`` (on the 98-layer model at the largest scale, and on smaller cases):
 ``first/best`` is the simulated time of the plan with the least objective over the best
 simulated time among the N plans listed (1.000: the objective's first choice is the
-simulator's), ``listed`` how many plans the budget allowed.
+simulator's), ``listed`` how many plans the budget allowed, ``sim wall`` the seconds spent
+simulating (``stages/fastsim.py``) and ``price wall`` pricing plans with the objective (both
+included in ``total s``).
 
 Goals (issue 13): GPT-3 175B on 1 024 GPUs solved exactly in under 1 s; --top 10 in
 under 2 s.  Printed, never asserted.
 
     python benchmarks/stages.py             # everything (a few minutes)
     python benchmarks/stages.py --quick     # up to 16 nodes, and the 175B case
+    python benchmarks/stages.py --top-only  # only the --top table
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from solver_planner.errors import PlannerError  # noqa: E402
 from solver_planner.spec.cluster import ClusterSpec  # noqa: E402
 from solver_planner.spec.layers import TransformerSpec  # noqa: E402
 from solver_planner.stages import LayerModel, MemoryOptions, StageSearch, plan_partition  # noqa: E402
+from solver_planner.stages import search as _search  # noqa: E402
 from solver_planner.stages import transformer_layers  # noqa: E402
 from solver_planner.topology import Topology  # noqa: E402
 
@@ -80,37 +84,64 @@ def row(model: LayerModel, nodes: int) -> str:
             f" {c.time:>9.3f} {c.family_bound:>9.3f} {c.family_bound / c.time:>7.4f} {res.gap:>7.2%}")
 
 
+class _Timed:
+    """Wall time spent in one function of the search module (wrapped while the with block runs)."""
+
+    def __init__(self, name: str):
+        self.name, self.seconds = name, 0.0
+
+    def __enter__(self):
+        self.inner = getattr(_search, self.name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return self.inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        setattr(_search, self.name, timed)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(_search, self.name, self.inner)
+
+
 def top_row(model: LayerModel, nodes: int, top: int) -> tuple[str, float | None]:
     head = f"{model.name:>18} {nodes * 8:>5} {top:>4}"
     try:
-        res, total = run(model, nodes, top)
+        with _Timed("evaluate") as sim, _Timed("_price") as price:
+            res, total = run(model, nodes, top)
     except PlannerError as exc:
         return f"{head} {type(exc).__name__}", None
     listed = res.solutions
     first = min(listed, key=lambda c: (c.family_bound, c.time))
     best = min(c.time for c in listed)
     ratio = first.time / best
-    return (f"{head} {total:>8.2f} {len(listed):>6} {res.info.get('simulations', 0):>5}"
-            f" {res.info.get('simulated_tasks', 0):>9} {ratio:>10.4f} {res.status.value:>8}"), ratio
+    return (f"{head} {total:>8.2f} {sim.seconds:>8.2f} {price.seconds:>10.2f} {len(listed):>6}"
+            f" {res.info.get('simulations', 0):>5} {res.info.get('simulated_tasks', 0):>9} {ratio:>10.4f}"
+            f" {res.status.value:>8}"), ratio
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--top-only", action="store_true", help="only the --top table")
     args = ap.parse_args()
     nodes_list = [1, 4, 16] if args.quick else [1, 4, 16, 64, 128]
-    print(f"{'model':>18} {'gpus':>5} {'status':>8} {'objective s':>11} {'total s':>8} {'subsp':>6} {'sims':>5}"
-          f" {'S':>4} {'mesh':>6} {'B':>5} {'sim s':>9} {'obj s':>9} {'obj/sim':>7} {'gap':>7}")
     cases = [(gpt(b), n) for b in (8, 16, 32, 96) for n in nodes_list]
     if args.quick:
         cases.append((gpt(96), 128))
     cases.append((gpt(96, megatron=True), 128))
-    for model, nodes in cases:
-        print(row(model, nodes), flush=True)
-    print()
-    print(f"{'model':>18} {'gpus':>5} {'top':>4} {'total s':>8} {'listed':>6} {'sims':>5} {'sim tasks':>9}"
-          f" {'first/best':>10} {'status':>8}")
+    if not args.top_only:
+        print(f"{'model':>18} {'gpus':>5} {'status':>8} {'objective s':>11} {'total s':>8} {'subsp':>6} {'sims':>5}"
+              f" {'S':>4} {'mesh':>6} {'B':>5} {'sim s':>9} {'obj s':>9} {'obj/sim':>7} {'gap':>7}")
+        for model, nodes in cases:
+            print(row(model, nodes), flush=True)
+        print()
+    print(f"{'model':>18} {'gpus':>5} {'top':>4} {'total s':>8} {'sim wall':>8} {'price wall':>10} {'listed':>6} {'sims':>5}"
+          f" {'sim tasks':>9} {'first/best':>10} {'status':>8}")
     ratios = []
     top_cases = [(gpt(96), 128), (gpt(32), 16), (gpt(16), 4)] if not args.quick else [(gpt(96), 128), (gpt(16), 4)]
     for model, nodes in top_cases:
