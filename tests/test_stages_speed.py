@@ -78,10 +78,13 @@ def contended(draw):
     if not costs.configs:
         return None
     S = costs.stages
-    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=S - 1, max_size=S - 1)))
-    edges = [0] + cuts + [n]
-    stages = [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(costs.configs))) for j in range(S)]
-    return Partition(costs, stages), family(draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])), S)
+    plans = []
+    for _ in range(draw(st.integers(1, 3))):         # several plans of one pair, as a search simulates them
+        cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=S - 1, max_size=S - 1)))
+        edges = [0] + cuts + [n]
+        plans.append(Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(costs.configs)))
+                                       for j in range(S)]))
+    return plans, family(draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])), S)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -89,9 +92,10 @@ def contended(draw):
 def test_fast_simulation_equals_the_engine_under_contention(case):
     if case is None:
         return
-    plan, schedules = case
-    for sch in schedules:
-        same(plan, sch)
+    plans, schedules = case
+    for plan in plans:
+        for sch in schedules:
+            same(plan, sch)
 
 
 def test_the_lazy_timeline_is_the_engines():
@@ -110,3 +114,38 @@ def test_the_lazy_timeline_is_the_engines():
                                                                         ref.timeline.records]
     assert run.peak_memory == ref.peak_memory and run.in_flight == ref.in_flight and run.busy == ref.busy
     assert not math.isnan(run.bubble_ratio)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
+def test_every_plan_a_search_simulates_equals_the_engine(monkeypatch, schedule):
+    """GPT-3-shaped blocks on 4 DGX A100 nodes, as benchmarks/stages.py runs them: every plan
+    the search simulates (many plans of one pair, so the memoised orders are reused)."""
+    import yaml
+
+    from solver_planner.spec.cluster import ClusterSpec
+    from solver_planner.spec.layers import TransformerSpec
+    from solver_planner.stages import StageSearch, plan_partition, transformer_layers
+    from solver_planner.stages import search as search_module
+    from solver_planner.topology import Topology
+
+    from conftest import CLUSTERS
+
+    data = yaml.safe_load((CLUSTERS / "dgx-a100-128x8.yaml").read_text())
+    data["levels"][0]["count"] = 4
+    topo = Topology(ClusterSpec.model_validate(data))
+    spec = TransformerSpec(layers=16, hidden=12288, heads=96, sequence=2048, vocab=51200)
+    model = LayerModel("gpt-18", transformer_layers(spec), 1536, None)
+    checked = []
+    fast = search_module.pipeline_run
+
+    def checking(plan, sch):
+        run, tasks = fast(plan, sch)
+        ref = simulate_schedule(plan, sch)
+        assert (run.iteration_time, run.busy, tasks) == (ref.iteration_time, ref.busy, len(ref.timeline)), (plan, sch)
+        checked.append(plan)
+        return run, tasks
+
+    monkeypatch.setattr(search_module, "pipeline_run", checking)
+    res = plan_partition(StageSearch(model, topo, schedule=schedule), "dp", top=4, simulations=100_000)
+    assert len(checked) >= 8 and res.solutions

@@ -27,17 +27,20 @@ time and task count bit for bit.
 from __future__ import annotations
 
 import heapq
+import weakref
 from typing import Callable
 
 from ..errors import PlannerError
 from ..simulate.timeline import Record, Timeline
 from .partition import Partition
-from .pipeline import PipelineRun, _transfer, simulate_schedule, stage_orders
+from .pipeline import PipelineRun, _transfer, simulate_schedule, stage_orders, weight_delays
 from .schedule import Schedule, live_peak
 
 __all__ = ["pipeline_run", "iteration", "Iteration"]
 
-_LATE = 1e15      # the engine priority of buckets and tied all-reduces (pipeline._LATE)
+# the order in which simulate_schedule adds the tasks, per StageCosts (so within one search)
+# and per (schedule, weight delays, channels): it depends on nothing else
+_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Fallback(Exception):
@@ -115,6 +118,7 @@ class _LazyTimeline(Timeline):
 def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
     c = plan.costs
     model, S, B = c.model, c.stages, c.microbatches
+    delays = weight_delays(plan, schedule)
     orders = stage_orders(plan, schedule)
     chans = list(plan.channels)
     nch = len(chans)
@@ -369,14 +373,25 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                 return
         pos[p], prev_end[p], busy[p] = i, t_prev, acc
 
-    prio: list | None = None
+    ranks: tuple | None = None
+    nsends = 2 * nch * B
 
-    def priority(code: int) -> float:
-        nonlocal prio
-        if prio is None:
-            prio = _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buckets, len(copies),
-                                      2 * nch, BIG)
-        return prio[code // BIG][code % BIG]
+    def priority(code: int) -> int:
+        """The engine's (priority, id) order: transfers by id, then buckets and tied
+        all-reduces (priority ``pipeline._LATE + id``) by id; ids follow simulate_schedule's order of adding."""
+        nonlocal ranks
+        if ranks is None:
+            memo = _ORDERS.setdefault(c, {})
+            key = (schedule, tuple(delays), tuple(chans))
+            if key not in memo:
+                memo[key] = _creation_order(S, B, orders, inputs, outputs, in_act, in_grad)
+            ranks = memo[key]
+        typ, k = divmod(code, BIG)
+        if typ < 2 * nch:
+            return ranks[0][typ][k]
+        if typ < TIE0:
+            return nsends + ranks[1][typ - 2 * nch] * BIG + k
+        return nsends + S * BIG + typ - TIE0
 
     work.extend(range(S - 1, -1, -1))
     while True:
@@ -399,7 +414,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                         clash = True
                     seen.add(cl)
             if clash:
-                cands.sort(key=lambda x: (priority(x), x))
+                cands.sort(key=priority)
         for code in cands:
             typ = code // BIG
             until = t
@@ -418,12 +433,14 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     return end_max, busy, n_tasks
 
 
-def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buckets, ties, nch2, BIG):
-    """The engine priority of every port task: the order in which simulate_schedule adds the
-    tasks (the same rounds over the stages), a transfer's id, ``_LATE + id`` for buckets
-    and tied all-reduces.  Indexed ``[type][k]``."""
-    prio: list[list[float]] = [[0.0] * B for _ in range(nch2)] + [[] for _ in range(S)] + [[0.0] for _ in range(ties)]
-    nid = 0
+def _creation_order(S, B, orders, inputs, outputs, in_act, in_grad) -> tuple[list[list[int]], list[int]]:
+    """The order in which simulate_schedule adds the transfers (replaying its rounds over the
+    stages: a transfer is added just before the op that waits for it): ``[channel][m]``, and
+    the order in which it adds the stages' last ops (whose buckets follow them).  It depends
+    on the op orders and the channels only."""
+    send_rank = [[0] * B for _ in range(sum(len(x) for x in in_act) + sum(len(x) for x in in_grad))]
+    final_rank = [0] * S
+    sends = finals = 0
     pos = [0] * S
     fcnt = [0] * S                     # forwards added per stage (they are added in micro-batch order)
     gcnt = [0] * S                     # backwards (B or BA) added per stage
@@ -434,7 +451,7 @@ def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buc
             order = orders[p]
             i, n = pos[p], len(order)
             ins, outs, ia, ig = inputs[p], outputs[p], in_act[p], in_grad[p]
-            start = i
+            first = i
             while i < n:
                 op, m = order[i]
                 if op == "F":
@@ -446,8 +463,8 @@ def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buc
                     if blocked:
                         break
                     for ch in ia:
-                        prio[ch][m] = float(nid)
-                        nid += 1
+                        send_rank[ch][m] = sends
+                        sends += 1
                     fcnt[p] += 1
                 elif op != "BW":
                     blocked = False
@@ -458,26 +475,17 @@ def _engine_priorities(S, B, orders, inputs, outputs, in_act, in_grad, piece_buc
                     if blocked:
                         break
                     for ch in ig:
-                        prio[ch][m] = float(nid)
-                        nid += 1
+                        send_rank[ch][m] = sends
+                        sends += 1
                     gcnt[p] += 1
-                if i < n - 1:
-                    nid += 1
-                else:
-                    row = prio[nch2 + p]
-                    for bks in piece_buckets[p]:
-                        nid += 1                   # the piece
-                        for _ in bks:
-                            row.append(_LATE + nid)
-                            nid += 1
                 i += 1
-            if i > start:
-                pending -= i - start
+                if i == n:
+                    final_rank[p] = finals
+                    finals += 1
+            if i > first:
+                pending -= i - first
                 progressed = True
                 pos[p] = i
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")
-    for j in range(ties):
-        prio[nch2 + S + j][0] = _LATE + nid
-        nid += 1
-    return prio
+    return send_rank, final_rank
