@@ -61,11 +61,16 @@ so ``R1 <= objective <= simulated`` for every plan; the search enumerates plans 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 from .partition import Partition
 from .pipeline import weight_delays
 from .schedule import Schedule, live_count, warmup
+
+# per StageCosts: the port classes of each sequence of resource lists (the lists are the
+# costs' own memoised objects, so their ids are stable while the costs live)
+_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 __all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time"]
 
@@ -111,20 +116,25 @@ def bounds(plan: Partition, schedule: Schedule) -> Bounds:
             tie[p] = max(tie[p], t)
     u = [(bw[p] if split else 0.0) + g[p] + tie[p] for p in range(S)]
     # fill: earliest start of each stage's first forward
+    ins = [[] for _ in range(S)]
+    outs_of = [[] for _ in range(S)]
+    for p, q in chans:
+        ins[q].append(p)
+        outs_of[p].append(q)
     H = [0.0] * S
     for q in range(1, S):
-        H[q] = max((H[p] + f[p] + act[p, q] for p in range(q) if (p, q) in chans), default=0.0)
+        H[q] = max((H[p] + f[p] + act[p, q] for p in ins[q]), default=0.0)
     # drain after the last chain op, for the last micro-batch (D) and for any (Dm)
     D = [0.0] * S
     Dm = [0.0] * S
     for p in range(S):
-        outs = [q for q in range(p) if (q, p) in chans]
+        outs = ins[p]
         D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in outs])
         Dm[p] = max([b[p] - ch[p]] + [grad[q, p] + ch[q] + Dm[q] for q in outs])
     stage = max(H[p] + B * w[p] - (b[p] - ch[p]) + D[p] for p in range(S))
     # round trips and the cycle bound
     delays = weight_delays(plan, schedule)
-    R = [_round_trip(p, S, f, ch, act, grad, chans) for p in range(S)]
+    R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
     cycle = phase = 0.0
     for p in range(S):
         W = warmup(schedule, S, p, B)
@@ -156,33 +166,14 @@ def phase_time(f: float, b: float, c: float, R: float, W: int, B: int) -> float:
     return max(max(f + R, B * f) + (B - 1) * b + c, B * f + R + c)
 
 
-def _round_trip(p: int, S: int, f, ch, act, grad, chans) -> float:
-    """Least time from the end of a forward on stage p to the start of its chain op for the
-    same micro-batch: through every later stage it reaches, and back."""
-    E = {p: 0.0}                       # end of the micro-batch's forward on q, relative
-    for q in range(p + 1, S):
-        starts = [E[r] + act[r, q] for r in range(p, q) if r in E and (r, q) in chans]
-        if starts:
-            E[q] = max(starts) + f[q]
-    Z: dict[int, float] = {}           # end of its chain op on q
-    for q in range(S - 1, p, -1):
-        if q not in E:
-            continue
-        back = [Z[r] + grad[q, r] for r in range(q + 1, S) if r in Z and (q, r) in chans]
-        Z[q] = max([E[q]] + back) + ch[q]
-    return max([0.0] + [Z[r] + grad[p, r] for r in range(p + 1, S) if r in Z and (p, r) in chans])
-
-
 def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float:
     c = plan.costs
     if not c.comm:
         return 0.0
-    load: dict = {}
+    calls = []
 
     def add(resources, duration: float, start: float, tail: float) -> None:
-        for r in resources:
-            tot, s0, t0 = load.get(r, (0.0, math.inf, math.inf))
-            load[r] = (tot + duration, min(s0, start), min(t0, tail))
+        calls.append((resources, duration, start, tail))
 
     for p, q in plan.channels:
         tp, tq = plan.stages[p].tensor, plan.stages[q].tensor
@@ -203,7 +194,27 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
     for a, bb, q in plan.copies:
         duration, res = c.tie_sync(plan, a, bb)
         add(res, duration, 0.0, 0.0)
-    return max((tot + s0 + t0 for tot, s0, t0 in load.values()), default=0.0)
+    # the tasks holding exactly the same ports form one class (as in the simulator's engine):
+    # the bound per class equals the bound per port, with far fewer sums
+    memo = _CLASSES.setdefault(c, {})
+    key = tuple(id(x[0]) for x in calls)
+    groups = memo.get(key)
+    if groups is None:
+        users: dict = {}
+        for k, x in enumerate(calls):
+            for r in x[0]:
+                users.setdefault(r, []).append(k)
+        groups = memo[key] = list({tuple(u) for u in users.values()})
+    best = -math.inf
+    for g in groups:
+        tot, s0, t0 = 0.0, math.inf, math.inf
+        for k in g:
+            _, duration, start, tail = calls[k]
+            tot, s0, t0 = tot + duration, min(s0, start), min(t0, tail)
+        v = tot + s0 + t0
+        if v > best:
+            best = v
+    return best if groups else 0.0
 
 
 def fits(plan: Partition, schedule: Schedule) -> bool:
@@ -217,3 +228,38 @@ def fits(plan: Partition, schedule: Schedule) -> bool:
 def family_split(schedules: list[Schedule]) -> tuple[bool, bool]:
     """(some member splits backward, some member does not)."""
     return any(s.split for s in schedules), any(not s.split for s in schedules)
+
+
+def _round_trip(p: int, S: int, f, ch, act, grad, ins, outs) -> float:
+    """Least time from the end of a forward on stage p to the start of its chain op for the
+    same micro-batch: through every later stage it reaches, and back."""
+    # ins[q] / outs[q]: the stages q reads from / feeds, so each stage looks only at its channels
+    E = [None] * S
+    E[p] = 0.0
+    for q in range(p + 1, S):
+        best = None
+        for r in ins[q]:
+            if r >= p and E[r] is not None:
+                v = E[r] + act[r, q]
+                if best is None or v > best:
+                    best = v
+        if best is not None:
+            E[q] = best + f[q]
+    Z = [None] * S
+    for q in range(S - 1, p, -1):
+        if E[q] is None:
+            continue
+        m = E[q]
+        for r in outs[q]:
+            if Z[r] is not None:
+                v = Z[r] + grad[q, r]
+                if v > m:
+                    m = v
+        Z[q] = m + ch[q]
+    m = 0.0
+    for r in outs[p]:
+        if Z[r] is not None:
+            v = Z[r] + grad[p, r]
+            if v > m:
+                m = v
+    return m
