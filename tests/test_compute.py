@@ -131,6 +131,43 @@ def test_fit_matmul_refuses_flat_timings():
         fit_matmul([(1e6, 1e-3), (1e9, 1e-3 * 0.5)], 0.0)
 
 
+@settings(max_examples=200, deadline=None)
+@given(times=st.lists(st.floats(1e-7, 10.0), min_size=5, max_size=5), overhead=st.floats(0, 1e-3))
+def test_calibrate_turns_any_timings_into_a_usable_compute_block(times, overhead):
+    """calibrate's compute block from whatever a loaded machine measured (CI once timed a
+    larger multiply faster than a smaller one, and minutes of measurements ended in a
+    traceback): a positive finite rate and half size, a note exactly when the line could not
+    be fitted, and then a model no slower than any multiply it was fitted on."""
+    from solver_planner.compute import fit_matmul
+    from solver_planner.distributed.calibrate import compute_block
+
+    points = [(2.0 * n ** 3, t) for n, t in zip((64, 128, 256, 384, 512), times)]
+    profile = {"matmul": points, "overhead": overhead, "bandwidth": 1e10}
+    flops, block, notes = compute_block(profile)
+    assert 0 < flops < float("inf") and 0 <= block["half_efficiency_flops"] < float("inf")
+    assert block["kernel_overhead"] == overhead and block["matmul_efficiency"] == 1.0
+    try:
+        fit_matmul(points, overhead)
+        fitted = True
+    except ValueError:
+        fitted = False
+    assert bool(notes) == (not fitted)
+    if not fitted:
+        assert block["half_efficiency_flops"] == 0.0 and "busy" in notes[0]
+        for f, t in points:
+            assert overhead + f / flops <= max(t, overhead + t / 2) * (1 + 1e-12)
+
+
+def test_calibrate_notes_inverted_timings():
+    from solver_planner.distributed.calibrate import compute_block
+
+    # what the failing CI run measured in effect: the larger multiplies came out faster
+    points = [(2.0 * n ** 3, 1e-3 / n) for n in (64, 128, 256, 384, 512)]
+    flops, block, notes = compute_block({"matmul": points, "overhead": 0.0, "bandwidth": 1e10})
+    assert len(notes) == 1 and "fastest rate observed" in notes[0]
+    assert flops == pytest.approx(2.0 * 512 ** 3 / (1e-3 / 512))
+
+
 def test_the_peak_is_the_training_dtypes():
     """A model trained in float32 runs at the spec's dtype_flops for float32 (a V100 without
     tensor cores: 15.7 TFLOP/s), in float16 at 'flops' (125); MFU uses the same peak."""

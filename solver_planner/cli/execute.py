@@ -352,6 +352,8 @@ def calibrate(
         cal = run_calibration(world, backend, levels, byte_sizes, repeat, timeout)
     command = "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     text = cluster_yaml(cal, name, command)
+    for note in cal.notes:                  # on stderr: --json and the spec on stdout stay clean
+        typer.echo(f"note: {note}", err=True)
     if _written(text, output, as_json, cal.as_dict):
         return
     d = cal.as_dict()

@@ -39,7 +39,7 @@ from ..spec.cluster import load_cluster_spec
 from ..topology import Topology
 from .launch import choose_backend, join_job, run_workers
 
-__all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "cluster_yaml",
+__all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "compute_block", "cluster_yaml",
            "parse_levels", "DEFAULT_SIZES"]
 
 KINDS = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
@@ -80,6 +80,7 @@ class Calibration:
     fits: list[Fit]
     compute: dict | None = None      # the device's compute block (solver_planner.compute), fitted
     memory_bandwidth: float | None = None
+    notes: list[str] = field(default_factory=list)   # what the fit had to work around
 
     @property
     def best(self) -> Fit:
@@ -94,7 +95,7 @@ class Calibration:
         topo = self.topology(best)
         return {"world": self.world, "backend": self.backend, "levels": [list(lv) for lv in self.levels],
                 "flops": self.flops, "memory": self.memory, "memory_bandwidth": self.memory_bandwidth,
-                "compute": self.compute,
+                "compute": self.compute, "notes": list(self.notes),
                 "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
                         "efficiency": best.efficiency,
                         "rms_relative_error": best.error, "measured_over_predicted": best.ratios},
@@ -200,10 +201,13 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
 
 
 def _device_profile(torch, device, sync) -> dict:
-    """The compute model's measurements (:mod:`solver_planner.compute`): the median time of
+    """The compute model's measurements (:mod:`solver_planner.compute`): the best time of
     single matrix multiplies of several sizes, of an almost empty kernel (the overhead), and
     the bandwidth of a large copy (read once, written once)."""
-    def median_time(fn, repeat: int = 5) -> float:
+    def best_time(fn, repeat: int = 7) -> float:
+        # the fastest of several runs: on a shared machine other work only ever adds time,
+        # so the minimum is the estimate least disturbed by it (a median of 5 inverted the
+        # order of two matrix sizes on a loaded 2-core CI machine)
         fn()
         sync()
         times = []
@@ -212,17 +216,17 @@ def _device_profile(torch, device, sync) -> dict:
             fn()
             sync()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)
 
     matmul = []
     for n in MATMUL_SIDES:
         a = torch.randn(n, n, device=device)
-        matmul.append((2.0 * n ** 3, median_time(lambda: a @ a)))
+        matmul.append((2.0 * n ** 3, best_time(lambda: a @ a)))
     one = torch.ones(1, device=device)
-    overhead = median_time(lambda: one.add_(1.0), 50)
+    overhead = best_time(lambda: one.add_(1.0), 50)
     big = torch.ones(COPY_BYTES // 4, device=device)
     out = torch.empty_like(big)                 # preallocated: time the copy, not the allocation
-    copy = median_time(lambda: out.copy_(big))
+    copy = best_time(lambda: out.copy_(big))
     return {"matmul": matmul, "overhead": overhead, "bandwidth": 2 * COPY_BYTES / copy}
 
 
@@ -368,13 +372,34 @@ def calibrate(world: int, backend: str = "auto", levels: str | None = None, size
               repeat: int = 10, timeout: float = 300.0) -> Calibration:
     parsed = parse_levels(levels, world)
     used, measured, profile = measure(world, backend, sizes, repeat, timeout)
-    # the rate large multiplies tend to is the spec's flops (efficiency 1 of it); the
-    # overhead and the size at which half of it is reached come from the line's intercept
-    flops, half = fit_matmul(profile["matmul"], profile["overhead"])
-    compute = {"matmul_efficiency": 1.0, "half_efficiency_flops": half, "kernel_overhead": profile["overhead"]}
+    flops, compute, notes = compute_block(profile)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
     return Calibration(world, used, parsed, measured, flops, memory, fit(parsed, measured, world), compute,
-                       profile["bandwidth"])
+                       profile["bandwidth"], notes)
+
+
+def compute_block(profile: dict) -> tuple[float, dict, list[str]]:
+    """(the spec's flops, its ``compute`` block, notes) from a device profile.
+
+    The rate large multiplies tend to is the spec's flops (efficiency 1 of it); the overhead
+    and the size at which half of it is reached come from the line's intercept.  When the
+    timings are too disturbed for a line (larger multiplies not slower: a busy machine), the
+    rate is the fastest one observed and the half-efficiency size 0 -- a model that is never
+    slower than what was measured -- and a note says so instead of failing minutes of work.
+    """
+    overhead = profile["overhead"]
+    notes: list[str] = []
+    try:
+        flops, half = fit_matmul(profile["matmul"], overhead)
+    except ValueError as exc:
+        rates = [f / max(t - overhead, t / 2) for f, t in profile["matmul"] if f > 0 and t > 0]
+        if not rates:
+            raise PlannerError(f"no usable matrix-multiply timings: {exc}") from None
+        flops, half = max(rates), 0.0
+        notes.append(f"{exc} (the machine was probably busy): flops is the fastest rate observed,"
+                     f" {flops / 1e9:.3g} GFLOP/s, with no half-efficiency size; calibrate again on an idle machine")
+    compute = {"matmul_efficiency": 1.0, "half_efficiency_flops": half, "kernel_overhead": overhead}
+    return flops, compute, notes
 
 
 def cluster_yaml(cal: Calibration, name: str | None = None, command: str = "") -> str:
