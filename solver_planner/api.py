@@ -359,7 +359,7 @@ def _split(split) -> tuple[int, ...] | None:
 def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "1f1b",
            method: str = "auto", num_stages: int | None = None, config=None, split=None, top: int = 1,
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
-           budget: int | None = None, simulations: int | None = None,
+           budget: int | None = None, simulations: int | None = None, top_gap: float | None = None,
            progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> StagesReport:
     """Cut the model's layers into pipeline stages on equal sub-meshes, choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
@@ -393,8 +393,12 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     seed : int
         CP-SAT seed.
     budget, simulations : int, optional
-        Subspaces solved and tasks simulated before the search stops with a gap
-        (default: the library's).
+        Subspaces solved, and tasks simulated per listed plan, before the search stops with
+        a gap (default: the library's).
+    top_gap : float, optional
+        With ``top > 1``: each listed plan after the first is its pair's best within this
+        relative gap (default 0.01), or as close as its share of the budgets gets; each
+        plan's ``pair_bound`` proves it.  0 asks for exact ones.
     progress : callable, optional
         Called with a line of text as the search advances.
     compute : {'efficiency', 'peak'}
@@ -434,7 +438,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     from .stages.report import plan_stages
 
     topo, spec = load(cluster, model)
-    limits = {k: v for k, v in (("budget", budget), ("simulations", simulations)) if v is not None}
+    limits = {k: v for k, v in (("budget", budget), ("simulations", simulations), ("top_gap", top_gap))
+              if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
                        compute=compute, **limits)

@@ -6,7 +6,8 @@ starts in a fraction of a second; the solvers load when the command runs).
 """
 
 __all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
-           "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS"]
+           "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS",
+           "DEFAULT_TOP_GAP"]
 
 STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
@@ -18,4 +19,5 @@ SIZE_METRICS = ("instructions", "paper")
 # How compute is timed (solver_planner.compute): kernel efficiency and memory traffic, or FLOPs at peak.
 COMPUTE_MODELS = ("efficiency", "peak")
 DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it stops with a gap
-DEFAULT_SIMULATIONS = 300_000  # simulated tasks before the stage search stops with a gap (~10 s)
+DEFAULT_SIMULATIONS = 300_000  # simulated tasks per listed plan before the stage search stops with a gap
+DEFAULT_TOP_GAP = 0.01         # relative: a listed plan after the first is its pair's best within this

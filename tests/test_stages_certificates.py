@@ -134,14 +134,58 @@ def test_budgets_and_greedy_keep_their_certificates(search, budget):
 def test_top_lists_the_fastest_pairs(search, top):
     times = oracle(search)
     res = plan_partition(search, "dp", top=top)
+    check_list(res, times, top)
+
+
+def check_list(res, times: dict, top: int) -> None:
+    """What a --top list claims: each plan's pair_bound is below every plan of its pair, no
+    pair left out is faster than unlisted_bound or the last listed plan, and top_proven
+    means the list is exactly the fastest pairs' best plans."""
     listed = [(c.plan.costs.shape, c.plan.costs.microbatches) for c in res.solutions]
     assert len(set(listed)) == len(listed) <= top
     assert [c.time for c in res.solutions] == sorted(c.time for c in res.solutions)
     for c, key in zip(res.solutions, listed):
         assert c.time >= times[key] * (1 - REL)
+        assert c.pair_bound <= c.time
+        assert c.pair_bound <= times[key] * (1 + REL), "pair_bound is not a lower bound of its pair"
+    others = res.info["unlisted_bound"]
+    floor = min(others, res.solutions[-1].time) if len(listed) == top else others
+    for key, t in times.items():
+        if key not in listed:
+            assert t >= floor * (1 - REL), "a pair left out has a faster plan than the list claims"
     if res.info["top_proven"]:
         want = sorted(times.values())[:top]
         assert [c.time for c in res.solutions] == pytest.approx(want, rel=REL)
+
+
+@CHECK
+@given(searches(), st.integers(2, 4), st.sampled_from([0.0, 0.01, 0.3]),
+       st.sampled_from([(2000, 300_000), (4, 300_000), (2000, 40), (6, 1)]))
+def test_top_lists_keep_their_gaps_under_any_gap_and_budget(search, top, gap, budgets):
+    """The gap allowed in a list and the budgets' shares (a pair out of its share is only
+    explored for what could beat the fastest plan) loosen the list, never its claims, and
+    never the fastest plan's."""
+    times = oracle(search)
+    budget, simulations = budgets
+    res = plan_partition(search, "dp", top=top, top_gap=gap, budget=budget, simulations=simulations)
+    check_claims(res, min(times.values()))
+    check_list(res, times, top)
+    if budgets == (2000, 300_000):
+        assert res.status.value == "OPTIMAL"
+        if gap == 0.0:
+            # ample budgets and no gap: every listed plan is its pair's best
+            for c in res.solutions:
+                assert c.time == pytest.approx(times[c.plan.costs.shape, c.plan.costs.microbatches], rel=REL)
+                assert c.pair_bound == c.time
+
+
+def test_top_gap_out_of_range_is_refused():
+    from solver_planner.errors import OptionError
+
+    search = StageSearch(LayerModel("m", [Layer(f"l{i}", 1e11, 2e11, 2**28, 2**29, 2**22, 2**23) for i in range(3)],
+                                    4, None), topology(1, 4, "1 GB/s", "host"))
+    with pytest.raises(OptionError, match="gap"):
+        plan_partition(search, "dp", top=2, top_gap=1.0)
 
 
 @pytest.mark.slow

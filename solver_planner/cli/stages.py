@@ -11,7 +11,7 @@ from rich.table import Table
 from .. import units
 from .common import (COMPUTE_OPT, JSON_OPT, check_output, check_plot, console, handles_errors, model_of, print_json,
                      topology_of)
-from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES
+from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 
 
@@ -67,6 +67,10 @@ def stages(
     num_stages: Optional[int] = typer.Option(None, "--stages", min=1,
                                              help="Only plans with this many stages (default: search all)."),
     top: int = typer.Option(1, "--top", min=1, help="List the N fastest plans (one per mesh / micro-batch pair)."),
+    top_gap: float = typer.Option(DEFAULT_TOP_GAP, "--top-gap", min=0.0, max=0.99,
+                                  help="With --top: each listed plan after the first is its pair's best within this"
+                                       " relative gap, or as close as its share of the budgets gets (each is"
+                                       " printed); 0 asks for exact ones."),
     config: Optional[str] = typer.Option(None, "--config",
                                          help="Evaluate one configuration d,t,p,k (data, tensor, pipeline degrees,"
                                               " micro-batches); the best layer split unless --split."),
@@ -76,7 +80,7 @@ def stages(
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
                                help="Subspaces the branch and bound solves before it stops with a gap."),
     sim_budget: int = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
-                                   help="Simulated tasks before the search stops with a gap."),
+                                   help="Simulated tasks per listed plan before the search stops with a gap."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     compute: str = COMPUTE_OPT,
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
@@ -104,7 +108,7 @@ def stages(
         rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
                           top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
                           baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
-                          compute=compute)
+                          compute=compute, top_gap=top_gap)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -148,13 +152,18 @@ def _print(data: dict, model: str, cluster: str) -> None:
         out.print(f"  best 1F1B plan {units.format_time(b['iteration_time'])} ({b['status']}): {verdict}")
     if len(data.get("top", [])) > 1:
         table = Table("#", "d,t,p,k", "mesh", "layers per stage", "memory", "iteration (simulated)", "objective",
-                      "schedule")
+                      "schedule", "gap in its pair")
         for n, row in enumerate(data["top"], 1):
             counts = ",".join(str(st["layers"][1] - st["layers"][0] + 1) for st in row["stages"])
+            gap = "?" if row["pair_gap"] is None else f"{row['pair_gap']:.2%}"
             table.add_row(str(n), _config(row), "x".join(map(str, row["mesh"])), counts,
                           units.format_bytes(row["memory"]), units.format_time(row["iteration_time"]),
-                          units.format_time(row["objective"]), row["schedule"])
+                          units.format_time(row["objective"]), row["schedule"], gap)
         out.print(table)
+        others = s.get("unlisted_bound")
+        if others is not None and others < data["top"][-1]["iteration_time"]:
+            out.print(f"  a mesh / micro-batch pair not listed (its share of the budgets ran out) may have a plan"
+                      f" as fast as {units.format_time(others)}")
     if "baselines" in data:
         table = Table("baseline", "d,t,p,k", "iteration (simulated)", "best plan is")
         for name, b in data["baselines"].items():

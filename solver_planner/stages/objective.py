@@ -97,8 +97,12 @@ def _chain(plan: Partition, split: bool) -> list[float]:
     return plan.backward_act if split else plan.backward
 
 
-def bounds(plan: Partition, schedule: Schedule) -> Bounds:
-    """The stage, cycle and port bounds of ``plan`` under ``schedule`` (module docstring)."""
+def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bounds:
+    """The stage, cycle and port bounds of ``plan`` under ``schedule`` (module docstring).
+
+    ``enough``: a caller that drops every plan whose bound reaches it; when the stage, cycle
+    or phase bound does, the port bound (the costliest) is left at 0 -- the value is still a
+    lower bound, and at least ``enough``."""
     c = plan.costs
     S, B = c.stages, c.microbatches
     split = schedule.split
@@ -148,6 +152,8 @@ def bounds(plan: Partition, schedule: Schedule) -> Bounds:
         # receiver's last forward and a round trip pass, then it carries all the gradients
         for p, q in chans:
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
+    if max(stage, cycle, phase) >= enough:
+        return Bounds(stage, cycle, 0.0, phase)
     port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
     return Bounds(stage, cycle, port, phase)
 

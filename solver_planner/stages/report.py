@@ -14,7 +14,7 @@ from ..topology import Topology
 from .costs import MeshShape
 from .layers import LayerModel, layer_model
 from ..errors import OptionError
-from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, Candidate, StageSearch, plan_partition
+from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
 __all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config"]
 
@@ -129,6 +129,9 @@ def plan_row(cand: Candidate) -> dict:
         "schedules_tried": {str(s): t for s, t in sorted(cand.tried.items())},
         "memory": max(run.peak_memory),
         "bubble_ratio": run.bubble_ratio,
+        # no plan with this mesh shape and micro-batch count is faster than pair_bound
+        "pair_bound": cand.pair_bound,
+        "pair_gap": None if cand.pair_bound is None else (cand.time - cand.pair_bound) / cand.time,
     }
 
 
@@ -232,7 +235,8 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
-                progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> StagesReport:
+                progress: Callable[[str], None] | None = None, compute: str = "efficiency",
+                top_gap: float = DEFAULT_TOP_GAP) -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
     or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines."""
     lm = layer_model(model)
@@ -252,7 +256,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
             raise OptionError(f"--split has {len(layer_counts)} stages, --stages says {stages}")
         restrict["layer_counts"] = tuple(layer_counts)
     args = dict(time_limit=time_limit, seed=seed, top=top, budget=budget, simulations=simulations,
-                progress=progress)
+                progress=progress, top_gap=top_gap)
     base = None
     incumbents = None
     if schedule == "eager-1f1b":
