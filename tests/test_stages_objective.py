@@ -145,6 +145,35 @@ def test_every_bound_is_below_the_simulated_time(case):
         assert b.phase <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert R1 <= b.value * (1 + REL) and R <= b.value * (1 + REL), (R1, R, b)
         assert not run.timeline.overlaps()
+        # the search prices plans it will drop at a level without the port bound: still a
+        # lower bound, at least the level, and the full bounds when below it
+        for enough in (0.0, b.value * 0.5, b.value, b.value * 2, math.inf):
+            part = bounds(plan, sch, enough)
+            assert part.value <= b.value and part.value <= run.iteration_time * (1 + REL)
+            if part.partial:
+                assert part.value >= enough
+            else:
+                assert part == b
+
+
+@SETTINGS
+@given(instances())
+def test_a_plan_priced_against_a_level_is_simulated_with_its_full_bounds(case):
+    """The search prices a plan without its port bound when another bound reaches the
+    level it drops plans at; if such a plan is simulated after all (the level rose), its
+    candidate carries the full bounds, as if priced in full."""
+    from solver_planner.stages.search import evaluate
+
+    if case is None:
+        return
+    plan, schedules = case
+    full = evaluate(plan, sorted(((bounds(plan, s), s) for s in schedules), key=lambda m: (m[0].value, m[1])), 0.0)
+    part = evaluate(plan, sorted(((bounds(plan, s, 0.0), s) for s in schedules), key=lambda m: (m[0].value, m[1])),
+                    0.0)
+    assert full is not None and part is not None
+    # (the order schedules are tried in may differ: among equally fast ones either may win)
+    assert part.time == full.time
+    assert not part.bounds.partial and part.bounds == bounds(plan, part.schedule)
 
 
 def fits_band(pair: PairProblem, plan: Partition):

@@ -89,6 +89,11 @@ class Bounds:
         return max(self.stage, self.cycle, self.port, self.phase)
 
     @property
+    def partial(self) -> bool:
+        """The port bound was not computed (``bounds(..., enough)``)."""
+        return self.port == -math.inf
+
+    @property
     def binding(self) -> str:
         return max((self.stage, "stage"), (self.cycle, "cycle"), (self.port, "port"), (self.phase, "phase"))[1]
 
@@ -101,8 +106,8 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
     """The stage, cycle and port bounds of ``plan`` under ``schedule`` (module docstring).
 
     ``enough``: a caller that drops every plan whose bound reaches it; when the stage, cycle
-    or phase bound does, the port bound (the costliest) is left at 0 -- the value is still a
-    lower bound, and at least ``enough``."""
+    or phase bound does, the port bound (the costliest) is not computed and left at -inf
+    (:attr:`Bounds.partial`) -- the value is still a lower bound, and at least ``enough``."""
     c = plan.costs
     S, B = c.stages, c.microbatches
     split = schedule.split
@@ -153,7 +158,7 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
         for p, q in chans:
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
     if max(stage, cycle, phase) >= enough:
-        return Bounds(stage, cycle, 0.0, phase)
+        return Bounds(stage, cycle, -math.inf, phase)
     port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
     return Bounds(stage, cycle, port, phase)
 

@@ -170,6 +170,10 @@ def evaluate(plan: Partition, members: list[tuple[Bounds, Schedule]], relax: flo
         limit = min(cutoff, best.time if best else math.inf)
         if bd.value >= limit * (1 - TOLERANCE):
             continue
+        if bd.partial:                            # priced only against a level (_price)
+            bd = bounds(plan, s)
+            if bd.value >= limit * (1 - TOLERANCE):
+                continue
         run, tasks = pipeline_run(plan, s)        # exactly simulate_schedule's (fastsim.py)
         if bd.value > run.iteration_time * (1 + 1e-9):
             # the objective is proven to be a lower bound: a violation is a bug, said loudly
@@ -472,7 +476,8 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
             continue
         found = True
         plan = pair.plan(stages)
-        # the level only falls: a schedule whose bound reaches it now is never simulated
+        # a schedule whose bound reaches the level is not simulated unless the level rises
+        # (a pair pushed out of the list is exact again; evaluate() then prices it in full)
         priced = _price(plan, pair.schedules, board.level(pair))
         if priced:
             least_o = min(least_o, priced[0][0].value)
