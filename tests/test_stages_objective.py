@@ -329,6 +329,38 @@ def test_lawler_children_partition_a_subspace(case, pick):
             assert n == (0 if s == mine[len(mine) // 2] else 1)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=6), st.integers(0, 10_000), st.floats(0.0, 1.0))
+def test_feasibility_inside_subspaces_never_refuses_a_plan_it_holds(case, pick, where):
+    """Inside a subspace (a prefix and exclusions), feasible(tau) is None only if no plan of
+    the subspace has R <= tau: the cell filter it applies when R1's plan has R above tau
+    removes only cells on no plan that passes R1, R2 or R3; and a plan it returns is in
+    the subspace."""
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    everything = list(all_plans(pair))
+    if not everything:
+        return
+    chosen = everything[pick % len(everything)]
+    subs = [Subspace(pair)] + Subspace(pair).children(chosen, 0.0)
+    for child in list(subs[1:]):
+        mine = [s for s in everything if _contains(child, s)]
+        if mine:
+            subs += child.children(mine[pick % len(mine)], 0.0)
+    for sub in subs:
+        values = sorted(v for v in (pair.relaxation(s) for s in everything if _contains(sub, s)) if math.isfinite(v))
+        if not values:
+            continue
+        for tau in (values[0], values[0] + where * (values[-1] - values[0])):
+            found = pair.feasible(tau, sub)
+            assert found is not None, (sub, tau, values[0])
+            assert _contains(sub, found) and pair.terms(found)[0] <= tau * (1 + 1e-9)
+        below = pair.feasible(values[0] * (1 - 1e-6), sub)     # the programs relax R: a plan may come
+        assert below is None or (_contains(sub, below) and pair.terms(below)[0] <= values[0])
+
+
 def _contains(sub: Subspace, stages) -> bool:
     j = len(sub.prefix)
     return tuple(stages[:j]) == sub.prefix and stages[j] not in sub.excluded

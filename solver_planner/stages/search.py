@@ -419,6 +419,13 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         if cand is not None:
             sims += len(cand.tried)
             board.add(cand)
+        # schedules of the family left out at the pair's level (not because this plan's
+        # own best beat them) are plans not explored: keep their bound (helper-11's review:
+        # the level rises when the pair leaves the list, and nothing else would cover them)
+        tried = cand.tried if cand is not None else {}
+        for bd, s in priced:
+            if s not in tried and bd.value >= cutoff * (1 - TOLERANCE):
+                board.drop(pair, bd.value)
 
     while subs or plans:
         # drop what cannot beat its pair's cutoff
