@@ -18,8 +18,9 @@ and for R3 the same backwards.  Each is necessary, so when one says no, no plan 
 (the three passed through different cells), the cells on no completion of one of them are
 filtered out and the programs asked again (``_consistent``; on ``mlp16`` this found a 2.4%
 faster plan and cut the gap from 10.4% to 4.1% within the same budget).  Bisection on
-``tau`` finds the bound.  A *subspace* fixes the first stages (a prefix) and excludes some choices for the next one:
-the branch and bound of :mod:`.search` splits on these (Lawler's k-best scheme).
+``tau`` finds the bound.  A *subspace* fixes the first stages (a prefix) and excludes some
+choices for the next one: the branch and bound of :mod:`.search` splits on these
+(Lawler's k-best scheme).
 
 Each stage ``p`` of ``S`` may hold layers ``p .. L - S + p`` only (every stage keeps one layer),
 so every array is stored on that band of ``n = L - S + 1`` first and last layers; the
