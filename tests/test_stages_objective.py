@@ -304,13 +304,10 @@ def test_feasibility_dp_agrees_with_enumeration(case, where):
 @given(instances(max_layers=6), st.integers(0, 10_000))
 def test_lawler_children_partition_a_subspace(case, pick):
     """Splitting a subspace around one of its plans loses and duplicates nothing."""
-    if case is None:
+    got = _enumerated(case)
+    if got is None:
         return
-    plan, schedules = case
-    pair = PairProblem(plan.costs, schedules)
-    everything = list(all_plans(pair))
-    if not everything:
-        return
+    pair, everything = got
     root = Subspace(pair)
     chosen = everything[pick % len(everything)]
     level1 = root.children(chosen, 0.0)
@@ -336,13 +333,10 @@ def test_feasibility_inside_subspaces_never_refuses_a_plan_it_holds(case, pick, 
     the subspace has R <= tau: the cell filter it applies when R1's plan has R above tau
     removes only cells on no plan that passes R1, R2 or R3; and a plan it returns is in
     the subspace."""
-    if case is None:
+    got = _enumerated(case)
+    if got is None:
         return
-    plan, schedules = case
-    pair = PairProblem(plan.costs, schedules)
-    everything = list(all_plans(pair))
-    if not everything:
-        return
+    pair, everything = got
     chosen = everything[pick % len(everything)]
     subs = [Subspace(pair)] + Subspace(pair).children(chosen, 0.0)
     for child in list(subs[1:]):
@@ -359,6 +353,16 @@ def test_feasibility_inside_subspaces_never_refuses_a_plan_it_holds(case, pick, 
             assert _contains(sub, found) and pair.terms(found)[0] <= tau * (1 + 1e-9)
         below = pair.feasible(values[0] * (1 - 1e-6), sub)     # the programs relax R: a plan may come
         assert below is None or (_contains(sub, below) and pair.terms(below)[0] <= values[0])
+
+
+def _enumerated(case):
+    """(pair, every plan of it) of an instance, or None when there is none."""
+    if case is None:
+        return None
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+    everything = list(all_plans(pair))
+    return (pair, everything) if everything else None
 
 
 def _contains(sub: Subspace, stages) -> bool:
