@@ -284,6 +284,15 @@ class PairProblem:
             best = min(best, max(cycle, phase))
         return best
 
+    def _ymax(self, c: dict, tau: float) -> np.ndarray:
+        """Per cell, the largest incoming round trip y with a cycle and a phase term at most
+        tau under some warm-up count of the family (R3's test of a cell)."""
+        ymax = np.full(len(c["k"]), -np.inf)
+        for W, jp1, c0 in c["cycle"]:
+            cyc = (tau - c0) / jp1 - c["K3"]
+            ymax = np.maximum(ymax, np.minimum(cyc, self._phase_ymax(c, W, tau)))
+        return ymax
+
     def _phase_ymax(self, c: dict, W: int, tau: float) -> np.ndarray:
         """Per cell, the largest incoming round trip y whose phase term stays at most tau."""
         f, b, bc, G, xf = c["F"], c["Bk"], c["BC"], c["G"], c["XF"]
@@ -399,12 +408,7 @@ class PairProblem:
             A0["INC2"] += v["INC2"]
         bad = [(m.copy() if m is not None else np.zeros(len(c["k"]), dtype=bool)) | ~(c["T2"] <= tau)
                for m, c in zip(masks, cells)]
-        ymax = []
-        for c in cells:
-            y = np.full(len(c["k"]), -np.inf)
-            for W, jp1, c0 in c["cycle"]:
-                y = np.maximum(y, np.minimum((tau - c0) / jp1 - c["K3"], self._phase_ymax(c, W, tau)))
-            ymax.append(y)
+        ymax = [self._ymax(c, tau) for c in cells]
         for _ in range(self.ROUNDS):
             before = sum(int(b.sum()) for b in bad)
             keep = [~b for b in bad]
@@ -520,11 +524,7 @@ class PairProblem:
         for q in range(len(cells) - 1, -1, -1):
             c = cells[q]
             y = Y[c["i"] + 1]
-            ymax = np.full(len(y), -np.inf)
-            for W, jp1, c0 in c["cycle"]:
-                cyc = (tau - c0) / jp1 - c["K3"]
-                ymax = np.maximum(ymax, np.minimum(cyc, self._phase_ymax(c, W, tau)))
-            ok = (y <= ymax) & (c["T2"] <= tau)
+            ok = (y <= self._ymax(c, tau)) & (c["T2"] <= tau)
             if masks[q] is not None:
                 ok &= ~masks[q]
             val = np.where(ok, y + c["INC3"], np.inf)[c["by_k"]]
