@@ -188,6 +188,14 @@ def evaluate(plan: Partition, members: list[tuple[Bounds, Schedule]], relax: flo
     return best
 
 
+def _pair_key(pair: PairProblem) -> tuple:
+    return pair.costs.shape, pair.B
+
+
+def _cand_key(cand: Candidate) -> tuple:
+    return cand.plan.costs.shape, cand.plan.costs.microbatches
+
+
 class _Board:
     """The fastest simulated plan of each pair and the ``top`` fastest overall."""
 
@@ -203,13 +211,13 @@ class _Board:
         self.loose: dict[tuple, float] = {}
 
     def add(self, cand: Candidate) -> None:
-        key = (cand.plan.costs.shape, cand.plan.costs.microbatches)
+        key = _cand_key(cand)
         old = self.entries.get(key)
         if old is None or (cand.time, cand.plan.stages) < (old.time, old.plan.stages):
             self.entries[key] = cand
 
     def has(self, pair: PairProblem) -> bool:
-        return (pair.costs.shape, pair.B) in self.entries
+        return _pair_key(pair) in self.entries
 
     def ranked(self) -> list[Candidate]:
         return sorted(self.entries.values(), key=lambda c: (c.time, c.plan.costs.shape, c.plan.costs.microbatches,
@@ -221,7 +229,7 @@ class _Board:
 
     def cutoff(self, pair: PairProblem) -> float:
         """A plan of ``pair`` matters only if it beats this (its pair's entry or the top-th)."""
-        own = self.entries.get((pair.costs.shape, pair.B))
+        own = self.entries.get(_pair_key(pair))
         return min(own.time if own else math.inf, self.threshold())
 
     def level(self, pair: PairProblem) -> float:
@@ -241,7 +249,7 @@ class _Board:
         return self.cutoff(pair) if loose is None else loose / (1 - TOLERANCE)
 
     def _loose(self, pair: PairProblem) -> float | None:
-        k = (pair.costs.shape, pair.B)
+        k = _pair_key(pair)
         own = self.entries.get(k)
         used = self.spent.get(k, (0, 0))
         if used[0] >= self.share[0] or used[1] >= self.share[1]:
@@ -258,7 +266,7 @@ class _Board:
         return level if level < exact else None
 
     def spend(self, pair: PairProblem, tasks: int = 0, subspaces: int = 0) -> None:
-        used = self.spent.setdefault((pair.costs.shape, pair.B), [0, 0])
+        used = self.spent.setdefault(_pair_key(pair), [0, 0])
         used[0] += tasks
         used[1] += subspaces
 
@@ -269,12 +277,12 @@ class _Board:
             self.leave(pair, key)
 
     def leave(self, pair: PairProblem, key: float) -> None:
-        k = (pair.costs.shape, pair.B)
+        k = _pair_key(pair)
         self.loose[k] = min(self.loose.get(k, math.inf), key)
 
     def unexplored(self, cand: Candidate) -> float:
         """The least time of the plans of ``cand``'s pair not simulated: a lower bound."""
-        return self.loose.get((cand.plan.costs.shape, cand.plan.costs.microbatches), math.inf)
+        return self.loose.get(_cand_key(cand), math.inf)
 
 
 def plan_partition(search: StageSearch, method: str = "auto", time_limit: float = 10.0, seed: int = 0,
@@ -334,7 +342,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         listed = [dataclasses.replace(c, pair_bound=min(c.time, board.unexplored(c))) for c in listed]
         best = listed[0]
         worst = max((c.time - c.pair_bound) / c.time for c in listed)
-        keys = {(c.plan.costs.shape, c.plan.costs.microbatches) for c in listed}
+        keys = {_cand_key(c) for c in listed}
         # no plan of a pair not listed is faster than this, nor than the last listed plan
         # (what was dropped exactly could not beat it): which pairs are listed is proven
         # when this is not below the last one (or infinite, when fewer are listed)
@@ -506,8 +514,9 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         board.leave(sub.pair, key)
     for key, _, item in plans:
         board.leave(item[0], key)
-    # what was left for the list's gap is above the fastest plan, but a bound all the same
-    left = min([k for k, _, _ in subs] + [k for k, _, _ in plans] + [open_bound] + list(board.loose.values()))
+    # every plan not simulated is now under some pair's bound (what was left for the list's
+    # gap is above the fastest plan, but a bound all the same)
+    left = min(board.loose.values(), default=math.inf)
     info.update({"subspaces": solved, "simulations": sims, "simulated_tasks": tasks[0],
                  "dp_runs": sum(p.dp_runs for p in pairs), "budget_exhausted": bool(subs or plans)})
     proven = not subs and not plans and open_bound == math.inf
