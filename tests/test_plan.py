@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import CLUSTERS, SPECS, run_cli
 from solver_planner.plan import compose, make_plan
+from solver_planner.plan.compose import BREAKDOWN_PARTS, breakdown
 from solver_planner.plan.check import check_plan
 from solver_planner.plan.planfile import PlanFileError, plan_document, read_plan, write_document, write_plan
 from solver_planner.spec import load_model_spec
@@ -330,30 +331,48 @@ def test_more_candidates_never_give_a_slower_plan(tmp_path, p3):
     assert composed[0] == pytest.approx(one.iteration_time, rel=1e-12)
 
 
-def test_breakdown_adds_up_and_prices_compute_from_flops(reduced):
-    """The four per-stage parts add up to the iteration; compute is the stages' kernels under
-    the efficiency model (solver_planner/compute.py's formula, written out here from the
-    layer specs and the device's parameters, not from the stage tables)."""
-    topo, spec, doc = reduced
-    bd = doc["breakdown"]
-    parts = [bd["compute"], bd["tensor"], bd["data_parallel"], bd["pipeline"]]
-    assert all(x >= 0 for x in parts)
-    assert sum(parts) == pytest.approx(doc["iteration_time"], rel=1e-9)
-    assert doc["compute"] == "efficiency"
+@pytest.mark.parametrize("seed", range(4))
+def test_breakdown_adds_up_to_the_iteration_on_random_plans(tmp_path, p3, seed):
+    """The breakdown's parts are the critical path's: each >= 0, together exactly the iteration."""
+    rng = random.Random(seed)
+    spec = load_model_spec(model_file(tmp_path, random_layers(rng, skips=seed % 2 == 0), batch=rng.choice([16, 32])))
+    plan = make_plan(p3, spec, rng.choice(["1f1b", "gpipe", "eager-1f1b"]), time_limit=2.0)
+    bd = breakdown(plan)
+    assert list(bd) == list(BREAKDOWN_PARTS)
+    assert all(v >= 0 for v in bd.values())
+    assert sum(bd.values()) == pytest.approx(plan.iteration_time, rel=1e-12)
+    assert bd["idle"] == 0.0                    # a pipeline has no release times
+
+
+def test_breakdown_prices_compute_from_flops(tmp_path, reduced):
+    """One stage on one host, no replicas: every pass is on the critical path, so ``compute``
+    is B passes of the efficiency model's kernels (solver_planner/compute.py's formula,
+    written out here from the layer specs and the device's parameters), the rest of the
+    passes is tensor-parallel, and the optimizer step ends the iteration."""
+    raw = yaml.safe_load(P3.read_text())
+    raw["levels"][0]["count"] = 1
+    raw["name"] = "one-host"
+    cluster = tmp_path / "one-host.yaml"
+    cluster.write_text(yaml.safe_dump(raw))
+    topo = load_topology(cluster)
+    layers = [{"name": "l", "repeat": 8, "flops": "80 GFLOP", "params": "200 MiB", "activations": "8 MiB",
+               "allreduces": 2}]
+    spec = load_model_spec(model_file(tmp_path, layers, batch=16, name="one"))
+    plan = make_plan(topo, spec, "1f1b", config=Config(1, 4, 1, 4))
+    bd = breakdown(plan)
     dev, c = topo.device, topo.device.compute
-    B, S = doc["microbatches"], len(doc["stages"])
-    total = 0.0
-    for s in doc["stages"]:
-        n = doc["microbatch_size"] / s["data"]                 # samples per replica
-        flops = 80e9 * n / s["tensor"]                         # each pass: forward, input grads, weight grads
-        moved = 200 * 2**20 / s["tensor"] + n * 8 * 2**20 * (1 + 1 / s["tensor"])
-        one = c.kernel_overhead + max((flops + c.half_efficiency_flops) / (dev.flops * c.matmul_efficiency),
-                                      moved / dev.memory_bandwidth)
-        total += 3 * one * (s["layers"][1] - s["layers"][0] + 1) * B
-    assert bd["compute"] == pytest.approx(total / S, rel=1e-9)
-    per_layer = 3 * 80e9                       # forward, and backward at twice the forward (the default)
-    # MFU: the model's FLOPs over the iteration at the cluster's peak, counted from the spec
-    model_flops = per_layer * 8 * 128
+    n = 16 / 4                                        # samples per micro-batch
+    flops = 80e9 * n / 4                              # each pass: forward, input grads, weight grads
+    moved = 200 * 2**20 / 4 + n * 8 * 2**20 * (1 + 1 / 4)
+    one = c.kernel_overhead + max((flops + c.half_efficiency_flops) / (dev.flops * c.matmul_efficiency),
+                                  moved / dev.memory_bandwidth)
+    assert bd["compute"] == pytest.approx(3 * one * 8 * 4, rel=1e-9)
+    assert bd["tensor_parallel"] > 0 and bd["pipeline_transfer"] == bd["gradient_reduction"] == 0
+    assert bd["compute"] + bd["tensor_parallel"] + bd["optimizer"] == pytest.approx(plan.iteration_time, rel=1e-12)
+    # MFU and throughput of the reduced plan, from the spec: the model's FLOPs over the
+    # iteration at the cluster's peak
+    topo, spec, doc = reduced
+    model_flops = 3 * 80e9 * 8 * 128                  # forward, and backward at twice the forward (the default)
     assert doc["mfu"] == pytest.approx(model_flops / (doc["iteration_time"] * topo.num_devices * topo.device.flops),
                                        rel=1e-9)
     assert doc["throughput"] == pytest.approx(128 / doc["iteration_time"], rel=1e-12)

@@ -3,6 +3,7 @@ from hypothesis import given, settings, strategies as st
 
 from solver_planner.cost import CostModel
 from solver_planner.errors import PlannerError
+from solver_planner.simulate.critical import critical_path
 from solver_planner.simulate import Simulation, add_broadcast, add_collective, add_compute, add_transfer
 
 S = 1e9
@@ -160,6 +161,35 @@ def test_engine_matches_the_naive_reference_scheduler(tasks):
     assert tl.overlaps() == []
     for r, t in zip(tl.records, tasks):
         assert r.start >= max([t["release"]] + [tl[d].end for d in t["deps"]])
+
+
+@settings(max_examples=300, deadline=None)
+@given(task_sets())
+def test_the_critical_path_tiles_the_run_with_linked_tasks(tasks):
+    """Its pieces tile [0, makespan]; each task piece is that task as it ran; a task follows
+    the one before it because it depends on it or waited for a resource it held; a gap
+    (no task) ends at a task's release time."""
+    sim = Simulation()
+    for i, t in enumerate(tasks):
+        sim.add(f"t{i}", t["duration"], t["resources"], t["deps"], release=t["release"], priority=t["priority"])
+    tl = sim.run()
+    path = critical_path(tl)
+    if tl.makespan == 0:
+        assert all(b == e for _, b, e in path)
+        return
+    assert path[0][1] == 0.0 and path[-1][2] == tl.makespan
+    for (_, _, e), (_, b, _) in zip(path, path[1:]):
+        assert e == b
+    for k, (i, b, e) in enumerate(path):
+        if i is None:
+            nxt = path[k + 1][0]
+            assert nxt is not None and tasks[nxt]["release"] == e
+            continue
+        assert (tl[i].start, tl[i].end) == (b, e)
+        prev = next((p for p, _, _ in reversed(path[:k]) if p is not None), None) if k and path[k - 1][0] is not None \
+            else None
+        if prev is not None:
+            assert prev in tasks[i]["deps"] or set(tasks[prev]["resources"]) & set(tasks[i]["resources"])
 
 
 def test_per_resource_views():

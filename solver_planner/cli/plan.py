@@ -170,8 +170,8 @@ def _print(doc: dict) -> None:
     out.print(f"  iteration {units.format_time(doc['iteration_time'])} (simulated, {doc['compute']} compute model):"
               f" {doc['throughput']:.1f} samples/s,"
               f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}")
-    out.print("  per stage on average: " + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}"
-                                                    for k, v in bd.items()))
+    out.print("  critical path: " + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}"
+                                            for k, v in bd.items() if v > 0) + " (they add up to the iteration)")
     out.print(f"  cross-mesh transfers {units.format_time(hid['cross_mesh_total'])} per iteration,"
               f" {hid['hidden_fraction']:.1%} hidden; with them free the iteration takes"
               f" {units.format_time(doc['cross_mesh_free_time'])}")

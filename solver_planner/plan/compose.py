@@ -22,7 +22,7 @@ from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
 from .parts import StagePart, stage_parts
 
-__all__ = ["TrainingPlan", "make_plan", "compose", "simulate_plan", "breakdown", "model_flops"]
+__all__ = ["TrainingPlan", "make_plan", "compose", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
 
 
 @dataclass
@@ -90,44 +90,45 @@ def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tupl
     return best, tried
 
 
+# The parts of the plan's breakdown, in the order they are shown, with what each is.
+BREAKDOWN_PARTS = {
+    "compute": "forward and backward kernels (recomputation included) on the critical path",
+    "tensor_parallel": "tensor-parallel all-reduces and ZeRO-3 parameter gathers inside those passes",
+    "pipeline_transfer": "activations and gradients between stages that the critical path waits for",
+    "gradient_reduction": "data-parallel gradient buckets and tied-copy all-reduces not hidden behind compute",
+    "optimizer": "the optimizer step",
+    "idle": "time on the critical path that no task explains (none in a pipeline)",
+}
+_PART_OF = {"activation": "pipeline_transfer", "gradient": "pipeline_transfer",
+            "gradient-reduction": "gradient_reduction", "optimizer": "optimizer"}
+
+
 def breakdown(plan: TrainingPlan) -> dict[str, float]:
-    """Where the iteration goes, averaged over stages (seconds; the first four add up to the
-    iteration time): ``compute`` (the layers' kernels under the compute model, recomputation
-    included) and
-    ``tensor`` (the rest of the stage's busy time: tensor-parallel collectives, and ZeRO-3's
-    parameter gathers, inside forward and backward), ``data_parallel`` (from a stage's
-    last backward to the end of the iteration: its exposed gradient reduction, its optimizer
-    step and the wait for the slowest stage), ``pipeline`` (idle before and between its ops: bubbles and
-    waits for transfers); and ``cross_mesh_exposed``, what the boundaries' transfers add
-    (the iteration time minus the same iteration with them free)."""
-    part = plan.partition
-    c = part.costs
-    T = plan.iteration_time
-    S = c.stages
-    compute = tensor = tail = idle = 0.0
-    last_end = [0.0] * S
-    for r in plan.run.timeline.records:
-        if r.category in ("forward", "backward"):
-            p = r.devices[0] // c.shape.size
-            last_end[p] = max(last_end[p], r.end)
-    for p in range(S):
-        pure = _pure_compute(part, p) * c.microbatches
-        busy = plan.run.busy[p]
-        compute += pure
-        tensor += max(0.0, busy - pure)
-        tail += T - last_end[p]
-        idle += last_end[p] - busy
-    return {"compute": compute / S, "tensor": tensor / S, "data_parallel": tail / S, "pipeline": idle / S,
-            "cross_mesh_exposed": max(0.0, T - plan.free_time)}
+    """Where the iteration goes, along its critical path (seconds; the parts add up to the
+    iteration time, and work that overlaps other work is counted once).
 
+    The critical path (:func:`solver_planner.simulate.critical.critical_path`) is the chain
+    of tasks, each starting when the one before it ends, from the start of the iteration to
+    its end.  Each task on it counts for its kind (:data:`BREAKDOWN_PARTS`); a forward or
+    backward pass splits into its kernels (``compute``, as the compute model times them)
+    and the collectives inside it (``tensor_parallel``)."""
+    from ..simulate.critical import critical_path
 
-def _pure_compute(part: Partition, p: int) -> float:
-    """Compute time of one micro-batch through stage ``p`` under the run's compute model, no
-    collectives."""
-    c = part.costs
-    st = part.stages[p]
-    sl = slice(st.first, st.last + 1)
-    return float(sum(x[sl].sum() for x in c.compute_times(st.config)))
+    out = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
+    tl = plan.run.timeline
+    for task, begin, finish in critical_path(tl):
+        length = finish - begin
+        if task is None:
+            out["idle"] += length
+            continue
+        rec = tl[task]
+        if rec.category in ("forward", "backward"):
+            kernels = min(length, rec.args.get("compute", length))
+            out["compute"] += kernels
+            out["tensor_parallel"] += length - kernels
+        else:
+            out[_PART_OF.get(rec.category, "idle")] += length
+    return out
 
 
 def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",

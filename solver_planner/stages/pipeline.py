@@ -131,6 +131,13 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
 
     op_time = [{"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
                 "BW": plan.backward_weight[p]} for p in range(S)]
+    # the kernels' share of each op (the rest is tensor-parallel and ZeRO-3 collectives),
+    # recorded on its task for the plan's breakdown
+    kernels = [c.compute_times(st.config) for st in plan.stages]
+    op_compute = []
+    for p, st in enumerate(plan.stages):
+        f, a, w = (float(x[st.first:st.last + 1].sum()) for x in kernels[p])
+        op_compute.append({"F": f, "B": a + w, "BA": a, "BW": w})
     exec_of = [[r] for r in exec_res]
     device_of = [(p * size,) for p in range(S)]
 
@@ -140,7 +147,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         category = "forward" if op == "F" else "backward"
         if not final:
             return sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
-                           devices=device_of[p])
+                           devices=device_of[p], args={"compute": op_compute[p][op]})
         st = plan.stages[p]
         cc = c[st.config]
         # the stage's last backward: with buckets to reduce while it runs, one piece per
@@ -161,14 +168,16 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
 
         if not overlap:
             tid = sim.add(name, duration, [exec_res[p]], deps, stream="compute", category=category,
-                          devices=(p * size,))
+                          devices=(p * size,), args={"compute": op_compute[p][op]})
             if reduces:
                 reduce(cc.stage_buckets(st.first, st.last), tid, "stage")
         else:
             pieces = cc.layer_weight if op == "BW" else cc.layer_backward
+            _, act_k, weight_k = kernels[p]
             for layer in range(st.last, st.first - 1, -1):
+                own = float(weight_k[layer]) + (0.0 if op == "BW" else float(act_k[layer]))
                 tid = sim.add(f"{name} layer {layer}", float(pieces[layer]), [exec_res[p]], deps, stream="compute",
-                              category=category, devices=(p * size,))
+                              category=category, devices=(p * size,), args={"compute": own})
                 deps = [tid]
                 reduce(cc.layer_buckets(layer, layer in copy_layers), tid, f"layer {layer}")
         # a tied copy's all-reduce waits for the stage's last op (which may compute the tied
