@@ -175,6 +175,9 @@ def _print(doc: dict) -> None:
     out.print(f"  cross-mesh transfers {units.format_time(hid['cross_mesh_total'])} per iteration,"
               f" {hid['hidden_fraction']:.1%} hidden; with them free the iteration takes"
               f" {units.format_time(doc['cross_mesh_free_time'])}")
+    if doc["cross_mesh"] == "free":
+        out.print("  [yellow]cross-mesh communication priced as free[/]: an upper bound on speed (the cross-mesh"
+                  " resharding paper's Signal Send/Recv), not a plan to run")
     search = doc["search"]
     if search:
         out.print(f"  stage search {search['status']} ({search['method']}, gap {search['gap']:.2%}); solve times: "
@@ -209,11 +212,32 @@ def check(
 
     def show(_data) -> None:
         out = console()
+        marks = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "unknown": "[yellow]unknown[/]",
+                 "skipped": "[yellow]skipped[/]"}
+        shown: dict[str, int] = {}
         for f in rep.findings:
-            mark = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "unknown": "[yellow]unknown[/]"}[f.status]
-            out.print(f"{mark:>8}  {f.part}: {f.message}")
+            shown[f.part] = shown.get(f.part, 0) + 1
+            if f.status == "fail" and shown[f.part] > MAX_FAILURES_SHOWN:
+                continue
+            out.print(f"{marks[f.status]:>8}  {_where(f)}{f.message}", highlight=False)
+        for part, n in shown.items():
+            hidden = sum(1 for f in rep.findings if f.part == part and f.status == "fail") - MAX_FAILURES_SHOWN
+            if hidden > 0:
+                out.print(f"[red]FAIL[/]  {part}: {hidden} more failing field(s) (--json lists them all)")
 
     first = rep.first_failure
-    error = (f"{first.part}: {first.message}", 1) if first is not None else \
+    error = (f"{_where(first)}{first.message}", 1) if first is not None else \
         ("a proof timed out; nothing failed", 3) if rep.exit_code == 3 else None
     _finish(rep.as_dict(), error, as_json, show)
+
+
+MAX_FAILURES_SHOWN = 8    # per part, in the human output (the JSON has all)
+
+
+def _where(finding) -> str:
+    """``part: path: `` once each (the path alone when it starts with the part's name)."""
+    if not finding.path:
+        return f"{finding.part}: "
+    if finding.path.split(".")[0].split("[")[0] == finding.part:
+        return f"{finding.path}: "
+    return f"{finding.part}: {finding.path}: "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..cost import CostModel
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, OptionError
 from ..spec.model import ModelSpec
 from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
 from ..stages.report import Config, plan_stages
@@ -22,7 +22,7 @@ from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
 from .parts import StagePart, stage_parts
 
-__all__ = ["TrainingPlan", "make_plan", "compose", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
+__all__ = ["TrainingPlan", "SearchOptions", "search_stages", "compose_candidates", "make_plan", "compose", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
 
 
 @dataclass
@@ -131,6 +131,78 @@ def breakdown(plan: TrainingPlan) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the stage search of a plan was asked (``solver-planner plan``'s options): the plan
+    file records them, so that ``check`` can run the same search again and re-derive its
+    claims (status, bound, gap, the candidates composed)."""
+
+    method: str = "auto"
+    stages: int | None = None
+    config: Config | None = None
+    split: tuple[int, ...] | None = None
+    candidates: int = 1
+    time_limit: float = 10.0
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "stages": self.stages,
+                "config": None if self.config is None else str(self.config),
+                "split": None if self.split is None else list(self.split), "candidates": self.candidates,
+                "time_limit": self.time_limit, "seed": self.seed}
+
+
+def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: SearchOptions,
+                  compute: str = "efficiency"):
+    """The stage planner's ``options.candidates`` fastest plans for the ``schedule`` family
+    (a :class:`~solver_planner.stages.report.StagesReport`), and the claims the plan file
+    records of that search."""
+    o = options
+    rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
+                      layer_counts=o.split, top=max(1, o.candidates), compute=compute)
+    search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
+              "bound": rep.result.bound, "gap": rep.result.gap, "objective": rep.best.time,
+              "candidates": len(rep.result.solutions)}
+    return rep, search
+
+
+def compose_candidates(topology: Topology, model: ModelSpec, rep, search: dict, schedule: str, cross_mesh: str,
+                       overlap: bool, options: SearchOptions, proof_timeout: float = 30.0,
+                       progress: Callable[[str], None] | None = None, known: TrainingPlan | None = None
+                       ) -> TrainingPlan:
+    """Compose every candidate of the search ``rep`` with its real boundary schedules and
+    return the fastest simulated one; ``search["composed"]`` says what each became.
+    ``known``: a plan already composed for one of the candidates' partitions (``check``
+    brings the one it verified), used instead of composing that candidate again."""
+    say = progress or (lambda _t: None)
+    best: TrainingPlan | None = None
+    composed: list[dict] = []
+    failure: InfeasibleError | None = None
+    for n, cand in enumerate(rep.result.solutions):
+        say(f"composing candidate {n + 1} of {len(rep.result.solutions)}")
+        entry = {"stage_planner_time": cand.time, "mesh": cand.plan.costs.shape.as_list(),
+                 "microbatches": cand.plan.costs.microbatches}
+        if known is not None and known.partition == cand.plan:
+            out = known
+            out.stage_planner_time, out.search = cand.time, search
+        else:
+            try:
+                out = compose(topology, model, cand.plan, schedule, cross_mesh, overlap, options.time_limit,
+                              options.seed, proof_timeout, progress, stage_planner_time=cand.time, search=search)
+            except InfeasibleError as exc:    # its boundaries push every schedule out of memory
+                failure = failure or exc
+                composed.append({**entry, "iteration_time": None, "reason": str(exc)})
+                continue
+        composed.append({**entry, "iteration_time": out.iteration_time})
+        if best is None or out.iteration_time < best.iteration_time:
+            best = out
+    if best is None:
+        assert failure is not None
+        raise failure
+    search["composed"] = composed
+    return best
+
+
 def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
               cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
@@ -146,33 +218,17 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", meth
     the resharding scheduler finds, and the two can rank plans differently.
     """
     say = progress or (lambda _t: None)
+    if cross_mesh == "free" and not overlap:
+        # a free transfer takes no time: synchronous or not, the iteration is the same
+        raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
+    options = SearchOptions(method, stages, config, None if layer_counts is None else tuple(layer_counts),
+                            candidates, time_limit, seed)
     t0 = time.perf_counter()
     say("searching stages")
-    rep = plan_stages(topology, model, schedule, method, time_limit, seed, stages=stages, config=config,
-                      layer_counts=layer_counts, top=max(1, candidates), compute=compute)
+    rep, search = search_stages(topology, model, schedule, options, compute)
     elapsed = time.perf_counter() - t0
-    search = {"status": rep.result.status.value, "method": rep.result.method, "bound": rep.result.bound,
-              "gap": rep.result.gap, "objective": rep.best.time, "candidates": len(rep.result.solutions)}
-    best: TrainingPlan | None = None
-    composed: list[dict] = []
-    failure: InfeasibleError | None = None
-    for n, cand in enumerate(rep.result.solutions):
-        say(f"composing candidate {n + 1} of {len(rep.result.solutions)}")
-        try:
-            out = compose(topology, model, cand.plan, schedule, cross_mesh, overlap, time_limit, seed, proof_timeout,
-                          progress, stage_planner_time=cand.time, search=search)
-        except InfeasibleError as exc:    # its boundaries push every schedule out of memory
-            failure = failure or exc
-            composed.append({"stage_planner_time": cand.time, "iteration_time": None, "reason": str(exc)})
-            continue
-        composed.append({"stage_planner_time": cand.time, "iteration_time": out.iteration_time,
-                         "mesh": cand.plan.costs.shape.as_list(), "microbatches": cand.plan.costs.microbatches})
-        if best is None or out.iteration_time < best.iteration_time:
-            best = out
-    if best is None:
-        assert failure is not None
-        raise failure
-    search["composed"] = composed
+    best = compose_candidates(topology, model, rep, search, schedule, cross_mesh, overlap, options, proof_timeout,
+                              progress)
     best.solve_times = {"stages": elapsed, **best.solve_times}
     return best
 

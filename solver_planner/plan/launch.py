@@ -42,3 +42,74 @@ def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
                 }
     return {"world_size": plan.topology.num_devices, "stages": stages_out,
             "ranks": [ranks[d] for d in sorted(ranks)]}
+
+
+def launch_problems(layout: Any, topology, stages: list[dict[str, Any]]) -> list[tuple[tuple, str]]:
+    """Why ``layout`` (a plan file's ``launch``) is not a valid construction for a job whose
+    stage ``p`` runs layers ``stages[p]["layers"]`` on devices ``stages[p]["devices"]``:
+    ``[(path, message), ...]``, empty when it is one.
+
+    Checked from the layout alone (not from :func:`launch_layout`): the world is the
+    cluster's devices; each stage's mesh holds exactly its devices, each once, in a full
+    grid; every rank appears once, at its own index, in the stage whose mesh holds it, with
+    the coordinates of its place in that mesh, its mesh row as tensor group and its column
+    as data group (so the groups of a stage partition it), the stage's layers and its host.
+    """
+    out: list[tuple[tuple, str]] = []
+    where = ("launch",)
+    if not isinstance(layout, dict):
+        return [(where, "missing, or not a mapping: a launcher reads every rank's groups from it")]
+    world = topology.num_devices
+    if layout.get("world_size") != world or isinstance(layout.get("world_size"), bool):
+        out.append((where + ("world_size",), f"is {layout.get('world_size')!s}; the cluster has {world} devices"))
+    meshes = layout.get("stages")
+    if not isinstance(meshes, list) or len(meshes) != len(stages):
+        return out + [(where + ("stages",), f"must list the plan's {len(stages)} stages")]
+    place: dict[int, tuple[int, int, int]] = {}
+    for p, (entry, st) in enumerate(zip(meshes, stages)):
+        at = where + ("stages", p)
+        grid = entry.get("mesh") if isinstance(entry, dict) else None
+        if not (isinstance(grid, list) and grid and all(isinstance(row, list) and row for row in grid)
+                and len({len(row) for row in grid}) == 1
+                and all(isinstance(x, int) and not isinstance(x, bool) for row in grid for x in row)):
+            out.append((at + ("mesh",), "must be a full grid of ranks (rows data replicas, columns tensor positions)"))
+            continue
+        flat = [x for row in grid for x in row]
+        if sorted(flat) != sorted(st["devices"]) or len(set(flat)) != len(flat):
+            out.append((at + ("mesh",), f"must hold stage {p}'s devices {st['devices'][0]}..{st['devices'][-1]},"
+                                        " each once"))
+            continue
+        for i, row in enumerate(grid):
+            for j, rank in enumerate(row):
+                place[rank] = (p, i, j)
+    ranks = layout.get("ranks")
+    if not isinstance(ranks, list):
+        return out + [(where + ("ranks",), "missing, or not a list")]
+    if len(ranks) != world:
+        out.append((where + ("ranks",), f"lists {len(ranks)} ranks; the world has {world}"))
+    seen: dict[Any, int] = {}
+    for k, entry in enumerate(ranks):
+        at = where + ("ranks", k)
+        if not isinstance(entry, dict):
+            out.append((at, "must be a mapping"))
+            continue
+        rank = entry.get("rank")
+        if rank in seen and not isinstance(rank, (list, dict)):
+            out.append((at + ("rank",), f"rank {rank} appears twice (also at launch.ranks[{seen[rank]}])"))
+            continue
+        if not isinstance(rank, (list, dict)):
+            seen[rank] = k
+        if rank != k or isinstance(rank, bool):
+            out.append((at + ("rank",), f"entry {k} must be rank {k}"))
+            continue
+        if rank not in place:
+            continue                 # its stage's mesh was already reported
+        p, i, j = place[rank]
+        grid = meshes[p]["mesh"]
+        want = {"host": topology.host(rank), "stage": p, "layers": list(stages[p]["layers"]), "data": i,
+                "tensor": j, "tensor_group": list(grid[i]), "data_group": [row[j] for row in grid]}
+        for key, value in want.items():
+            if entry.get(key) != value or type(entry.get(key)) is not type(value):
+                out.append((at + (key,), f"must be {value} (rank {rank} is at data {i}, tensor {j} of stage {p}'s"
+                                         " mesh)"))
+    return out

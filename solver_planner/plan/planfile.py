@@ -1,6 +1,7 @@
 """The plan file: everything needed to re-check a plan and to launch it, as YAML.
 
-Format ``solver-planner-plan``, version 1.  Times are seconds, memory bytes; a boundary's
+Format ``solver-planner-plan``, version 2 (version 1 had no search options, and its
+breakdown was per-stage averages).  Times are seconds, memory bytes; a boundary's
 schedule gives each unit task's sender device and its start and end in integer units of
 ``time_unit`` seconds (the resharding scheduler's own unit, so the check is exact).
 """
@@ -15,12 +16,13 @@ import yaml
 from ..errors import PlannerError
 from ..resharding import TIME_UNIT
 from .compose import TrainingPlan, breakdown
+from .fields import kind_of
 from .launch import launch_layout
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
 
 FORMAT = "solver-planner-plan"
-VERSION = 1
+VERSION = 2
 MAX_PLAN_BYTES = 64 * 2**20      # a plan of 100 000 devices stays far below this
 
 
@@ -134,6 +136,8 @@ def read_plan(path: Path) -> dict[str, Any]:
         raise PlanFileError(f"{p}{where}: not YAML: {reason}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')")
-    if doc.get("version") != VERSION:
-        raise PlanFileError(f"{p}: plan file version {doc.get('version')!r}; this version reads version {VERSION}")
+    version = doc.get("version")
+    if type(version) is not int or version != VERSION:    # 2.0 and true are not the integer 2
+        raise PlanFileError(f"{p}: version: the plan file's version is {kind_of(version)}; this version of"
+                            f" solver-planner reads the integer {VERSION} (write the plan again with 'plan -o')")
     return doc
