@@ -212,18 +212,19 @@ def check(
 
     def show(_data) -> None:
         out = console()
-        marks = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "unknown": "[yellow]unknown[/]",
-                 "skipped": "[yellow]skipped[/]"}
+        colours = {"ok": "green", "fail": "red", "unknown": "yellow", "skipped": "yellow"}
+        marks = {k: " " * (8 - len(k)) + f"[{c}]{'FAIL' if k == 'fail' else k}[/]" for k, c in colours.items()}
         shown: dict[str, int] = {}
         for f in rep.findings:
             shown[f.part] = shown.get(f.part, 0) + 1
             if f.status == "fail" and shown[f.part] > MAX_FAILURES_SHOWN:
                 continue
-            out.print(f"{marks[f.status]:>8}  {_where(f)}{f.message}", highlight=False)
+            out.print(f"{marks[f.status]}  {_where(f)}{f.message}", highlight=False, soft_wrap=True)
         for part, n in shown.items():
             hidden = sum(1 for f in rep.findings if f.part == part and f.status == "fail") - MAX_FAILURES_SHOWN
             if hidden > 0:
-                out.print(f"[red]FAIL[/]  {part}: {hidden} more failing field(s) (--json lists them all)")
+                out.print(f"{marks['fail']}  {part}: {hidden} more failing field(s) (--json lists them all)",
+                          soft_wrap=True)
 
     first = rep.first_failure
     error = (f"{_where(first)}{first.message}", 1) if first is not None else \
