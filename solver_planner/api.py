@@ -113,7 +113,7 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
           max_size: int = 5, algorithm: str = "ring", size_metric: str = "instructions",
           matrices: Sequence | None = None) -> tuple[list[PlacementReport], SolveResult]:
     """Every placement of the model's parallelism axes on the cluster's levels (parallelism
-    matrices, seed 000 §3.1), ranked by the time of its reductions' best synthesized programs.
+    matrices, P² §3.1), ranked by the time of its reductions' best synthesized programs.
 
     Calls :func:`solver_planner.reduction.ranking.rank_placements`.
 
@@ -128,7 +128,7 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     algorithm : {'ring', 'tree'}
         The NCCL algorithm the cost model assumes.
     size_metric : {'instructions', 'paper'}
-        How program size is counted (``paper``: seed 000's search space).
+        How program size is counted (``paper``: P²'s search space).
     matrices : sequence, optional
         Rank only these placements (each a ``ParallelismMatrix``, rows as lists, or text
         such as ``'[[1,2],[2,2]]'``).
@@ -262,7 +262,7 @@ def reshard(cluster: PathLike | ClusterSpec | Topology,
             model: PathLike | ModelSpec | ReshardingProblem | Sequence[ReshardingProblem],
             name: str | None = None, method: str = "auto", strategy: str = "broadcast", time_limit: float = 10.0,
             seed: int = 0, workers: int = 1) -> list[SolveResult[ReshardingPlan]]:
-    """Schedule cross-mesh resharding (seed 002 §3): which host sends each slice of a
+    """Schedule cross-mesh resharding (the resharding paper §3): which host sends each slice of a
     tensor to the hosts of the next mesh, and when; every schedule is replayed in the
     simulator and checked before it is returned.
 
@@ -450,7 +450,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
          output: PathLike | None = None, candidates: int = 1,
          progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> TrainingPlan:
-    """One plan for the whole training job (seed 002 §5.2-5.3): pipeline stages and their
+    """One plan for the whole training job (the resharding paper §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
 
@@ -466,7 +466,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     method : str
         The stage search, as for :func:`stages`.
     cross_mesh : {'broadcast', 'send-recv', 'free'}
-        Stage boundaries: seed 002's broadcast schedules, Alpa's send/recv baseline, or
+        Stage boundaries: the resharding paper's broadcast schedules, Alpa's send/recv baseline, or
         free (the "Signal Send/Recv" upper bound).
     overlap : bool
         Overlap boundary transfers with computation (False: each transfer holds both

@@ -227,7 +227,7 @@ def execute_reshard(
     dry_run: bool = DRY_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Schedule each resharding of MODEL (seed 002 §3), run its broadcasts on one local
+    """Schedule each resharding of MODEL (the resharding paper §3), run its broadcasts on one local
     process per mesh device, and check that every destination rank holds exactly its
     slice of the tensor.
 

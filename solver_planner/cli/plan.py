@@ -31,7 +31,7 @@ def plan(
                                  help=f"Pipeline schedule family: {', '.join(SCHEDULES)}."),
     method: str = typer.Option("auto", "--method", "-m", help=f"Stage search: {', '.join(METHODS)}."),
     cross_mesh: str = typer.Option("broadcast", "--cross-mesh",
-                                   help="Stage boundaries: broadcast (seed 002's schedules), send-recv (Alpa's"
+                                   help="Stage boundaries: broadcast (the resharding paper's schedules), send-recv (Alpa's"
                                         " baseline) or free (Signal Send/Recv: the upper bound)."),
     overlap: bool = typer.Option(True, "--overlap/--no-overlap",
                                  help="Overlap boundary transfers with computation (--no-overlap: each transfer"
@@ -66,7 +66,7 @@ def plan(
 ) -> None:
     """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
     stage's placement and proven gradient program, a broadcast schedule at every stage
-    boundary, and the iteration simulated with all of them (seed 002 §5.2-5.3).
+    boundary, and the iteration simulated with all of them (the resharding paper §5.2-5.3).
 
     Exit codes: 0 plan found; 1 no plan fits in memory, or a part could not be proved; 2 bad spec or option; 3 a search or proof ran out of time with nothing proven.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence

@@ -14,12 +14,12 @@ from ..choices import SIZE_METRICS as METRICS
 from ..errors import unknown_choice
 from .common import JSON_OPT, check_plot, console, fail, handles_errors, model_of, print_json, topology_of
 
-reduce_app = typer.Typer(help="Synthesize and verify reduction programs (seed 000).", no_args_is_help=True,
+reduce_app = typer.Typer(help="Synthesize and verify reduction programs (P²).", no_args_is_help=True,
                          rich_markup_mode=None)
 
 MAX_SIZE_OPT = typer.Option(5, "--max-size", min=1, max=8, help="Largest program size to synthesize.")
 METRIC_OPT = typer.Option("instructions", "--size-metric",
-                          help="How program size is counted: 'instructions' (each counts 1) or 'paper' (seed 000's"
+                          help="How program size is counted: 'instructions' (each counts 1) or 'paper' (P²'s"
                                " space: InsideGroup 1, Parallel/Master 2, R-Broadcast verbatim).")
 ALGO_OPT = typer.Option("ring", "--algorithm", "-a", help="NCCL algorithm the cost model assumes: ring or tree.")
 MATRIX_OPT = typer.Option(None, "--matrix",
@@ -272,7 +272,7 @@ def verify(
         if verdict.failure is not None and verdict.failure != verdict.violation:
             typer.echo(f"so at the end: {verdict.failure}")
         for w in verdict.warnings:
-            typer.echo(f"note: {w} (seed 000's Fig. 8 rejects this step, but it does not change the result: a wasted"
+            typer.echo(f"note: {w} (P²'s Fig. 8 rejects this step, but it does not change the result: a wasted"
                        " step)")
         for c in verdict.local_copies:
             who = ", ".join(f"{what} on devices {format_rows(tuple(c[what]))}" for what in ("pack", "unpack")

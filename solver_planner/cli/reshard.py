@@ -45,7 +45,7 @@ def reshard(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Schedule each cross-mesh resharding of MODEL on CLUSTER: which host sends each slice,
-    to whom and when (seed 002 §3), checked by replaying it in the simulator.
+    to whom and when (the resharding paper §3), checked by replaying it in the simulator.
 
     With --json, one resharding prints {"tasks", "makespan", "lower_bound", "status",
     "method", "solve_time", "schedule": [...], ...}; several print {"reshardings": [...]}.

@@ -76,7 +76,7 @@ def stages(
                                               " micro-batches); the best layer split unless --split."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
-                                   help="Also the best pure data, tensor and pipeline plans (seed 004 Table 2)."),
+                                   help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
                                help="Subspaces the branch and bound solves before it stops with a gap."),
     sim_budget: int = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,

@@ -44,7 +44,7 @@ class ReshardingProblem:
     def __post_init__(self) -> None:
         shared = set(self.src.mesh.flat) & set(self.dst.mesh.flat)
         if shared:
-            raise ValueError(f"source and destination meshes share devices {sorted(shared)}; seed 002 §2.2 needs"
+            raise ValueError(f"source and destination meshes share devices {sorted(shared)}; cross-mesh resharding needs"
                              " disjoint meshes")
 
     @classmethod

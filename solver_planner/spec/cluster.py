@@ -123,7 +123,7 @@ class ClusterSpec(SpecModel):
     interconnects: list[InterconnectSpec] = Field(min_length=1, max_length=MAX_LIST)
     host_level: str | None = Field(
         default=None,
-        description="the level whose instances are hosts (one NIC domain each, seed 002 §3); "
+        description="the level whose instances are hosts (one NIC domain each); "
         "default: the level just above the innermost one",
     )
     collective_overlap: Number = Field(

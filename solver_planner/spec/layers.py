@@ -55,7 +55,7 @@ class LayerSpec(SpecModel):
         "connections, e.g. a U-Net); names of layers that are not repeated")
     weight_flops: Flops | None = Field(
         default=None, ge=0, description="part of backward_flops that computes weight gradients (default half "
-        "of it); backward weight delaying (seed 002 section 4) runs it later")
+        "of it); backward weight delaying (the resharding paper §4) runs it later")
     checkpoint: Bytes | None = Field(
         default=None, ge=0, description="bytes per sample kept under full recomputation (default: activations)")
     selective_saved: Bytes | None = Field(

@@ -274,7 +274,7 @@ def _resharding_issues(spec: ModelSpec, source: Source) -> list:
         if shared is not None:
             h, j = shared
             issues.append(source.issue(at + ("dst",), f"the source and destination meshes overlap ({count} devices,"
-                                       f" e.g. host {h} device {j}); seed 002 §2.2 moves data between disjoint meshes"))
+                                       f" e.g. host {h} device {j}); cross-mesh resharding moves data between disjoint meshes"))
     return issues
 
 
