@@ -516,7 +516,9 @@ class _Checker:
             why = "does not fit in memory" if tried.get(str(recorded)) == math.inf else \
                 f"replays in {tried[str(recorded)]:.9g} s"
             self.fail("iteration", "schedule", f"{recorded} {why}; {run.schedule} of the same family is the fastest"
-                                               f" that fits ({run.iteration_time:.9g} s): the plan runs that one")
+                                               f" that fits ({run.iteration_time:.9g} s): the plan runs that one"
+                                               f" (simulated with the stages, the boundary schedules, overlap,"
+                                               f" cross_mesh and compute as recorded)")
             return None
         self.rep.iteration_time = run.iteration_time
         self.ok("memory", f"every stage fits ({max(run.peak_memory) / 2**30:.2f} of {memory / 2**30:.2f} GiB)")
