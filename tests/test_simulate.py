@@ -163,7 +163,7 @@ def test_engine_matches_the_naive_reference_scheduler(tasks):
         assert r.start >= max([t["release"]] + [tl[d].end for d in t["deps"]])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(task_sets())
 def test_the_critical_path_tiles_the_run_with_linked_tasks(tasks):
     """Its pieces tile [0, makespan]; each task piece is that task as it ran; a task follows
