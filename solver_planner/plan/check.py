@@ -72,6 +72,7 @@ class Finding:
 class CheckReport:
     findings: list[Finding] = datafield(default_factory=list)
     iteration_time: float | None = None
+    plan: Any = None       # the TrainingPlan re-derived from the file (its boundaries carry the recorded schedules)
 
     def add(self, part: str, status: str, message: str, path: str = "") -> None:
         self.findings.append(Finding(part, status, message, path))
@@ -189,6 +190,7 @@ class _Checker:
         plan = self.iteration(part, parts, bounds)
         if plan is None:
             return
+        self.rep.plan = plan
         if options is None:
             self.rep.add("search", "skipped", "needs the search's options (see the failure above)")
         else:

@@ -1,0 +1,187 @@
+"""A verified plan as plain data every rank runs: :class:`RunJob` (no torch, picklable).
+
+Built from the plan ``check`` re-derived (:attr:`solver_planner.plan.check.CheckReport.plan`),
+so nothing a file claims is used unverified:
+
+* each stage's layers, its rank grid (the ``DeviceMesh`` of ``launch.stages[p].mesh``: rows
+  data replicas, columns tensor positions), recomputation, and its gradient program lowered
+  to calls over its data groups (:func:`solver_planner.distributed.lower.lower_reduction`
+  of the proven program on the stage's synthesis hierarchy);
+* each boundary's broadcast schedule lowered to per-rank ``broadcast`` calls
+  (:func:`solver_planner.distributed.lower.lower_resharding`), in global ranks, with the
+  tile each rank sends from or receives into (a ``[samples, elements]`` view of the
+  micro-batch's activation or gradient);
+* the pipeline schedule: torch's ``ScheduleGPipe`` / ``Schedule1F1B``, or for eager-1F1B
+  (and weight delaying) each stage's action list (``F``, ``B``, ``I`` input gradients, ``W``
+  weight gradients) from :func:`solver_planner.stages.pipeline.stage_orders`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OptionError
+from ..reduction.dsl import parse_program
+from ..reduction.verify import system_steps
+from ..spec.model import ModelSpec
+from .model import ModelShape, model_shape
+
+__all__ = ["StageJob", "BoundaryJob", "RunJob", "run_job", "ACTION_NAMES"]
+
+# the stage planner's ops -> torch pipelining's computation types (F, full B, input / weight gradient)
+ACTION_NAMES = {"F": "F", "B": "B", "BA": "I", "BW": "W"}
+
+
+@dataclass
+class StageJob:
+    index: int
+    first: int
+    last: int
+    grid: list[list[int]]                   # ranks: grid[data][tensor]
+    recompute: str                          # none | selective | full
+    program: dict[str, Any] | None          # lowered gradient program (local ranks 0..size-1), or None
+    program_text: str = "none"
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for row in self.grid for r in row]
+
+    @property
+    def data(self) -> int:
+        return len(self.grid)
+
+    @property
+    def tensor(self) -> int:
+        return len(self.grid[0])
+
+
+@dataclass
+class BoundaryJob:
+    """One direction of the boundary between stage ``p`` and ``p + 1``: 'act' forward,
+    'grad' back.  ``calls[rank]`` lists ``(members, root, box)`` in issue order: ``box``
+    is the rank's rows and columns ``((r0, r1), (c0, c1))`` of its ``[samples, elements]``
+    tile that it sends (root) or receives into."""
+
+    kind: str
+    stage: int                              # the earlier stage of the pair
+    shape: tuple[int, int]                  # one micro-batch's tensor: samples x elements per sample
+    groups: list[list[int]]                 # member sets, in first-use order
+    calls: dict[int, list[tuple[list[int], int, tuple]]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind} {self.stage}"
+
+
+@dataclass
+class RunJob:
+    shape: ModelShape
+    world: int
+    stages: list[StageJob]
+    boundaries: dict[str, BoundaryJob]
+    microbatches: int
+    microbatch_size: int
+    schedule: str                           # gpipe | 1f1b | actions
+    orders: dict[int, list[tuple[str, int]]] | None
+    schedule_name: str
+    optimizer: str                          # adam | sgd
+    sharded: bool                           # optimizer sharding: FSDP2 over each stage's data dimension
+    sequence_parallel: bool
+    predicted_iteration_time: float
+    steps: int = 3
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatches * self.microbatch_size
+
+    def stage_of(self, rank: int) -> StageJob:
+        return next(s for s in self.stages if rank in s.ranks)
+
+
+def _program(part, level_names) -> dict[str, Any] | None:
+    """The stage's proven gradient program as calls over its local ranks."""
+    from ..distributed.lower import lower_reduction
+    from ..plan.parts import stage_lowering
+
+    if part.program == "none" or part.proof == "not an all-reduce":
+        return None
+    lowering = stage_lowering(part.matrix, part.mesh, level_names)
+    steps = system_steps(lowering, parse_program(part.program))
+    return lower_reduction(steps, len(part.devices), lowering.hierarchy.size, lowering.reduction_groups(), 1,
+                           title=part.program).as_dict()
+
+
+def _boundary(b, stage: int) -> BoundaryJob:
+    from ..distributed.lower import lower_resharding
+
+    lowered = lower_resharding(b.plan)
+    devices = lowered.devices
+    groups = [[devices[r] for r in g] for g in lowered.groups]
+    job = BoundaryJob(b.kind, stage, tuple(b.problem.shape), groups)
+    for local, calls in enumerate(lowered.calls):
+        rank = devices[local]
+        out = []
+        for c in calls:
+            box = c.send if c.send is not None else c.recv
+            out.append((groups[c.group], devices[c.root], tuple(tuple(x) for x in box)))
+        if out:
+            job.calls[rank] = out
+    return job
+
+
+def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
+    """What every rank runs for ``plan`` (a re-derived, verified
+    :class:`~solver_planner.plan.compose.TrainingPlan`); :class:`OptionError` when ``run``
+    cannot run it, saying why."""
+    from ..plan.boundaries import transfers_of
+    from ..stages.pipeline import stage_orders
+
+    shape = model_shape(model)
+    if plan.cross_mesh == "free":
+        raise OptionError("the plan prices cross-mesh communication as free (an upper bound on speed, not a plan to"
+                          " run): plan it with --cross-mesh broadcast")
+    if plan.cross_mesh != "broadcast":
+        raise OptionError(f"the plan moves its boundaries with {plan.cross_mesh}; run executes broadcast schedules"
+                          " (plan with --cross-mesh broadcast)")
+    part = plan.partition
+    S = part.costs.stages
+    far = [(p, q) for (p, q) in part.channels if q != p + 1]
+    if far:
+        raise OptionError(f"stage {far[0][0]} feeds stage {far[0][1]} directly (a skip connection); torch's pipeline"
+                          " runtime passes tensors only to the next stage")
+    training = model.training
+    names = plan.topology.level_names
+    stages = []
+    for s in plan.parts:
+        grid = s.grid()
+        if shape.kind == "gpt" and s.tensor > 1 and shape.heads % s.tensor:
+            raise OptionError(f"stage {s.index}: {shape.heads} attention heads do not split over tensor degree"
+                              f" {s.tensor}")
+        stages.append(StageJob(s.index, s.first, s.last, grid, s.recompute, _program(s, names), s.program))
+    boundaries = {}
+    for b in plan.boundaries:
+        lo = min(b.src, b.dst)
+        job = _boundary(b, lo)
+        boundaries[job.key] = job
+    sched = plan.schedule
+    if sched.kind == "eager-1f1b":
+        transfers = transfers_of(plan.boundaries, synchronous=not plan.overlap)
+        orders = {p: [(ACTION_NAMES[op], m) for op, m in order]
+                  for p, order in enumerate(stage_orders(part, sched, transfers))}
+        kind = "actions"
+    else:
+        orders, kind = None, sched.kind
+    sharding = training.optimizer_sharding if training is not None else "none"
+    notes = [f"model: {shape.describe()}", "every tensor is float32 (the plan's dtype sets its times, not the run's)"]
+    if sharding != "none":
+        notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks (parameters,"
+                     " gradients and optimizer state sharded: ZeRO-3's memory; its reduce-scatter replaces the"
+                     " gradient program)")
+    return RunJob(shape=shape, world=plan.topology.num_devices, stages=stages, boundaries=boundaries,
+                  microbatches=part.costs.microbatches, microbatch_size=part.costs.micro_size, schedule=kind,
+                  orders=orders, schedule_name=str(sched), optimizer=training.optimizer if training else "adam",
+                  sharded=sharding != "none", sequence_parallel=bool(training and training.sequence_parallel),
+                  predicted_iteration_time=plan.iteration_time, steps=steps, seed=seed, notes=notes)
