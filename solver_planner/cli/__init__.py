@@ -22,6 +22,7 @@ from .execute import calibrate, execute_app
 from .plan import check, plan
 from .reduce import place, reduce_app
 from .reshard import reshard
+from .run import run
 from .stages import stages
 
 app = typer.Typer(
@@ -260,6 +261,7 @@ app.command()(plan)
 app.command()(check)
 app.add_typer(execute_app, name="execute")
 app.command()(calibrate)
+app.command()(run)
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ class StageJob:
     last: int
     grid: list[list[int]]                   # ranks: grid[data][tensor]
     recompute: str                          # none | selective | full
-    program: dict[str, Any] | None          # lowered gradient program (local ranks 0..size-1), or None
+    program: dict[str, Any] | None          # lowered gradient program in global ranks (calls by rank), or None
     program_text: str = "none"
 
     @property
@@ -102,7 +102,10 @@ class RunJob:
 
 
 def _program(part, level_names) -> dict[str, Any] | None:
-    """The stage's proven gradient program as calls over its local ranks."""
+    """The stage's proven gradient program, lowered (:func:`lower_reduction`) and moved to
+    global ranks: ``groups`` of global ranks, ``calls[rank]`` with global roots, in the
+    interpreter's call format, so :func:`solver_planner.distributed.interpreter.do_call`
+    runs it as it is (local device ``j`` of the stage is ``part.devices[j]``)."""
     from ..distributed.lower import lower_reduction
     from ..plan.parts import stage_lowering
 
@@ -110,8 +113,14 @@ def _program(part, level_names) -> dict[str, Any] | None:
         return None
     lowering = stage_lowering(part.matrix, part.mesh, level_names)
     steps = system_steps(lowering, parse_program(part.program))
-    return lower_reduction(steps, len(part.devices), lowering.hierarchy.size, lowering.reduction_groups(), 1,
+    plan = lower_reduction(steps, len(part.devices), lowering.hierarchy.size, lowering.reduction_groups(), 1,
                            title=part.program).as_dict()
+    devices = part.devices
+    plan["groups"] = [[devices[r] for r in g] for g in plan["groups"]]
+    plan["calls"] = {devices[local]: [[st, op, g, None if root is None else devices[root], send, recv]
+                                      for st, op, g, root, send, recv in calls]
+                     for local, calls in enumerate(plan["calls"])}
+    return plan
 
 
 def _boundary(b, stage: int) -> BoundaryJob:
@@ -165,6 +174,12 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
     for b in plan.boundaries:
         lo = min(b.src, b.dst)
         job = _boundary(b, lo)
+        want = shape.boundary_elements(plan.parts[lo].last)
+        if job.shape != (part.costs.micro_size, want):
+            # the schedule's tiles are boxes of this tensor: a different size would move wrong data
+            raise OptionError(f"boundary {b.kind} {b.src}->{b.dst}: the plan moves a {job.shape[0]} x {job.shape[1]}"
+                              f" tensor, the model's is {part.costs.micro_size} x {want} (samples x elements);"
+                              " plan with the same model spec")
         boundaries[job.key] = job
     sched = plan.schedule
     if sched.kind == "eager-1f1b":

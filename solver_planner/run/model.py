@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from ..errors import OptionError
 from ..spec.model import ModelSpec
 
-__all__ = ["ModelShape", "model_shape", "build_layers", "StageModule", "batch", "loss_sum", "WIDTH_STEP"]
+__all__ = ["ModelShape", "model_shape", "build_layers", "StageModule", "batch", "loss_sum", "make_optimizer", "reference",
+           "WIDTH_STEP"]
 
 WIDTH_STEP = 8           # hidden widths of `layers:` models are multiples of this
 MAX_PARAMETERS = 2**27   # per model: `run` trains on this machine's processes, in fp32
@@ -63,6 +64,12 @@ class ModelShape:
             total += prev * k + k + k * w + w
             prev = w
         return total
+
+    def boundary_elements(self, layer: int) -> int:
+        """Elements per sample of layer ``layer``'s output (what crosses a stage boundary after it)."""
+        if self.kind == "gpt":
+            return self.sequence * (self.vocab if layer == self.layers - 1 else self.hidden)
+        return self.widths[layer]
 
     def describe(self) -> str:
         if self.kind == "gpt":
@@ -255,3 +262,35 @@ def loss_sum(shape: ModelShape, output: torch.Tensor, target: torch.Tensor, per:
         total = F.cross_entropy(output.flatten(0, 1).float(), target.flatten(), reduction="sum")
         return total / (per * target.shape[1])
     return F.mse_loss(output.float(), target, reduction="sum") / (per * target.shape[1])
+
+
+LEARNING_RATE = {"adam": 1e-3, "sgd": 0.1}
+
+
+def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
+    """The spec's optimizer (``adam``; ``sgd``: plain, no momentum), with a fixed learning rate."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=LEARNING_RATE["sgd"])
+    return torch.optim.Adam(params, lr=LEARNING_RATE["adam"])
+
+
+def reference(shape: ModelShape, steps: int, microbatches: int, microbatch_size: int, optimizer: str = "adam",
+              seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The single-process run every plan must equal: the whole model, each step's global batch
+    as ``microbatches`` micro-batches whose gradients accumulate, the mean loss.  Returns the
+    loss of every step and every parameter after the last (by the model's names)."""
+    model = StageModule(build_layers(shape, 0, shape.layers - 1, seed))
+    opt = make_optimizer(optimizer, model.parameters())
+    losses = []
+    for step in range(steps):
+        x, y = batch(shape, step, microbatches * microbatch_size, seed)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for m in range(microbatches):
+            rows = slice(m * microbatch_size, (m + 1) * microbatch_size)
+            loss = loss_sum(shape, model(x[rows]), y[rows], microbatch_size) / microbatches
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        opt.step()
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
