@@ -22,7 +22,7 @@ from ..errors import OptionError, PlannerError
 from .job import RunJob
 from .worker import ACTION_CODES
 
-__all__ = ["RunResult", "run_plan", "process_limit", "MEMORY_PER_PROCESS"]
+__all__ = ["RunResult", "run_plan", "run_plans", "process_limit", "MEMORY_PER_PROCESS"]
 
 MEMORY_PER_PROCESS = 0.5 * 2**30    # bytes: a process with torch and gloo imported, before the model
 TORCH_MINIMUM = (2, 6)              # the pipeline runtime that executes action lists
@@ -95,47 +95,66 @@ def run_plan(job: RunJob, backend: str = "gloo", timeout: float = 30.0, compare:
     most this); ``on_step(step)`` after each finished step; ``fail``: see the worker's
     failure injection (tests).  Raises :class:`OptionError` before starting when the machine
     cannot host the world, :class:`PlannerError` when a rank fails."""
+    return run_plans([job], backend, timeout, compare, (lambda _n, s: on_step(s)) if on_step else None, fail,
+                     limit)[0]
+
+
+def run_plans(jobs: list[RunJob], backend: str = "gloo", timeout: float = 30.0, compare: bool = True,
+              on_step: Callable[[int, int], None] | None = None, fail: tuple | None = None,
+              limit: int | None = None) -> list[RunResult]:
+    """:func:`run_plan` for jobs of one world size, one after the other in the same processes
+    (they start, and import torch, once); ``on_step(job, step)``."""
     torch = _check_torch()
     from ..distributed.launch import choose_backend
 
+    world = jobs[0].world
+    if any(j.world != world for j in jobs):
+        raise OptionError("jobs run together must have the same number of ranks")
     limit = process_limit() if limit is None else limit
-    if job.world > limit:
-        raise OptionError(f"the plan has {job.world} ranks; this machine can host {limit} run processes (about"
+    if world > limit:
+        raise OptionError(f"the plan has {world} ranks; this machine can host {limit} run processes (about"
                           f" {MEMORY_PER_PROCESS / 2**30:.1f} GiB each): plan for a smaller cluster spec")
-    backend = choose_backend(backend, job.world)
+    backend = choose_backend(backend, world)
     import multiprocessing as mp
 
     from .model import reference
     from .worker import worker
 
-    ref_losses = None
+    ref_losses: list[list[float] | None] = []
     with tempfile.TemporaryDirectory(prefix="solver-planner-run-") as tmp:
-        ref_path = None
-        if compare:
-            ref_losses, params = reference(job.shape, job.steps, job.microbatches, job.microbatch_size,
-                                           job.optimizer, job.seed)
-            ref_path = os.path.join(tmp, "reference.pt")
-            torch.save(params, ref_path)
+        paths: list[str | None] = []
+        for n, job in enumerate(jobs):
+            if not compare:
+                ref_losses.append(None)
+                paths.append(None)
+                continue
+            losses, params = reference(job.shape, job.steps, job.microbatches, job.microbatch_size, job.optimizer,
+                                       job.seed)
+            ref_losses.append(losses)
+            paths.append(os.path.join(tmp, f"reference-{n}.pt"))
+            torch.save(params, paths[-1])
         ctx = mp.get_context("spawn")    # fork is unsafe once torch has threads
-        table = ctx.Array("q", [-1] * (3 * job.world), lock=False)
+        table = ctx.Array("q", [-1] * (3 * world), lock=False)
         results = ctx.Queue()
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=worker, args=(r, job.world, job, backend, store, ref_path, table, timeout, fail,
+        procs = [ctx.Process(target=worker, args=(r, world, jobs, backend, store, paths, table, timeout, fail,
                                                   results), daemon=True, name=f"rank {r}")
-                 for r in range(job.world)]
+                 for r in range(world)]
         for p in procs:
             p.start()
         try:
-            got = _collect(procs, results, table, job, on_step)
+            got = _collect(procs, results, table, jobs[0], on_step)
         finally:
             _stop(procs)
-    ranks = [got[r] for r in range(job.world)]
-    last = [r for r in ranks if r["losses"]]
-    losses = last[0]["losses"]
-    step_times = [max(r["times"][i] for r in ranks) for i in range(job.steps)]
-    worst = max(ranks, key=lambda r: r.get("worst", 0.0)) if compare else None
-    return RunResult(job, backend, losses, ref_losses, worst["worst"] if worst else None,
-                     worst["worst_parameter"] if worst else None, step_times, ranks)
+    out = []
+    for n, job in enumerate(jobs):
+        ranks = [got[r][n] for r in range(world)]
+        losses = next(r["losses"] for r in ranks if r["losses"])
+        step_times = [max(r["times"][i] for r in ranks) for i in range(job.steps)]
+        worst = max(ranks, key=lambda r: r.get("worst", 0.0)) if compare else None
+        out.append(RunResult(job, backend, losses, ref_losses[n], worst["worst"] if worst else None,
+                             worst["worst_parameter"] if worst else None, step_times, ranks))
+    return out
 
 
 def _where(table, rank: int) -> str:
@@ -164,7 +183,7 @@ def _collect(procs, results, table, job: RunJob, on_step) -> dict[int, dict]:
             _fail(procs, results, table, job, got, [(rank, value)])
         elif kind == "step":
             if on_step is not None:
-                on_step(value)
+                on_step(*value)
         else:
             got[rank] = value
     return got

@@ -5,8 +5,8 @@ plan's stage ``[first, last]`` is a slice of :func:`build_layers`:
 
 * ``transformer:`` specs: ``0`` the embedding (token and position tables), ``1..L``
   pre-norm blocks (LayerNorm, causal multi-head attention with separate q, k, v and output
-  projections, LayerNorm, a 4h GELU MLP, residual adds), ``L+1`` the final LayerNorm and the
-  logits, whose weight is the token table when ``tied_embeddings`` (GPT-2/3: a last stage
+  projections, no query or key bias; LayerNorm, a 4h GELU MLP, residual adds), ``L+1`` the
+  final LayerNorm and the logits, whose weight is the token table when ``tied_embeddings`` (GPT-2/3: a last stage
   without the embedding keeps a copy, which the run keeps equal, Megatron's embedding group);
 * ``layers:`` specs (no architecture): each layer is ``Linear(w_in, k) -> GELU -> Linear(k, w)``
   with ``w`` the layer's output elements per sample (``activations`` / dtype size, so the
@@ -56,7 +56,7 @@ class ModelShape:
     def parameters(self) -> int:
         if self.kind == "gpt":
             h, L = self.hidden, self.layers - 2
-            block = 12 * h * h + 12 * h         # q, v, o with biases, k without; the MLP; two norms
+            block = 12 * h * h + 11 * h         # v, o with biases, q, k without; the MLP; two norms
             head = 2 * h + (0 if self.tied else self.vocab * h)
             return (self.vocab + self.sequence) * h + L * block + head
         total, prev = 0, self.widths[0]
@@ -135,9 +135,11 @@ class Attention(nn.Module):
     def __init__(self, s: ModelShape):
         super().__init__()
         self.head_dim = s.hidden // s.heads
-        self.q = nn.Linear(s.hidden, s.hidden)
-        # no key bias: softmax is invariant to it, so its gradient is zero in exact arithmetic
-        # (and pure rounding noise in floating point)
+        # no query or key bias: softmax is invariant to a key bias, so its gradient is zero in
+        # exact arithmetic, and a query bias's gradient is a sum of terms that cancel (each
+        # row of the softmax's gradient sums to zero), so rounding dominates both -- and Adam,
+        # which divides by the gradient's own size, would turn that rounding into updates
+        self.q = nn.Linear(s.hidden, s.hidden, bias=False)
         self.k = nn.Linear(s.hidden, s.hidden, bias=False)
         self.v = nn.Linear(s.hidden, s.hidden)
         self.o = nn.Linear(s.hidden, s.hidden)

@@ -57,10 +57,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def worker(rank: int, world: int, job: RunJob, backend: str, store: str, reference_path: str | None, table,
-           timeout: float, fail: tuple | None, results) -> None:
-    """One process of the run; puts ``("done", rank, result)`` or ``("error", rank, text)`` on
-    ``results`` and ``("step", rank, step)`` as the last stage finishes each step."""
+def worker(rank: int, world: int, jobs: list[RunJob], backend: str, store: str, references: list[str | None],
+           table, timeout: float, fail: tuple | None, results) -> None:
+    """One process of the run: every job in turn (each with its own groups), in one torch job
+    so that processes start once.  Puts ``("done", rank, results by job)`` or ``("error",
+    rank, text)`` on ``results``, and ``("step", rank, (job, step))`` as the last stage
+    finishes each step."""
     _die_with_parent()
     progress = Progress(table, rank)
     try:
@@ -73,7 +75,8 @@ def worker(rank: int, world: int, job: RunJob, backend: str, store: str, referen
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
         try:
-            out = _train(rank, job, backend, reference_path, progress, timeout, fail, results)
+            out = [_train(rank, n, job, backend, ref, progress, timeout, fail, results)
+                   for n, (job, ref) in enumerate(zip(jobs, references))]
         finally:
             dist.destroy_process_group()
         results.put(("done", rank, out))
@@ -185,8 +188,8 @@ def _tie(job: RunJob, stage, module, tied) -> None:
         weight.grad.copy_(total)
 
 
-def _train(rank: int, job: RunJob, backend: str, reference_path: str | None, progress: Progress, timeout: float,
-           fail, results) -> dict[str, Any]:
+def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str | None, progress: Progress,
+           timeout: float, fail, results) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
@@ -228,7 +231,8 @@ def _train(rank: int, job: RunJob, backend: str, reference_path: str | None, pro
 
     def after_backward():
         progress.mark("gradient program")
-        _reduce(job, stage, module, programs.get(p, []), rank)
+        if not (job.sharded and stage.data > 1):   # FSDP2's reduce-scatter has summed them already
+            _reduce(job, stage, module, programs.get(p, []), rank)
         _tie(job, stage, module, tied)
 
     pipe.after_backward = after_backward
@@ -277,7 +281,7 @@ def _train(rank: int, job: RunJob, backend: str, reference_path: str | None, pro
             dist.all_reduce(loss, group=mesh.get_group("dp"))
             losses.append(float(loss))
             if rank == stage.ranks[0]:
-                results.put(("step", rank, step))
+                results.put(("step", rank, (index, step)))
     progress.mark("done")
     out: dict[str, Any] = {"rank": rank, "stage": p, "times": times, "comm": comm, "losses": losses}
     if reference_path is not None:

@@ -1,0 +1,116 @@
+"""``run``: a plan trained on 8 gloo processes equals one process (issue: run a plan).
+
+Every configuration trains 3 steps with the same seed and data as a single-process run of the
+same model.  Bounds: each step's loss within 1e-6 (relative); every parameter after the last
+step within 1e-5 (relative) with SGD, and within 1e-4 with Adam -- Adam divides each element's
+update by the gradient's own running size, so an element whose gradient is near zero turns the
+rounding of a different fp32 summation order (data-parallel and tensor-parallel partial sums,
+micro-batches) into a step of up to the learning rate; one process summing its micro-batches
+in reverse order already differs by up to 6e-6.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "specs/clusters/local-2x4.yaml"
+TINY = {"layers": 6, "hidden": 64, "heads": 4, "sequence": 16, "vocab": 256}
+
+pytestmark = pytest.mark.slow
+
+
+def model_file(folder: Path, name: str, transformer=None, layers=None, **training) -> Path:
+    doc = {"name": name, "training": {"global_batch": 16, "microbatches": "auto", "dtype": "float32",
+                                      "optimizer": "sgd", **training}}
+    if transformer is not None:
+        doc["transformer"] = transformer
+    if layers is not None:
+        doc["layers"] = layers
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def plan_file(folder: Path, model: Path, *options: str) -> Path:
+    out = folder / f"{model.stem}.plan.yaml"
+    subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTER), str(model), "-o", str(out),
+                    *options], check=True, capture_output=True, cwd=ROOT)
+    return out
+
+
+def job_of(model: Path, plan: Path, steps: int = 3):
+    from solver_planner.plan.check import check_plan
+    from solver_planner.plan.planfile import read_plan
+    from solver_planner.run.job import run_job
+    from solver_planner.spec import load_cluster_spec, load_model_spec
+    from solver_planner.topology import Topology
+
+    topo = Topology(load_cluster_spec(CLUSTER))
+    spec = load_model_spec(model)
+    report = check_plan(topo, spec, read_plan(plan))
+    assert report.exit_code == 0, report.first_failure
+    return run_job(report.plan, spec, steps=steps)
+
+
+# name -> (model spec arguments, plan options, what the plan must hold)
+CASES = {
+    "uniform, eager-1F1B, weight delay, tied, adam": (
+        dict(transformer=TINY, optimizer="adam"), ("--config", "2,2,2,4"),
+        lambda j: j.schedule == "actions" and "weight delay" in j.schedule_name and
+        all(s.data == 2 and s.tensor == 2 for s in j.stages) and len(j.stages) == 2 and j.shape.tied),
+    "per-stage (d, t), uneven split": (
+        dict(transformer={**TINY, "hidden": 128, "vocab": 4096}), ("--stages", "2"),
+        lambda j: len({(s.data, s.tensor) for s in j.stages}) == 2 and
+        len({s.last - s.first for s in j.stages}) == 2),
+    "gpipe": (
+        dict(transformer=TINY), ("--schedule", "gpipe", "--config", "4,1,2,4"),
+        lambda j: j.schedule == "gpipe"),
+    "1f1b, recomputation, sequence parallelism": (
+        dict(transformer=TINY, recompute="full", sequence_parallel=True), ("--schedule", "1f1b", "--config", "1,4,2,4"),
+        lambda j: j.schedule == "1f1b" and j.sequence_parallel and all(s.recompute == "full" for s in j.stages)),
+    "optimizer sharding (FSDP2) with tensor parallelism": (
+        dict(transformer=TINY, optimizer_sharding="zero-3"), ("--schedule", "1f1b", "--config", "2,2,2,4"),
+        lambda j: j.sharded),
+    "untied, four stages": (
+        dict(transformer=TINY, tied_embeddings=False), ("--config", "2,1,4,4"),
+        lambda j: not j.shape.tied and len(j.stages) == 4),
+    "a layers: spec (no architecture)": (
+        dict(layers=[{"name": "l", "repeat": 6, "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"}]),
+        ("--config", "2,2,2,4"),
+        lambda j: j.shape.kind == "mlp"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from solver_planner.run.launch import run_plans
+
+    folder = tmp_path_factory.mktemp("run")
+    jobs = []
+    for n, (name, (model_args, options, holds)) in enumerate(CASES.items()):
+        model = model_file(folder, f"m{n}", **model_args)
+        job = job_of(model, plan_file(folder, model, *options))
+        assert holds(job), f"{name}: the plan does not have what this case tests"
+        jobs.append(job)
+    return dict(zip(CASES, run_plans(jobs)))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_equals_one_process(results, name):
+    res = results[name]
+    assert len(res.losses) == len(res.reference_losses) == 3
+    for got, want in zip(res.losses, res.reference_losses):
+        assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+    bound = 1e-4 if res.job.optimizer == "adam" else 1e-5
+    assert res.max_parameter_difference <= bound, (res.max_parameter_difference, res.worst_parameter)
+    # the model trained: the loss moved (a run that skipped the optimizer would also "match" step 1)
+    assert res.reference_losses[0] != res.reference_losses[-1]
+
