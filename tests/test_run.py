@@ -114,3 +114,120 @@ def test_equals_one_process(results, name):
     # the model trained: the loss moved (a run that skipped the optimizer would also "match" step 1)
     assert res.reference_losses[0] != res.reference_losses[-1]
 
+
+
+# -- refusals: no process starts ---------------------------------------------------------
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "solver_planner", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    model = model_file(folder, "tiny", transformer=TINY)
+    return model, plan_file(folder, model, "--config", "2,2,2,4")
+
+
+def _edit(plan: Path, folder: Path, change) -> Path:
+    doc = yaml.safe_load(plan.read_text())
+    change(doc)
+    out = folder / "edited.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+EDITS = {
+    # one group of the launch recipe
+    "launch.ranks[3].tensor_group": lambda d: d["launch"]["ranks"][3].__setitem__("tensor_group", [3, 1]),
+    # one step of a gradient program
+    "stages[0].gradient_program": lambda d: d["stages"][0].__setitem__(
+        "gradient_program", "ReduceScatter(root, InsideGroup)"),
+    # one boundary sender
+    "boundaries[0].schedule[0].sender_device": lambda d: d["boundaries"][0]["schedule"][0].__setitem__(
+        "sender_device", 1),
+}
+
+
+@pytest.mark.parametrize("path", list(EDITS))
+def test_refuses_an_edited_plan(tiny_plan, tmp_path, path):
+    model, plan = tiny_plan
+    res = _cli("run", CLUSTER, model, _edit(plan, tmp_path, EDITS[path]), "--steps", "1")
+    assert res.returncode == 1, res.stderr
+    assert "check refuses the plan" in res.stderr and path in res.stderr, res.stderr
+
+
+def test_refuses_more_processes_than_the_machine_hosts(tiny_plan):
+    model, plan = tiny_plan
+    res = _cli("run", CLUSTER, model, plan, "--max-ranks", "4", "--json")
+    assert res.returncode == 2
+    assert "8 ranks" in res.stdout and "can host 4" in res.stdout
+
+
+def test_refuses_a_model_it_cannot_build(tmp_path):
+    layers = [{"name": "a", "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP", "skip_to": ["c"]},
+              {"name": "b", "repeat": 4, "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"},
+              {"name": "c", "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"}]
+    model = model_file(tmp_path, "skip", layers=layers)
+    plan = plan_file(tmp_path, model, "--config", "2,2,2,4")
+    res = _cli("run", CLUSTER, model, plan)
+    assert res.returncode == 2
+    assert "layer 'a'" in res.stderr and "skip_to" in res.stderr, res.stderr
+
+
+# -- the command, and a rank that dies ---------------------------------------------------
+
+def test_json_fields(tiny_plan):
+    import json
+
+    model, plan = tiny_plan
+    res = _cli("run", CLUSTER, model, plan, "--steps", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [s["step"] for s in data["steps"]] == [1, 2]
+    for s in data["steps"]:
+        assert abs(s["loss"] - s["reference_loss"]) <= 1e-6 * s["reference_loss"]
+    assert 0 <= data["max_parameter_difference"] <= 1e-5
+    assert data["measured_step_time"] > 0 and data["predicted_iteration_time"] > 0
+
+
+def _children() -> list[str]:
+    """Live child processes of this one (zombies are dead), but multiprocessing's resource
+    tracker, which lives as long as this process whatever the run does."""
+    import os
+
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z":
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "resource_tracker" not in command:
+                out.append(command)
+    return out
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_dead_rank_ends_the_run(tiny_plan, how):
+    import time
+
+    from solver_planner.errors import PlannerError
+    from solver_planner.run.launch import run_plan
+
+    model, plan = tiny_plan
+    job = job_of(model, plan, steps=3)
+    start = time.monotonic()
+    with pytest.raises(PlannerError) as info:
+        run_plan(job, compare=False, timeout=20, fail=(5, 1, 2, how))
+    message = str(info.value)
+    assert message.startswith("rank 5 ") and "step 2" in message, message
+    assert ("SIGKILL" in message) if how == "kill" else ("injected failure" in message), message
+    assert "micro-batch 2" in message
+    assert not _children()
+    # the other ranks were stopped, not left to time out (20 s)
+    assert time.monotonic() - start < 60

@@ -56,7 +56,9 @@ def run(
     report = check_plan(topo, spec, doc)
     if report.exit_code != 0 or report.plan is None:
         first = report.first_failure
-        why = f"{first.part}: {first.message}" if first is not None else "a proof timed out"
+        from .plan import _where
+
+        why = f"{_where(first)}{first.message}" if first is not None else "a proof timed out"
         fail(f"check refuses the plan ({why}); run trains only plans that check accepts", 1)
     job = run_job(report.plan, spec, steps=steps, seed=seed)
     limit = max_ranks or process_limit()
