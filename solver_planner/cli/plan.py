@@ -56,7 +56,7 @@ def plan(
     emit: Optional[Path] = typer.Option(None, "--emit",
                                         help="Write, into this folder, the specs and commands with which"
                                              " 'solver-planner execute' runs the plan's gradient programs and"
-                                             " boundary reshardings on local processes."),
+                                             " boundary reshardings on local processes, the plan, launch_from_plan.py (its torchrun launch recipe) and the commands to launch and run it."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the pipeline Gantt per stage, memory per stage and"
                                         " where the iteration goes (.svg or .png, by the extension; needs"
                                         " solver-planner[plot])."),
@@ -99,7 +99,7 @@ def plan(
     if trace is not None:
         typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo, links=True)}", err=True)
     if emit is not None:
-        emitted = emit_execute_specs(result, cluster, emit)
+        emitted = emit_execute_specs(result, cluster, emit, doc, model)
         typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)
     if plot is not None:
         from ..plan.compose import breakdown

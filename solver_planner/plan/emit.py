@@ -48,9 +48,15 @@ def _mesh_spec(plan: TrainingPlan, p: int) -> dict[str, Any] | str:
             "spec": [entry, "R"]}
 
 
-def emit_execute_specs(plan: TrainingPlan, cluster_file: Path, out: Path) -> dict[str, Any]:
+def emit_execute_specs(plan: TrainingPlan, cluster_file: Path, out: Path, document: dict | None = None,
+                       model_file: Path | None = None) -> dict[str, Any]:
     """Write the specs into folder ``out``; return ``{"commands": [...], "skipped": [...]}``
-    (also written as ``out/commands.yaml``)."""
+    (also written as ``out/commands.yaml``).  With the plan's ``document``: also
+    ``out/plan.yaml`` and ``out/launch_from_plan.py`` (the torchrun launch recipe, which reads
+    the plan beside it), and the commands that launch and run it.  Every path in the commands
+    is absolute, so they work from any directory."""
+    out = Path(out).resolve()
+    cluster_file = Path(cluster_file).resolve()
     out.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(Path(cluster_file).read_text(encoding="utf-8"))
     topo = plan.topology
@@ -113,6 +119,20 @@ def emit_execute_specs(plan: TrainingPlan, cluster_file: Path, out: Path) -> dic
         _dump({"name": f"{plan.model.name}-boundaries",
                "description": "the plan's stage boundaries, one micro-batch each", "resharding": entries}, path)
         commands.append(f"solver-planner execute reshard {cluster_file} {path}")
+    if document is not None:
+        import shutil
+
+        write_document(document, out / "plan.yaml")
+        # copied by path: importing it would import torch, which planning does not need
+        shutil.copyfile(Path(__file__).resolve().parents[1] / "run" / "launch_from_plan.py",
+                        out / "launch_from_plan.py")
+        topo = plan.topology
+        hosts, per_host = topo.num_devices // topo.devices_per_host, topo.devices_per_host
+        commands.append(f"torchrun --nnodes {hosts} --nproc-per-node {per_host} {out / 'launch_from_plan.py'}"
+                        f"  # on every host, with its --node-rank and --rdzv-endpoint; on one machine:"
+                        f" --nproc-per-node {topo.num_devices}")
+        if model_file is not None:
+            commands.append(f"solver-planner run {cluster_file} {Path(model_file).resolve()} {out / 'plan.yaml'}")
     result = {"commands": commands, "skipped": skipped}
     write_document(result, out / "commands.yaml")
     return result

@@ -1,0 +1,1 @@
+../solver_planner/run/launch_from_plan.py
