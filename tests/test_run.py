@@ -79,6 +79,10 @@ CASES = {
     "optimizer sharding (FSDP2) with tensor parallelism": (
         dict(transformer=TINY, optimizer_sharding="zero-3"), ("--schedule", "1f1b", "--config", "2,2,2,4"),
         lambda j: j.sharded),
+    "optimizer sharding with eager-1F1B (whole backwards)": (
+        dict(transformer=TINY, optimizer_sharding="zero-1"), ("--config", "2,2,2,4"),
+        lambda j: j.sharded and j.schedule == "actions" and "weight delay" in j.schedule_name and
+        all(op != "I" for order in j.orders.values() for op, _ in order)),
     "untied, four stages": (
         dict(transformer=TINY, tied_embeddings=False), ("--config", "2,1,4,4"),
         lambda j: not j.shape.tied and len(j.stages) == 4),
@@ -178,17 +182,29 @@ def test_refuses_a_model_it_cannot_build(tmp_path):
 
 # -- the command, and a rank that dies ---------------------------------------------------
 
-def test_json_fields(tiny_plan):
+def test_readme_commands(tmp_path):
+    """The README's "From a plan to a running job" commands, as written (with --json added to
+    the last), from another directory."""
     import json
+    import re
+    import shlex
 
-    model, plan = tiny_plan
-    res = _cli("run", CLUSTER, model, plan, "--steps", "2", "--json")
-    assert res.returncode == 0, res.stderr
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "solver-planner run" in b)
+    lines = [ln for ln in block.strip().splitlines() if ln.strip()]
+    assert [ln.split()[1] for ln in lines] == ["plan", "run"]
+    for n, line in enumerate(lines):
+        args = [str(ROOT / a) if a.startswith("specs/") else a for a in shlex.split(line)[1:]]
+        if n == len(lines) - 1:
+            args.append("--json")
+        res = subprocess.run([sys.executable, "-m", "solver_planner", *args], capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert [s["step"] for s in data["steps"]] == [1, 2]
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3]
     for s in data["steps"]:
         assert abs(s["loss"] - s["reference_loss"]) <= 1e-6 * s["reference_loss"]
-    assert 0 <= data["max_parameter_difference"] <= 1e-5
+    assert 0 <= data["max_parameter_difference"] <= 1e-4      # gpt-tiny trains with Adam
     assert data["measured_step_time"] > 0 and data["predicted_iteration_time"] > 0
 
 

@@ -191,6 +191,14 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         orders, kind = None, sched.kind
     sharding = training.optimizer_sharding if training is not None else "none"
     notes = [f"model: {shape.describe()}", "every tensor is float32 (the plan's dtype sets its times, not the run's)"]
+    if sharding != "none" and orders is not None and any(op == "I" for order in orders.values() for op, _ in order):
+        # FSDP2 under torch's split backward (input-gradient, then weight-gradient actions)
+        # reduces the gradients before the weight half has run: silently wrong sums (torch 2.13)
+        orders = {p: [("B", m) if op == "I" else (op, m) for op, m in order if op != "W"]
+                  for p, order in orders.items()}
+        notes.append("optimizer sharding with weight delaying: each backward runs whole (B at its input-gradient"
+                     " slot), since FSDP2 reduces gradients before a delayed weight gradient has run; the numbers"
+                     " are the plan's, the weight-gradient timing is not")
     if sharding != "none":
         notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks (parameters,"
                      " gradients and optimizer state sharded: ZeRO-3's memory; its reduce-scatter replaces the"

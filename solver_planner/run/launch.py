@@ -25,7 +25,9 @@ from .worker import ACTION_CODES
 __all__ = ["RunResult", "run_plan", "run_plans", "process_limit", "MEMORY_PER_PROCESS"]
 
 MEMORY_PER_PROCESS = 0.5 * 2**30    # bytes: a process with torch and gloo imported, before the model
-TORCH_MINIMUM = (2, 6)              # the pipeline runtime that executes action lists
+# the pipeline runtime that executes action lists, and PipelineStage's static shapes, as run
+# uses them (private parts of torch.distributed.pipelining): the version it is tested with
+TORCH_MINIMUM = (2, 13)
 
 
 @dataclass

@@ -264,12 +264,9 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         micro = []
-        if first:
-            schedule.step(x.to(device), return_outputs=False)
-        elif last:
-            schedule.step(target=y.to(device), losses=micro, return_outputs=False)
-        else:
-            schedule.step(return_outputs=False)
+        inputs = (x.to(device),) if first else ()
+        targets = {"target": y.to(device), "losses": micro} if last else {}
+        schedule.step(*inputs, return_outputs=False, **targets)
         pipe.wait_sends()
         progress.mark("optimizer")
         optimizer.step()
@@ -277,7 +274,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         comm.append(pipe.comm_time)
         pipe.comm_time = 0.0
         if last:
-            loss = torch.tensor(sum(float(m) for m in micro) / job.microbatches, dtype=torch.float64, device=device)
+            loss = torch.tensor(sum(float(m.detach()) for m in micro) / job.microbatches, dtype=torch.float64, device=device)
             dist.all_reduce(loss, group=mesh.get_group("dp"))
             losses.append(float(loss))
             if rank == stage.ranks[0]:
