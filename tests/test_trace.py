@@ -50,3 +50,122 @@ def test_trace_without_topology(a100):
     trace = to_chrome_trace(build(a100))
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {"devices", "resources"}
+
+
+# -- the aggregated trace (--trace-detail stages) ------------------------------------------
+
+import pytest  # noqa: E402
+
+from conftest import ROOT, run_cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pipeline_plan():
+    """gpt-tiny on local-2x4 as 4 stages of 2 devices and 16 micro-batches."""
+    from solver_planner.plan import make_plan
+    from solver_planner.spec import load_cluster_spec, load_model_spec
+    from solver_planner.stages.report import parse_config
+    from solver_planner.topology import Topology
+
+    topo = Topology(load_cluster_spec(ROOT / "specs/clusters/local-2x4.yaml"))
+    spec = load_model_spec(ROOT / "specs/models/gpt-tiny.yaml")
+    return topo, make_plan(topo, spec, schedule="1f1b", config=parse_config("1,2,4,16"))
+
+
+def _names(events):
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    return procs, threads
+
+
+def _busy_by_track(events):
+    procs, threads = _names(events)
+    out = {}
+    for e in events:
+        if e["ph"] == "X":
+            key = (procs[e["pid"]], threads[(e["pid"], e["tid"])])
+            out[key] = out.get(key, 0.0) + e["args"].get("busy_us", e["dur"])
+    return out
+
+
+@pytest.mark.parametrize("merge_above", [4, 64])
+def test_stage_trace_keeps_every_tasks_time(pipeline_plan, merge_above):
+    from solver_planner.simulate import to_stage_trace
+
+    topo, plan = pipeline_plan
+    tl = plan.run.timeline
+    trace = to_stage_trace(tl, 2, merge_above=merge_above, keep=2)
+    events = trace["traceEvents"]
+    procs, _ = _names(events)
+    assert sorted(set(procs.values())) == ["links"] + [f"stage {p} (2 devices)" for p in range(4)]
+    merged = [e for e in events if e.get("cat") == "merged"]
+    assert bool(merged) == (merge_above < 16)
+    # every task is drawn, whole or inside one merged slice: tasks and busy time per track agree
+    want_tasks, want_busy = {}, {}
+    for rec in tl.records:   # a task of two stages (the tied embedding's) is on both
+        for stage in {d // 2 for d in rec.devices}:
+            key = (f"stage {stage} (2 devices)", rec.stream)
+            want_tasks[key] = want_tasks.get(key, 0) + 1
+            want_busy[key] = want_busy.get(key, 0.0) + rec.duration * 1e6
+    got_tasks = {}
+    for e in events:
+        if e["ph"] == "X":
+            key = (procs[e["pid"]], _names(events)[1][(e["pid"], e["tid"])])
+            got_tasks[key] = got_tasks.get(key, 0) + e["args"].get("tasks", 1)
+    assert got_tasks == want_tasks
+    got_busy = _busy_by_track(events)
+    assert got_busy.keys() == want_busy.keys()
+    for key in want_busy:
+        assert got_busy[key] == pytest.approx(want_busy[key], rel=1e-9)
+    for e in merged:   # warm-up and cool-down stay whole
+        lo, hi = map(int, e["args"]["microbatches"].split("-"))
+        assert 2 <= lo <= hi < 14
+    # slices of one track never overlap (Perfetto needs nested slices)
+    by_track = {}
+    for e in events:
+        if e["ph"] == "X" and e["cat"] in ("forward", "backward", "merged", "optimizer"):
+            by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+
+
+def test_stage_trace_link_counters(pipeline_plan):
+    from solver_planner.simulate import to_stage_trace
+
+    topo, plan = pipeline_plan
+    events = to_stage_trace(plan.run.timeline, 2)["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and all(e["args"]["busy ports"] >= 0 for e in counters)
+    # every link class's counter returns to zero at the end of the iteration
+    last = {}
+    for e in counters:
+        last[e["name"]] = e["args"]["busy ports"]
+    assert set(last.values()) == {0}
+
+
+def test_trace_cli_detail_and_determinism(tmp_path):
+    out = []
+    for n in range(2):
+        path = tmp_path / f"t{n}.json"
+        res = run_cli("plan", ROOT / "specs/clusters/local-2x4.yaml", ROOT / "specs/models/gpt-tiny.yaml",
+                      "--config", "1,2,4,16", "--trace", path, env={"PYTHONHASHSEED": str(n)})
+        assert res.returncode == 0, res.stderr
+        out.append(path.read_bytes())
+    assert out[0] == out[1]
+    data = json.loads(out[0])
+    assert data["metadata"]["detail"] == "stages"
+
+
+def test_full_trace_warns_before_writing_a_big_one(pipeline_plan, tmp_path, monkeypatch, capsys):
+    from solver_planner.cli import common
+
+    topo, plan = pipeline_plan
+    monkeypatch.setattr(common, "TRACE_WARN_BYTES", 1000)
+    common.write_trace(plan.run.timeline, tmp_path / "full.json", topo, "full", 2, links=True)
+    err = capsys.readouterr().err
+    assert "warning: the full trace is about" in err
+    full = json.loads((tmp_path / "full.json").read_text())
+    # the streamed file is the full trace
+    want = to_chrome_trace(plan.run.timeline, topo, links=True)["traceEvents"]
+    assert sorted(map(json.dumps, full["traceEvents"])) == sorted(map(json.dumps, want))

@@ -154,3 +154,32 @@ def topology_of(path: Path) -> Topology:
 def model_of(path: Path):
     """The model spec at ``path`` (see :func:`_spec_of`)."""
     return _spec_of(path, "model", load_model_spec)
+
+
+TRACE_DETAIL_OPT = typer.Option(
+    "stages", "--trace-detail",
+    help="stages: one process per pipeline stage with a track per stream, one counter of busy ports per link"
+         " class, and beyond 64 micro-batches the steady state merged into slices that say which micro-batches"
+         " and how many tasks they hold (warm-up and cool-down whole). full: every device's and every link"
+         " port's tasks (warns first when that is over 100 MB).")
+TRACE_WARN_BYTES = 100e6   # about what Perfetto's UI still opens comfortably
+
+
+def check_trace_detail(detail: str) -> None:
+    if detail not in ("stages", "full"):
+        fail(f"--trace-detail {detail!r}: expected stages or full", 2)
+
+
+def write_trace(timeline, path: Path, topology, detail: str, stage_size: int, links: bool = False) -> None:
+    """``--trace`` with ``--trace-detail``; a full trace over :data:`TRACE_WARN_BYTES` is announced first."""
+    from .. import units
+    from ..simulate import estimate_full_bytes, write_chrome_trace
+
+    check_trace_detail(detail)
+    if detail == "full":
+        size = estimate_full_bytes(timeline, links)
+        if size > TRACE_WARN_BYTES:
+            typer.echo(f"warning: the full trace is about {units.format_bytes(size)}; Perfetto's UI struggles above"
+                       f" {units.format_bytes(TRACE_WARN_BYTES)} (--trace-detail stages aggregates it)", err=True)
+    out = write_chrome_trace(timeline, path, topology, links=links, detail=detail, stage_size=stage_size)
+    typer.echo(f"wrote {out}", err=True)

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import (COMPUTE_OPT, JSON_OPT, check_output, check_plot, console, error_object, fail, handles_errors, model_of,
-                     print_json, topology_of)
+from .common import (COMPUTE_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+                     error_object, fail, handles_errors, model_of, print_json, topology_of, write_trace)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
@@ -50,9 +50,9 @@ def plan(
     compute: str = COMPUTE_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan file (YAML) here."),
     trace: Optional[Path] = typer.Option(None, "--trace",
-                                         help="Write the simulated iteration as a Perfetto trace: one track per"
-                                              " stage (its first device; all its devices run the same ops) and"
-                                              " stream, and one per link port."),
+                                         help="Write the simulated iteration as a Perfetto trace (see"
+                                              " --trace-detail)."),
+    trace_detail: str = TRACE_DETAIL_OPT,
     emit: Optional[Path] = typer.Option(None, "--emit",
                                         help="Write, into this folder, the specs and commands with which"
                                              " 'solver-planner execute' runs the plan's gradient programs and"
@@ -73,13 +73,13 @@ def plan(
     from ..plan import make_plan
     from ..plan.emit import emit_execute_specs
     from ..plan.planfile import plan_document, write_plan
-    from ..simulate import write_chrome_trace
     from ..stages.report import parse_config, parse_split
 
     if cross_mesh not in STRATEGIES:
         fail(unknown_choice("--cross-mesh", cross_mesh, STRATEGIES), 2)
     check_output(output, "--output")
     check_output(trace, "--trace")
+    check_trace_detail(trace_detail)
     check_output(emit, "--emit", folder=True)
     check_plot(plot)
     check_plot(report, "--report")
@@ -97,7 +97,7 @@ def plan(
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
     if trace is not None:
-        typer.echo(f"wrote {write_chrome_trace(result.run.timeline, trace, topo, links=True)}", err=True)
+        write_trace(result.run.timeline, trace, topo, trace_detail, result.partition.costs.shape.size, links=True)
     if emit is not None:
         emitted = emit_execute_specs(result, cluster, emit, doc, model)
         typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import (COMPUTE_OPT, JSON_OPT, check_output, check_plot, console, handles_errors, model_of, print_json,
-                     topology_of)
+from .common import (COMPUTE_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+                     handles_errors, model_of, print_json, topology_of, write_trace)
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 
@@ -83,7 +83,9 @@ def stages(
                                    help="Simulated tasks per listed plan before the search stops with a gap."),
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     compute: str = COMPUTE_OPT,
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace"
+                                         " (see --trace-detail)."),
+    trace_detail: str = TRACE_DETAIL_OPT,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the pipeline Gantt per stage, memory per stage and"
                                         " where the time goes (.svg or .png, by the extension; needs"
                                         " solver-planner[plot])."),
@@ -96,10 +98,10 @@ def stages(
 
     Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
-    from ..simulate import write_chrome_trace
     from ..stages.report import parse_config, parse_split, plan_stages
 
     check_output(trace, "--trace")
+    check_trace_detail(trace_detail)
     check_plot(plot)
     topo = topology_of(cluster)
     spec = model_of(model)
@@ -113,8 +115,7 @@ def stages(
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
     if trace is not None:
-        path = write_chrome_trace(rep.run.timeline, trace, topo)
-        typer.echo(f"wrote {path}", err=True)
+        write_trace(rep.run.timeline, trace, topo, trace_detail, rep.partition.costs.shape.size)
     if plot is not None:
         from ..report.pipeline import plot_pipeline
 

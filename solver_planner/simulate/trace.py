@@ -6,11 +6,21 @@ process per host (an instance of the topology's host level), one track ("thread"
 device and stream; a task on several devices (a collective) appears on each of their
 tracks.  Tasks without devices go to a process named "resources", one track per first
 resource.  ui.perfetto.dev and chrome://tracing open the file.
+
+That full form grows with devices times links: a 1 024-GPU plan holds about a million
+(task, link) pairs.  :func:`to_stage_trace` is the aggregated form ``plan`` and ``stages``
+write by default: one process per pipeline stage (its devices run the same work, so the
+stage is drawn once), a track per stream; one counter per link class (interconnect) giving
+how many of its ports are busy; and beyond ``merge_above`` micro-batches, the steady state's
+consecutive micro-batch tasks on a track merged into one slice whose arguments say which
+micro-batches and how many tasks it holds and their busy time, while warm-up and cool-down
+keep every task.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +29,11 @@ from .timeline import Timeline
 if TYPE_CHECKING:
     from ..topology import Topology
 
-__all__ = ["to_chrome_trace", "write_chrome_trace"]
+__all__ = ["to_chrome_trace", "write_chrome_trace", "to_stage_trace", "estimate_full_bytes", "MERGE_ABOVE", "KEEP"]
+
+MERGE_ABOVE = 64   # micro-batches: above this, the steady state's tasks are merged
+KEEP = 8           # micro-batches kept whole at each end (warm-up, cool-down) when merging
+_MICROBATCH = re.compile(r"\bmb(\d+)\b")
 
 _US = 1e6  # trace timestamps are in microseconds
 
@@ -27,7 +41,11 @@ _US = 1e6  # trace timestamps are in microseconds
 def to_chrome_trace(timeline: Timeline, topology: Topology | None = None, links: bool = False) -> dict[str, Any]:
     """The trace as a JSON-ready dict (``{"traceEvents": [...], "displayTimeUnit": "ms"}``);
     ``links``: every task also on one track per resource it holds (a process "links")."""
-    events: list[dict[str, Any]] = []
+    return {"traceEvents": list(_full_events(timeline, topology, links)), "displayTimeUnit": "ms"}
+
+
+def _full_events(timeline: Timeline, topology: Topology | None, links: bool):
+    """The full trace's events one by one (metadata last: the format does not order them)."""
     processes: dict[str, int] = {}
     threads: dict[tuple[int, str], int] = {}
 
@@ -55,20 +73,21 @@ def to_chrome_trace(timeline: Timeline, topology: Topology | None = None, links:
         args = {"task": rec.id, **{k: v for k, v in rec.args.items() if _jsonable(v)}}
         if rec.resources:
             args["resources"] = [str(r) for r in rec.resources]
+        short = {"task": rec.id}   # a link track's copy: the track names the link, the task id the rest
         for proc, thread in places:
             pid, tid = track(proc, thread)
-            events.append({
-                "name": rec.name, "cat": rec.category or rec.stream, "ph": "X",
-                "ts": rec.start * _US, "dur": rec.duration * _US, "pid": pid, "tid": tid, "args": args,
-            })
-    meta: list[dict[str, Any]] = []
+            yield {"name": rec.name, "cat": rec.category or rec.stream, "ph": "X", "ts": rec.start * _US,
+                   "dur": rec.duration * _US, "pid": pid, "tid": tid, "args": args if proc != "links" else short}
+    yield from _metadata(processes, threads)
+
+
+def _metadata(processes: dict[str, int], threads: dict[tuple[int, str], int]):
     for proc, pid in processes.items():
-        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": proc}})
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": proc}}
+        yield {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
     for (pid, thread), tid in threads.items():
-        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+        yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}}
+        yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
 
 
 def _jsonable(value: Any) -> bool:
@@ -79,9 +98,136 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
+def estimate_full_bytes(timeline: Timeline, links: bool = False) -> int:
+    """About how many bytes :func:`write_chrome_trace` writes in full detail (events counted,
+    times the measured size of a sample of them), without building them."""
+    records = timeline.records
+    if not records:
+        return 100
+    places = sum(max(1, len(r.devices)) + (len(r.resources) if links and r.devices else 0) for r in records)
+    sample = records[:: max(1, len(records) // 200)]
+    per = sum(len(json.dumps({"name": r.name, "cat": r.category, "ph": "X", "ts": r.start * _US,
+                              "dur": r.duration * _US, "pid": 0, "tid": 0,
+                              "args": {"task": r.id, "resources": [str(x) for x in r.resources]}}))
+              for r in sample) / len(sample)
+    return int(places * per)
+
+
+def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE_ABOVE, keep: int = KEEP,
+                   level_of: dict[str, str] | None = None) -> dict[str, Any]:
+    """The aggregated trace (see the module docstring).  ``stage_size``: devices per stage
+    (the simulator draws stage ``p`` on device ``p * stage_size``); ``level_of``: a link
+    class's label (interconnect name -> e.g. "nvswitch (node)")."""
+    events: list[dict[str, Any]] = []
+    processes: dict[str, int] = {}
+    threads: dict[tuple[int, str], int] = {}
+
+    def track(process: str, thread: str) -> tuple[int, int]:
+        pid = processes.setdefault(process, len(processes))
+        key = (pid, thread)
+        if key not in threads:
+            threads[key] = len(threads)
+        return pid, threads[key]
+
+    records = sorted(timeline.records, key=lambda r: (r.start, r.id))
+    mbs = [int(m.group(1)) for r in records if (m := _MICROBATCH.search(r.name))]
+    count = max(mbs) + 1 if mbs else 0
+    merging = count > merge_above
+
+    def middle(rec) -> int | None:
+        m = _MICROBATCH.search(rec.name)
+        if not merging or m is None:
+            return None
+        mb = int(m.group(1))
+        return mb if keep <= mb < count - keep else None
+
+    runs: dict[tuple[int, int], dict[str, Any]] = {}   # open merged slice per track
+
+    def close(key) -> None:
+        run = runs.pop(key, None)
+        if run is None:
+            return
+        lo, hi = run["mbs"]
+        events.append({"name": f"steady state: micro-batches {lo}-{hi}", "cat": "merged", "ph": "X",
+                       "ts": run["start"] * _US, "dur": (run["end"] - run["start"]) * _US, "pid": key[0],
+                       "tid": key[1], "args": {"tasks": run["tasks"], "busy_us": run["busy"] * _US,
+                                               "microbatches": f"{lo}-{hi}", "kinds": sorted(run["kinds"])}})
+
+    busy: dict[str, list[tuple[float, int]]] = {}
+    for rec in records:
+        held: dict[str, int] = {}
+        for res in rec.resources:
+            name = str(res).split("[", 1)[0]
+            if name != "stage":     # a stage's compute stream, drawn on the stage's own track
+                held[name] = held.get(name, 0) + 1
+        for name, k in held.items():
+            busy.setdefault(name, []).extend(((rec.start, k), (rec.end, -k)))
+        if rec.devices:
+            stages = sorted({d // stage_size for d in rec.devices})
+            places = [(f"stage {p} ({stage_size} devices)", rec.stream) for p in stages]
+        else:
+            places = [("resources", str(rec.resources[0]) if rec.resources else rec.stream)]
+        mb = middle(rec)
+        for proc, thread in places:
+            key = track(proc, thread)
+            if mb is None:
+                close(key)
+                events.append({"name": rec.name, "cat": rec.category or rec.stream, "ph": "X",
+                               "ts": rec.start * _US, "dur": rec.duration * _US, "pid": key[0], "tid": key[1],
+                               "args": {"task": rec.id, **{k: v for k, v in rec.args.items() if _jsonable(v)}}})
+                continue
+            run = runs.setdefault(key, {"start": rec.start, "end": rec.end, "tasks": 0, "busy": 0.0,
+                                        "mbs": [mb, mb], "kinds": set()})
+            run["end"] = max(run["end"], rec.end)
+            run["tasks"] += 1
+            run["busy"] += rec.duration
+            run["mbs"] = [min(run["mbs"][0], mb), max(run["mbs"][1], mb)]
+            run["kinds"].add(rec.category or rec.stream)
+    for key in list(runs):
+        close(key)
+    counters = []
+    for name in sorted(busy):
+        label = (level_of or {}).get(name, name)
+        pid, tid = track("links", f"{label}: ports busy")
+        level, last_t = 0, None
+        changes = sorted(busy[name])
+        for n, (t, delta) in enumerate(changes):
+            level += delta
+            if n + 1 < len(changes) and changes[n + 1][0] == t:
+                continue   # one value per instant
+            if last_t is not None and counters and counters[-1]["pid"] == pid and \
+                    counters[-1]["args"]["busy ports"] == level:
+                continue
+            counters.append({"name": f"{label}: ports busy", "ph": "C", "ts": t * _US, "pid": pid,
+                             "args": {"busy ports": level}})
+            last_t = t
+    meta = list(_metadata(processes, threads))
+    info = {"detail": "stages", "microbatches": count, "merged": merging,
+            "kept_whole": f"micro-batches 0-{keep - 1} and {count - keep}-{count - 1}" if merging else "all"}
+    return {"traceEvents": meta + events + counters, "displayTimeUnit": "ms", "metadata": info}
+
+
 def write_chrome_trace(timeline: Timeline, path: str | Path, topology: Topology | None = None,
-                       links: bool = False) -> Path:
-    """Write the trace to ``path`` and return it."""
+                       links: bool = False, detail: str = "full", stage_size: int = 1,
+                       merge_above: int = MERGE_ABOVE) -> Path:
+    """Write the trace to ``path`` and return it: ``detail`` "full" (:func:`to_chrome_trace`,
+    written event by event, so that a large one is never one string in memory) or "stages"
+    (:func:`to_stage_trace`)."""
     path = Path(path)
-    path.write_text(json.dumps(to_chrome_trace(timeline, topology, links)), encoding="utf-8")
+    if detail == "stages":
+        level_of = None
+        if topology is not None:
+            level_of = {name: f"{name} ({ic.level})" if ic.level else name
+                        for name, ic in topology.interconnects.items()}
+        trace = to_stage_trace(timeline, stage_size, merge_above, level_of=level_of)
+        events, rest = trace["traceEvents"], {k: v for k, v in trace.items() if k != "traceEvents"}
+    elif detail == "full":
+        events, rest = _full_events(timeline, topology, links), {"displayTimeUnit": "ms"}
+    else:
+        raise ValueError(f"unknown trace detail {detail!r}; expected stages or full")
+    with path.open("w", encoding="utf-8") as f:
+        f.write('{"traceEvents": [')
+        for n, event in enumerate(events):
+            f.write(("," if n else "") + json.dumps(event, separators=(",", ":")))
+        f.write("]," + json.dumps(rest)[1:])
     return path
