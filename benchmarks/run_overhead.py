@@ -5,7 +5,8 @@ parallelism, micro-batches and schedule are trained twice, each in its own launc
 processes: by ``run`` (the plan's broadcast boundaries and lowered gradient program), and by
 a script written the way torch's pipelining tutorial does it -- ``PipelineStage`` with its
 point-to-point boundaries along the lanes, ``ScheduleGPipe`` / ``Schedule1F1B``, one
-``all_reduce`` of the flattened gradients over the stage's data group.  Only plans whose
+``all_reduce`` of the flattened gradients over the stage's data group, one of the tied
+embedding's gradient between its owners.  Only plans whose
 stages all have the same (d, t) are compared: the hand-written script cannot express the
 others.  Printed: each side's step time (median over the steps after the first of the
 slowest rank) and run's ratio to the script.  Goal: at most 1.10.
@@ -67,6 +68,13 @@ def hand_written(rank: int, world: int, job, steps: int, store: str, results) ->
     cls = ScheduleGPipe if job.schedule == "gpipe" else Schedule1F1B
     schedule = cls(pipe, job.microbatches, loss_fn=loss_fn)
     dp = meshes[p].get_group("dp")
+    tied = None   # the tied token table's gradient summed between its two owners, as run does
+    if shape.kind == "gpt" and shape.tied and S > 1:
+        for k in range(len(stage.ranks)):
+            pair = [job.stages[0].ranks[k], job.stages[-1].ranks[k]]
+            g = dist.new_group(pair)
+            if rank in pair:
+                tied = g
     row = next(i for i, r in enumerate(stage.grid) if rank in r)
     times = []
     for step in range(steps):
@@ -87,6 +95,10 @@ def hand_written(rank: int, world: int, job, steps: int, store: str, results) ->
             for g in grads:
                 g.copy_(flat[i:i + g.numel()].view_as(g))
                 i += g.numel()
+        if tied is not None:
+            layer = module.layers[str(0 if first else shape.layers - 1)]
+            weight = layer.tokens.weight if first else layer.weight
+            dist.all_reduce(weight.grad, group=tied)
         opt.step()
         times.append(time.perf_counter() - t0)
     results.put((rank, times, None))

@@ -224,3 +224,23 @@ def test_readme_python_api_section_runs(tmp_path, monkeypatch):
     assert namespace["verdict"].status == "invalid"
     assert len(namespace["results"]) == 6 and len(namespace["reports"]) == 3
     assert len(namespace["stage_plan"].partition.stages) == 2
+
+
+@pytest.mark.slow
+def test_example_launch_from_plan(tmp_path):
+    """examples/launch_from_plan.py under torchrun on 8 gloo processes, from another folder:
+    every stage's mesh on every rank, each rank's groups equal to the plan's."""
+    import shutil
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH (the torch extra)")
+    plan = tmp_path / "plan.yaml"
+    made = subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTERS / "local-2x4.yaml"),
+                           str(SPECS / "models" / "gpt-tiny.yaml"), "--config", "1,4,2,4", "-o", str(plan)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    out = subprocess.run([torchrun, "--nproc-per-node", "8", str(EXAMPLES / "launch_from_plan.py"), str(plan)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(int(r) for r in re.findall(r"rank (\d+): stage \d .*?: ok", out.stdout)) == list(range(8))

@@ -126,7 +126,9 @@ def test_stages_plot_has_a_row_per_stage_and_microbatch_numbers(tmp_path):
     stages = data["config"]["pipeline"]
     found = ids(out)
     assert sorted(i for i in found if i.startswith("stage-row-")) == sorted(f"stage-row-{p}" for p in range(stages))
-    assert {f"memory-stage-{p}" for p in range(stages)} <= set(found) and "device-memory" in found
+    assert {f"memory-{part}-stage-{p}" for p in range(stages) for part in ("weights", "gradients", "optimizer",
+                                                                          "activations")} <= set(found)
+    assert "device-memory" in found
     for p in range(stages):
         assert f"stage-{p}-forward" in found and f"stage-{p}-backward" in found
     text = out.read_text()
@@ -241,3 +243,83 @@ def test_plan_report_draws_each_stages_proven_program_step_by_step(tmp_path):
     assert "z3 proof: valid" in page
     steps = len(program.split(";"))
     assert all(re.search(rf'id="f\d+-step-{n}-groups', page) for n in range(1, steps + 1))
+
+
+# -- pictures at scale ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def many_microbatches():
+    """GPT-3 2.6B on 2 hosts of 4 V100: a plan of many micro-batches (the chart zooms)."""
+    from solver_planner.plan import make_plan
+    from solver_planner.spec import load_model_spec
+    from solver_planner.topology import load_topology
+
+    return make_plan(load_topology(CLUSTERS / "aws-p3.8xlarge-2.yaml"), load_model_spec(MODELS / "gpt3-2.6b.yaml"),
+                     "1f1b")
+
+
+def _legends(fig):
+    """Every legend of a figure: its own, its subfigures', its axes' (each once)."""
+    out = {}
+    stack = [fig]
+    while stack:
+        f = stack.pop()
+        for leg in getattr(f, "legends", []):
+            out[id(leg)] = leg
+        stack += list(getattr(f, "subfigs", []))
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            out[id(ax.get_legend())] = ax.get_legend()
+    return list(out.values())
+
+
+def test_legends_stay_inside_their_figures(many_microbatches):
+    from solver_planner.plan.compose import breakdown
+    from solver_planner.report.html import _stage_map
+    from solver_planner.report.pipeline import ZOOM_ABOVE, figure_height, pipeline_figure
+    from solver_planner.report.style import figure
+    from solver_planner.stages.memory import stage_memory
+
+    plan = many_microbatches
+    assert plan.partition.costs.microbatches > ZOOM_ABOVE
+    c = plan.partition.costs
+    with figure(11, figure_height(plan.run)) as fig:
+        pipeline_figure(fig, plan.run, c.shape.size, c.device_memory, "t", breakdown(plan),
+                        stage_memory(plan.partition, plan.run.peak_memory))
+        fig.canvas.draw()
+        legends = _legends(fig)
+        assert len(legends) == 4     # the chart's kinds, memory, time per stage, breakdown
+        box = fig.bbox
+        for leg in legends:
+            ext = leg.get_window_extent()
+            assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1 and box.y0 - 1 <= ext.y0 and ext.y1 <= box.y1 + 1, \
+                [t.get_text() for t in leg.get_texts()]
+        # the warm-up and cool-down are drawn at full resolution; memory is split
+        gids = {a.get_gid() for a in fig.findobj() if a.get_gid()}
+        assert any(g.startswith("zoom-stage-0-forward") for g in gids)
+        assert {f"memory-{part}-stage-0" for part in ("weights", "gradients", "optimizer", "activations")} <= gids
+    with figure(9, 3) as fig:
+        _stage_map(fig, plan)
+        fig.canvas.draw()
+        for leg in _legends(fig):
+            ext = leg.get_window_extent()
+            assert fig.bbox.y0 - 1 <= ext.y0 and ext.x1 <= fig.bbox.x1 + 1
+        # the two coordinate maps have colour bars
+        assert sum(1 for ax in fig.axes if ax.get_label() == "<colorbar>") == 2
+
+
+def test_report_has_a_rank_table_and_link_utilisation(many_microbatches):
+    from solver_planner.plan.planfile import plan_document
+    from solver_planner.report.html import link_utilisation, plan_report
+
+    plan = many_microbatches
+    page = plan_report(plan, plan_document(plan))
+    ranks = plan.topology.num_devices
+    table = page[page.index("rank &rarr; (stage, data, tensor)"):]
+    table = table[:table.index("</details>")]
+    assert table.count("<tr>") == ranks + 1
+    rows = link_utilisation(plan)
+    assert rows and all(0 <= r["mean"] <= r["busiest"] <= 1 + 1e-9 for r in rows)
+    for r in rows:
+        assert f"<td>{r['interconnect']}</td>" in page
+    assert "white-space: pre-wrap" in page      # the reproduce commands wrap

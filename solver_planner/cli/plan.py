@@ -104,10 +104,12 @@ def plan(
     if plot is not None:
         from ..plan.compose import breakdown
         from ..report.pipeline import plot_pipeline
+        from ..stages.memory import stage_memory
 
         c = result.partition.costs
         path = plot_pipeline(plot, result.run, c.shape.size, c.device_memory,
-                             f"{spec.name} on {topo.name}, {result.schedule}", breakdown(result))
+                             f"{spec.name} on {topo.name}, {result.schedule}", breakdown(result),
+                             stage_memory(result.partition, result.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)
     if report is not None:
         import shlex

@@ -118,9 +118,11 @@ def stages(
         write_trace(rep.run.timeline, trace, topo, trace_detail, rep.partition.costs.shape.size)
     if plot is not None:
         from ..report.pipeline import plot_pipeline
+        from ..stages.memory import stage_memory
 
         path = plot_pipeline(plot, rep.run, rep.partition.costs.shape.size, rep.device_memory,
-                             f"{spec.name} on {topo.name}, {rep.best.schedule}")
+                             f"{spec.name} on {topo.name}, {rep.best.schedule}",
+                             memory=stage_memory(rep.partition, rep.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)
     data = rep.as_dict()
     if as_json:

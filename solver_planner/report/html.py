@@ -11,9 +11,10 @@ from typing import Sequence
 
 from .style import figure, svg_text
 
-__all__ = ["plan_report", "write_plan_report", "MAX_BOUNDARIES"]
+__all__ = ["plan_report", "write_plan_report", "link_utilisation", "MAX_BOUNDARIES"]
 
 MAX_BOUNDARIES = 4      # boundary schedules drawn (the others are in the table)
+MAX_BOUNDARY_HEIGHT = 12.0   # inches: hundreds of ports share it (a row each, names thinned)
 MAX_PROGRAMS = 3        # distinct stage gradient programs drawn step by step
 MAX_PROGRAM_DEVICES = 256   # a larger stage's program is in the table only (its device map is unreadable)
 
@@ -25,8 +26,30 @@ th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; }
 th { background: #f2f2f2; } td.num { text-align: right; }
 .valid { color: #009E73; font-weight: bold; } .bad { color: #D55E00; font-weight: bold; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
-pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; }
+pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
+details { margin: 0.6em 0; } summary { cursor: pointer; }
 """
+
+
+SVG_LIMIT = 200_000   # bytes: a larger figure (thousands of bars, a 1 024-device map) is inlined as PNG
+PNG_DPI = 110
+
+
+def _render(fig) -> str:
+    """The figure as SVG text, or, when that is over :data:`SVG_LIMIT`, as ``"png:<img ...>"``
+    (a PNG inlined as data), so that the report of a 1 024-GPU plan stays about a megabyte."""
+    import base64
+    import io
+
+    from .style import _metadata
+
+    svg = svg_text(fig)
+    if len(svg) <= SVG_LIMIT:
+        return svg
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=PNG_DPI, metadata=_metadata("png"))
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'png:<img alt="figure" style="max-width:100%" src="data:image/png;base64,{data}">'
 
 
 def _inline(svg: str, n: int) -> str:
@@ -55,29 +78,30 @@ class _Raw(str):
 def _figures(plan) -> list[tuple[str, str]]:
     """(caption, SVG) of every picture of ``plan`` (a :class:`solver_planner.plan.compose.TrainingPlan`)."""
     from ..plan.compose import breakdown
-    from .pipeline import pipeline_figure
+    from ..stages.memory import stage_memory
+    from .pipeline import figure_height, pipeline_figure
     from .resharding import resharding_figure
 
     c = plan.partition.costs
     out = []
-    stages = len(plan.run.peak_memory)
-    with figure(11, max(2.2, 0.45 * stages + 1.2) + 2.6) as fig:
+    with figure(11, figure_height(plan.run)) as fig:
         pipeline_figure(fig, plan.run, c.shape.size, c.device_memory,
-                        f"{plan.model.name} on {plan.topology.name}, {plan.schedule}", breakdown(plan))
+                        f"{plan.model.name} on {plan.topology.name}, {plan.schedule}", breakdown(plan),
+                        stage_memory(plan.partition, plan.run.peak_memory))
         out.append(("The simulated iteration: pipeline per stage, memory per stage, where the time goes.",
-                     svg_text(fig)))
+                     _render(fig)))
     with figure(9, 2.6 + 0.12 * plan.topology.num_hosts) as fig:
         _stage_map(fig, plan)
         out.append(("Where each stage lives, and each device's data / tensor coordinate in its stage.",
-                     svg_text(fig)))
+                     _render(fig)))
     out += _programs(plan)
     drawn = [b for b in plan.boundaries if b.result is not None and b.result.solution is not None]
     for b in drawn[:MAX_BOUNDARIES]:
         ports = len(b.result.solution.instance.resources)
-        with figure(10, 2 * (0.16 * ports + 1.4)) as fig:
+        with figure(10, min(2 * (0.16 * ports + 1.4), MAX_BOUNDARY_HEIGHT)) as fig:
             resharding_figure(fig, b.result, plan.topology, index=len(out))
             out.append((f"Boundary {b.kind} {b.src}->{b.dst}: broadcast schedule per port, beside the naive one.",
-                         svg_text(fig)))
+                         _render(fig)))
     return out
 
 
@@ -117,8 +141,13 @@ def _programs(plan) -> list[tuple[str, str]]:
                            f"stage {part.index} gradient bucket ({part.data} replicas x {part.tensor}): proof {part.proof}",
                            fig=fig)
             out.append((f"Stage {part.index}'s gradient program, step by step on its sub-mesh (devices numbered"
-                        f" within the stage): {part.program}; z3 proof: {part.proof}.", svg_text(fig)))
+                        f" within the stage): {part.program}; z3 proof: {part.proof}.", _render(fig)))
     return out
+
+
+_TAB20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+          "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+          "#17becf", "#9edae5")
 
 
 def _stage_map(fig, plan) -> None:
@@ -135,13 +164,65 @@ def _stage_map(fig, plan) -> None:
     for part in plan.parts:
         for d, (x, t) in zip(part.devices, part.coords()):
             stage[d], data[d], tensor[d] = part.index, x, t
+    from matplotlib.colors import ListedColormap
+
     axes = fig.subplots(1, 3)
-    for ax, values, name in ((axes[0], stage, "stage"), (axes[1], data, "data coordinate"),
-                             (axes[2], tensor, "tensor coordinate")):
+    stages = len(plan.parts)
+    # stages are categories: neighbours get different hues (tab20's dark shades, then its light
+    # ones; it cycles beyond 20 stages, the legend names the first 20), labels on small clusters
+    palette = ListedColormap([f"C{i % 10}" if stages <= 10 else _TAB20[(2 * i + (i % 20 >= 10)) % 20]
+                              for i in range(stages)])
+    grid.draw(axes[0], stage, palette, -0.5, stages - 0.5,
+              labels=[("" if math.isnan(v) else int(v)) for v in stage], gid="map-stage")
+    axes[0].set_title("stage")
+    from matplotlib.patches import Patch
+
+    shown = min(stages, 20)
+    fig.legend(handles=[Patch(color=palette(i), label=f"stage {i}") for i in range(shown)], fontsize=6,
+               ncols=min(shown, 10), loc="outside lower center", frameon=False)
+    for ax, values, name in ((axes[1], data, "data coordinate"), (axes[2], tensor, "tensor coordinate")):
         top = max((v for v in values if not math.isnan(v)), default=0)
-        grid.draw(ax, values, SEQUENTIAL, -0.5, top + 0.5, labels=[("" if math.isnan(v) else int(v)) for v in values],
-                  gid=f"map-{name.split()[0]}")
+        mesh = grid.draw(ax, values, SEQUENTIAL, -0.5, top + 0.5,
+                         labels=[("" if math.isnan(v) else int(v)) for v in values], gid=f"map-{name.split()[0]}")
         ax.set_title(name)
+        fig.colorbar(mesh, ax=ax, shrink=0.8, label=name)
+
+
+MAX_PORTS_LISTED = 10   # busiest link ports listed under the per-class table
+
+
+def link_utilisation(plan) -> list[dict]:
+    """Per link class (interconnect): its ports, the share of the iteration they are busy
+    (mean over the ports that carry anything, and the busiest), from the simulated timeline."""
+    T = plan.run.iteration_time or 1.0
+    busy: dict[str, float] = {}
+    for rec in plan.run.timeline.records:
+        for res in rec.resources:
+            name = str(res)
+            if not name.startswith("stage["):
+                busy[name] = busy.get(name, 0.0) + rec.duration
+    classes: dict[str, list[tuple[float, str]]] = {}
+    for port, t in busy.items():
+        classes.setdefault(port.split("[", 1)[0], []).append((t / T, port))
+    out = []
+    for name, ports in sorted(classes.items()):
+        ports.sort(reverse=True)
+        out.append({"interconnect": name, "ports used": len(ports), "mean": sum(u for u, _ in ports) / len(ports),
+                    "busiest": ports[0][0], "busiest port": ports[0][1], "ports": ports[:MAX_PORTS_LISTED]})
+    return out
+
+
+def _links(plan) -> str:
+    rows = link_utilisation(plan)
+    if not rows:
+        return "<p>No link carries anything in the simulated iteration.</p>"
+    table = _table(["interconnect", "ports used", "busy, mean over them", "busiest port", "its share"],
+                   [[r["interconnect"], r["ports used"], f"{r['mean']:.1%}", r["busiest port"], f"{r['busiest']:.1%}"]
+                    for r in rows], num=(1, 2, 4))
+    top = sorted((p for r in rows for p in r["ports"]), reverse=True)[:MAX_PORTS_LISTED]
+    return (table + "<details><summary>the busiest ports</summary>"
+            + _table(["port", "busy share of the iteration"], [[p, f"{u:.1%}"] for u, p in top], num=(1,))
+            + "</details>")
 
 
 def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
@@ -179,11 +260,23 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
                               units.format_time(b["time"]), b.get("status", "-")] for b in doc["boundaries"]],
                             num=(4, 5)))
     parts.append("<h2>Where the iteration goes</h2>")
-    parts.append(_table(["part (averaged over stages)", "time"],
+    parts.append(_table(["part (on the critical path; they add up to the iteration)", "time"],
                         [[k.replace("_", " "), units.format_time(v)] for k, v in doc["breakdown"].items()], num=(1,)))
+    parts.append("<h2>Links</h2>")
+    parts.append(_links(plan))
+    ranks = doc.get("launch", {}).get("ranks", [])
+    if ranks:
+        parts.append("<h2>Ranks</h2>")
+        parts.append(f"<details><summary>rank &rarr; (stage, data, tensor) for all {len(ranks)} ranks"
+                     " (torchrun's host-major numbering)</summary>")
+        parts.append(_table(["rank", "host", "stage", "dp", "tp"],
+                            [[r["rank"], r["host"], r["stage"], r["data"], r["tensor"]] for r in ranks],
+                            num=(0, 1, 2, 3, 4)))
+        parts.append("</details>")
     parts.append("<h2>Pictures</h2>")
     for n, (caption, svg) in enumerate(_figures(plan)):
-        parts.append(f"<figure>{_inline(svg, n)}<figcaption>{e(caption)}</figcaption></figure>")
+        parts.append(f"<figure>{_inline(svg, n) if svg.startswith('<') else svg[4:]}"
+                     f"<figcaption>{e(caption)}</figcaption></figure>")
     if commands:
         parts.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in commands) + "</pre>")
     parts.append("</body></html>\n")

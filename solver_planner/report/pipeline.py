@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .style import OKABE_ITO, bytes_unit, figure, save, time_unit
 
-__all__ = ["KINDS", "kind_of", "stage_bars", "pipeline_figure", "plot_pipeline", "MERGE_PIXELS", "MAX_LABELS"]
+__all__ = ["KINDS", "kind_of", "stage_bars", "pipeline_figure", "plot_pipeline", "figure_height", "MERGE_PIXELS",
+           "MAX_LABELS", "ZOOM_ABOVE"]
 
 # what a bar is -> its colour (Okabe-Ito) and row lane (0: compute stream, 1: communication)
 KINDS = {
@@ -39,10 +40,10 @@ def kind_of(record) -> str:
     return "communication"
 
 
-def stage_bars(records, stage_size: int, stages: int, makespan: float):
+def stage_bars(records, stage_size: int, stages: int, makespan: float, merge: bool = True):
     """``{(stage, kind): [(start, width, label or None), ...]}`` with bars closer than a pixel
-    merged, and the number of tasks drawn."""
-    tol = makespan / MERGE_PIXELS
+    merged (``merge``; otherwise only overlapping ones), and the number of tasks drawn."""
+    tol = makespan / MERGE_PIXELS if merge else -1e-300
     raw: dict[tuple[int, str], list] = {}
     for r in records:
         p = min(r.devices[0] // stage_size, stages - 1) if r.devices else 0
@@ -69,16 +70,35 @@ def _microbatch(name: str) -> str | None:
     return None
 
 
-def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str, breakdown: dict | None = None):
-    """Draw a :class:`solver_planner.stages.PipelineRun` into ``fig``; ``breakdown``
-    (:func:`solver_planner.plan.compose.breakdown`) adds the plan's averaged split."""
+def zoom_height(stages: int) -> float:
+    return max(1.6, 0.12 * stages + 1.0)
+
+
+def figure_height(run) -> float:
+    """Inches :func:`pipeline_figure` wants for ``run``."""
+    stages = len(run.peak_memory)
+    extra = zoom_height(stages) if _count(run.timeline.records) > ZOOM_ABOVE else 0.0
+    return max(2.2, 0.45 * stages + 1.2) + 2.6 + extra
+
+
+def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str, breakdown: dict | None = None,
+                    memory: list[dict[str, float]] | None = None):
+    """Draw a :class:`solver_planner.stages.PipelineRun` into ``fig`` (height:
+    :func:`figure_height`); ``breakdown`` (:func:`solver_planner.plan.compose.breakdown`)
+    adds the critical path's parts, ``memory`` (:func:`solver_planner.stages.memory.stage_memory`)
+    splits each stage's memory.  Beyond :data:`ZOOM_ABOVE` micro-batches, a row shows the
+    warm-up and the cool-down with every task."""
     from matplotlib.patches import Patch
 
     records = run.timeline.records
     stages = len(run.peak_memory)
     T = run.iteration_time or max((r.end for r in records), default=0.0)
     scale, unit = time_unit(T)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[max(2.2, 0.45 * stages + 1.2), 2.4])
+    zoomed = _count(records) > ZOOM_ABOVE
+    heights = [max(2.2, 0.45 * stages + 1.2)] + ([zoom_height(stages)] if zoomed else []) + [2.4]
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights)
+    top, bottom = subs[0], subs[-1]
+    zoom = subs[1] if zoomed else None
     ax = top.subplots()
     bars = stage_bars(records, stage_size, stages, T)
     drawn = sum(len(v) for v in bars.values())
@@ -115,29 +135,99 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
               f" {T / MERGE_PIXELS / scale:.3g} {unit} merged, one lane per kind" if split else
               "; numbers on bars: micro-batch")
     ax.set_title(f"{title}: iteration {T / scale:.4g} {unit}{merged}", fontsize=8)
-    ax.legend(handles=[Patch(color=c, label=k) for k, (c, _) in KINDS.items()], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    # legends are placed by the layout engine inside the figure ("outside" the axes only)
+    top.legend(handles=[Patch(color=c, label=k) for k, (c, _) in KINDS.items()], loc="outside right upper",
+               fontsize=7)
+    if zoom is not None:
+        for zax, (lo, hi, what) in zip(zoom.subplots(1, 2), _zoom_windows(records, stage_size, stages, T)):
+            _gantt(zax, [r for r in records if r.end > lo and r.start < hi], stage_size, stages, lo, hi, scale)
+            zax.set_title(f"{what}, every task ({(hi - lo) / scale:.4g} {unit})", fontsize=8)
+            zax.set_xlabel(f"time ({unit})")
     panels = 3 if breakdown is not None else 2
     axes = bottom.subplots(1, panels)
-    _memory(axes[0], run.peak_memory, device_memory)
+    _memory(axes[0], run.peak_memory, device_memory, memory)
     _time_per_stage(axes[1], records, stage_size, stages, T, scale, unit)
     if breakdown is not None:
         _breakdown(axes[2], breakdown, scale, unit)
     return fig
 
 
-def _memory(ax, peak, device_memory: float) -> None:
-    scale, unit = bytes_unit(max(list(peak) + [device_memory]))
+ZOOM_ABOVE = 64   # micro-batches: above this the chart adds warm-up and cool-down at full resolution
+
+
+def _count(records) -> int:
+    return 1 + max((int(m) for r in records if (m := _microbatch(r.name)) is not None), default=-1)
+
+
+def _zoom_windows(records, stage_size: int, stages: int, T: float) -> list[tuple[float, float, str]]:
+    """Warm-up: until the last stage's first ``stages`` backwards are done (the steady state
+    has begun); cool-down: from the first stage's forward of the last ``stages`` micro-batches."""
+    k = _count(records)
+    last, first = stages - 1, 0
+    warm = [r.end for r in records if kind_of(r) == "backward" and r.devices
+            and min(r.devices[0] // stage_size, last) == last and int(_microbatch(r.name) or 0) <= stages]
+    cool = [r.start for r in records if kind_of(r) == "forward" and r.devices
+            and r.devices[0] // stage_size == first and int(_microbatch(r.name) or 0) >= k - stages]
+    return [(0.0, max(warm, default=T / 10), "warm-up"), (min(cool, default=T * 0.9), T, "cool-down")]
+
+
+def _gantt(ax, records, stage_size: int, stages: int, lo: float, hi: float, scale: float) -> None:
+    """A zoomed Gantt over [lo, hi]: bars merged only below a pixel of the window."""
+    bars = stage_bars(records, stage_size, stages, hi - lo, merge=False)
+    for p in range(stages):
+        ax.axhspan(p - 0.5, p + 0.5, color="#f2f2f2" if p % 2 else "white", zorder=0)
+    for (p, kind), spans in sorted(bars.items()):
+        colour, comm = KINDS[kind]
+        y, h = (p + 0.18, 0.24) if comm else (p - 0.4, 0.55)
+        # white edges: back-to-back tasks stay apart
+        ax.broken_barh([(s / scale, w / scale) for s, w, _ in spans], (y, h), facecolors=colour,
+                       edgecolors="white", linewidth=0.3, gid=f"zoom-stage-{p}-{kind.replace(' ', '-')}")
+    ax.set_yticks(range(stages))
+    ax.set_yticklabels([str(p) for p in range(stages)], fontsize=6)
+    ax.set_ylim(stages - 0.5, -0.5)
+    ax.set_xlim(lo / scale, hi / scale)
+
+
+MEMORY_PARTS = (("weights", OKABE_ITO[0]), ("gradients", OKABE_ITO[4]), ("optimizer", OKABE_ITO[5]),
+                ("activations", OKABE_ITO[1]))
+
+
+def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None = None) -> None:
+    """Each stage's peak per device, split (weights, gradients, optimizer state, activations)
+    when known, against the device's memory.  The axis is scaled to the bars when the device
+    is much larger, so that they stay readable; the capacity is then written, not drawn."""
+    top = max(list(peak) + [0.0])
+    fits_axis = device_memory <= 3 * top
+    scale, unit = bytes_unit(max(top, device_memory) if fits_axis else top)
+    stages = range(len(peak))
+    if split is None:
+        split = [{"activations": m} for m in peak]
+    bottom = [0.0] * len(peak)
+    for key, colour in MEMORY_PARTS:
+        values = [parts.get(key, 0.0) / scale for parts in split]
+        if not any(values):
+            continue
+        bars = ax.bar(stages, values, bottom=bottom, color=colour, label=key)
+        for p, patch in enumerate(bars.patches):
+            patch.set_gid(f"memory-{key}-stage-{p}")
+        bottom = [b + v for b, v in zip(bottom, values)]
     for p, m in enumerate(peak):
-        ax.bar(p, m / scale, color=OKABE_ITO[2] if m <= device_memory else OKABE_ITO[3]).patches[0].set_gid(
-            f"memory-stage-{p}")
-    ax.axhline(device_memory / scale, color="black", linestyle="--", gid="device-memory",
-               label=f"device memory {device_memory / scale:.4g} {unit}")
-    ax.set_xticks(range(len(peak)))
+        if m > device_memory:
+            ax.bar(p, m / scale, fill=False, edgecolor=OKABE_ITO[3], linewidth=1.5, gid=f"memory-over-{p}")
+    capacity = f"device memory {device_memory / bytes_unit(device_memory)[0]:.4g} {bytes_unit(device_memory)[1]}"
+    if fits_axis:
+        ax.axhline(device_memory / scale, color="black", linestyle="--", gid="device-memory", label=capacity)
+        ax.set_ylim(0, max(device_memory, top) / scale * 1.25)
+        ax.set_title("memory per stage")
+    else:
+        ax.set_ylim(0, top / scale * 1.35)
+        # the capacity is far above the bars: said in the title, the axis stays on the bars
+        ax.set_title(f"memory per stage; {capacity},\nthe largest peak is {top / device_memory:.1%} of it",
+                     fontsize=8, gid="device-memory")
+    ax.set_xticks(list(stages))
     ax.set_xlabel("stage")
     ax.set_ylabel(f"peak memory per device ({unit})")
-    ax.set_title("memory per stage")
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper right", fontsize=6, ncols=2)
 
 
 def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
@@ -157,29 +247,34 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
     ax.set_xlabel("stage")
     ax.set_ylabel(f"time per iteration ({unit})")
     ax.set_title("where each stage's time goes")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=6)
+    ax.set_ylim(0, T / scale * 1.35)   # room for the legend above the bars
+    ax.legend(loc="upper center", fontsize=6, ncols=2)
 
 
-BREAKDOWN = (("compute", OKABE_ITO[0]), ("tensor", OKABE_ITO[4]), ("data_parallel", OKABE_ITO[5]),
-             ("pipeline", "#bdbdbd"), ("cross_mesh_exposed", OKABE_ITO[1]))
+BREAKDOWN_COLOURS = {"compute": OKABE_ITO[0], "tensor_parallel": OKABE_ITO[4], "pipeline_transfer": OKABE_ITO[1],
+                     "gradient_reduction": OKABE_ITO[5], "optimizer": OKABE_ITO[2], "idle": "#bdbdbd"}
 
 
 def _breakdown(ax, breakdown: dict, scale, unit) -> None:
+    """The critical path's parts (they add up to the iteration)."""
     left = 0.0
-    for key, colour in BREAKDOWN:
+    for key, colour in BREAKDOWN_COLOURS.items():
         v = breakdown.get(key, 0.0) / scale
-        ax.barh(0, v, left=left, color=colour, label=key.replace("_", " "), gid=f"breakdown-{key}")
+        if v <= 0:
+            continue
+        ax.barh(0, v, left=left, height=0.6, color=colour, label=key.replace("_", " "), gid=f"breakdown-{key}")
         left += v
     ax.set_yticks([])
-    ax.set_xlabel(f"time per iteration, averaged over stages ({unit})")
-    ax.set_title("where the iteration goes (plan breakdown)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), fontsize=6, ncols=3)
+    ax.set_ylim(-0.5, 2.2)   # the legend sits above the bar, inside the axes
+    ax.set_xlim(0, left * 1.02 if left > 0 else 1)
+    ax.set_xlabel(f"time on the critical path ({unit})")
+    ax.set_title("where the iteration goes")
+    ax.legend(loc="upper center", fontsize=6, ncols=3)
 
 
 def plot_pipeline(path: Path | str, run, stage_size: int, device_memory: float, title: str,
-                  breakdown: dict | None = None) -> Path:
+                  breakdown: dict | None = None, memory: list[dict[str, float]] | None = None) -> Path:
     """Write the pipeline picture of ``run`` to ``path`` (.svg or .png)."""
-    stages = len(run.peak_memory)
-    with figure(11, max(2.2, 0.45 * stages + 1.2) + 2.6) as fig:
-        pipeline_figure(fig, run, stage_size, device_memory, title, breakdown)
+    with figure(11, figure_height(run)) as fig:
+        pipeline_figure(fig, run, stage_size, device_memory, title, breakdown, memory)
         return save(fig, path)

@@ -89,6 +89,7 @@ class RunJob:
     sharded: bool                           # optimizer sharding: FSDP2 over each stage's data dimension
     sequence_parallel: bool
     predicted_iteration_time: float
+    lanes: bool = False                     # every boundary is rank k -> rank k, whole tiles: torch's P2P runs it
     steps: int = 3
     seed: int = 0
     notes: list[str] = field(default_factory=list)
@@ -141,6 +142,22 @@ def _boundary(b, stage: int) -> BoundaryJob:
     return job
 
 
+def _pairwise(b: BoundaryJob, stages: list[StageJob]) -> bool:
+    """Whether the boundary's schedule is: the k-th rank of one stage sends its whole tile to
+    the k-th rank of the other, and nothing else -- what torch's point-to-point pipeline
+    lanes do, so they can run it."""
+    src, dst = (stages[b.stage], stages[b.stage + 1]) if b.kind == "act" else (stages[b.stage + 1], stages[b.stage])
+    if len(src.ranks) != len(dst.ranks) or src.data != dst.data:
+        return False
+    whole = ((0, b.shape[0] // src.data), (0, b.shape[1]))
+    for a, z in zip(src.ranks, dst.ranks):
+        want = [(sorted([a, z]), a, whole)]
+        if [(sorted(m), r, box) for m, r, box in b.calls.get(a, [])] != want or \
+                [(sorted(m), r, box) for m, r, box in b.calls.get(z, [])] != want:
+            return False
+    return True
+
+
 def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
     """What every rank runs for ``plan`` (a re-derived, verified
     :class:`~solver_planner.plan.compose.TrainingPlan`); :class:`OptionError` when ``run``
@@ -181,6 +198,7 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
                               f" tensor, the model's is {part.costs.micro_size} x {want} (samples x elements);"
                               " plan with the same model spec")
         boundaries[job.key] = job
+    lanes = all(_pairwise(job, stages) for job in boundaries.values())
     sched = plan.schedule
     if sched.kind == "eager-1f1b":
         transfers = transfers_of(plan.boundaries, synchronous=not plan.overlap)
@@ -207,4 +225,4 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
                   microbatches=part.costs.microbatches, microbatch_size=part.costs.micro_size, schedule=kind,
                   orders=orders, schedule_name=str(sched), optimizer=training.optimizer if training else "adam",
                   sharded=sharding != "none", sequence_parallel=bool(training and training.sequence_parallel),
-                  predicted_iteration_time=plan.iteration_time, steps=steps, seed=seed, notes=notes)
+                  predicted_iteration_time=plan.iteration_time, lanes=lanes, steps=steps, seed=seed, notes=notes)

@@ -197,7 +197,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
     from torch.distributed.tensor import DTensor
 
     from .model import batch, loss_sum, make_optimizer
-    from .stage import BroadcastStage, stage_module
+    from .stage import BroadcastStage, ProgramStage, stage_module
 
     meshes, lane, programs, boundary_groups, tied = _groups(job, rank, backend, timeout)
     stage = job.stage_of(rank)
@@ -226,8 +226,13 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
                        ("act_out", f"act {p}"), ("grad_in", f"grad {p}")):
         if key in job.boundaries:
             calls[which] = (key, job.boundaries[key].calls.get(rank, []))
-    pipe = BroadcastStage(module, p, S, device, input_args=x_meta, output_args=y_meta, group=lane, calls=calls,
-                          groups=boundary_groups)
+    if job.lanes:
+        # every boundary of the plan sends rank k's whole tile to rank k of the next stage:
+        # torch's own point-to-point pipeline lanes run exactly that schedule
+        pipe = ProgramStage(module, p, S, device, input_args=x_meta, output_args=y_meta, group=lane)
+    else:
+        pipe = BroadcastStage(module, p, S, device, input_args=x_meta, output_args=y_meta, group=lane,
+                              calls=calls, groups=boundary_groups)
 
     def after_backward():
         progress.mark("gradient program")
@@ -267,12 +272,13 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         inputs = (x.to(device),) if first else ()
         targets = {"target": y.to(device), "losses": micro} if last else {}
         schedule.step(*inputs, return_outputs=False, **targets)
-        pipe.wait_sends()
+        if isinstance(pipe, BroadcastStage):
+            pipe.wait_sends()
+            comm.append(pipe.comm_time)
+            pipe.comm_time = 0.0
         progress.mark("optimizer")
         optimizer.step()
         times.append(time.perf_counter() - t0)
-        comm.append(pipe.comm_time)
-        pipe.comm_time = 0.0
         if last:
             loss = torch.tensor(sum(float(m.detach()) for m in micro) / job.microbatches, dtype=torch.float64, device=device)
             dist.all_reduce(loss, group=mesh.get_group("dp"))

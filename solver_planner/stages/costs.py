@@ -52,7 +52,7 @@ from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel, range_sums
-from .memory import (gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes,
+from .memory import (gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes, static_split,
                      transient_per_sample)
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
@@ -493,6 +493,18 @@ class StageCosts:
         activation = smp * range_sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
         self._transfers[key] = (static, activation, transient)
         return self._transfers[key]
+
+    def static_split(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``memory_parts``' static bytes ``[k, i]`` as (weights, gradients, optimizer state),
+        tied copies included (:func:`.memory.static_split`)."""
+        m, opts, t = self.model, self.model.options, c.tensor
+        d = self.shape.size // t
+        own = static_split(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
+        out = [range_sums(x) for x in own]
+        if self.model.ties():
+            copy = static_split(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
+            out = [a + self._copy_bytes(b) for a, b in zip(out, copy)]
+        return out[0], out[1], out[2]
 
     def memory(self, config: StageConfig, live: int) -> np.ndarray:
         """Peak bytes per device of a stage holding ``live`` micro-batches' activations."""

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..spec.layers import OPTIMIZER_SHARDING, RECOMPUTE
 
-__all__ = ["RECOMPUTE_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "transient_per_sample",
+__all__ = ["RECOMPUTE_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "static_split", "stage_memory", "transient_per_sample",
            "recompute_flops", "static_bytes", "gathered_bytes"]
 
 RECOMPUTE_MODES = tuple(m for m in RECOMPUTE if m != "auto")   # "auto": the search picks among these
@@ -113,6 +113,36 @@ def static_bytes(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, shar
     if sharding == "zero-3":
         return (2 * params + optimizer) / (t * d)
     return (2 * params + optimizer) / t
+
+
+def static_split(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`static_bytes` as (weights, gradients, optimizer state) per device: what ZeRO
+    shards at each stage (§5.1: P_os, P_os+g, P_os+g+p); the three add up to it."""
+    P, O = np.asarray(params, dtype=float), np.asarray(optimizer, dtype=float)
+    if sharding in ("zero-1", "distributed"):
+        return P / t, P / t, O / (t * d)
+    if sharding == "zero-2":
+        return P / t, P / (t * d), O / (t * d)
+    if sharding == "zero-3":
+        return P / (t * d), P / (t * d), O / (t * d)
+    return P / t, P / t, O / t
+
+
+def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
+    """Each stage's peak bytes per device (``peak_memory``, the simulated pipeline's) split into
+    ``weights``, ``gradients``, ``optimizer`` (its layers and tied copies, as ZeRO shards them)
+    and ``activations`` (the rest: the micro-batches in flight and one layer's transient
+    recomputation or gathered parameters)."""
+    costs = partition.costs
+    out = []
+    for p, st in enumerate(partition.stages):
+        w, g, o = costs.static_split(st.config)
+        parts = {"weights": float(w[st.first, st.last]), "gradients": float(g[st.first, st.last]),
+                 "optimizer": float(o[st.first, st.last])}
+        parts["activations"] = max(0.0, float(peak_memory[p]) - sum(parts.values()))
+        out.append(parts)
+    return out
 
 
 def optimizer_traffic(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
