@@ -50,3 +50,17 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, deadline=None)
 if __import__("os").environ.get("CI"):
     settings.load_profile("ci")
+
+
+# The quick subset (-m "not slow") leaves out, besides the tests marked slow in place, the
+# ones measured slow (tests/measured_slow.txt, one node id a line).
+_MEASURED_SLOW = {line.strip() for line in (ROOT / "tests" / "measured_slow.txt").read_text().splitlines()
+                  if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.nodeid in _MEASURED_SLOW:
+            item.add_marker(pytest.mark.slow)
