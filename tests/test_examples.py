@@ -226,21 +226,15 @@ def test_readme_python_api_section_runs(tmp_path, monkeypatch):
     assert len(namespace["stage_plan"].partition.stages) == 2
 
 
-@pytest.mark.slow
-def test_example_launch_from_plan(tmp_path):
-    """examples/launch_from_plan.py under torchrun on 8 gloo processes, from another folder:
-    every stage's mesh on every rank, each rank's groups equal to the plan's."""
-    import shutil
+def test_example_launch_from_plan():
+    """examples/launch_from_plan.py is the launch recipe `plan --emit` writes beside a plan
+    (tests/test_run.py runs that copy under torchrun on 8 gloo processes, from another
+    folder); it needs only torch and PyYAML."""
+    import ast
 
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun is not on PATH (the torch extra)")
-    plan = tmp_path / "plan.yaml"
-    made = subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTERS / "local-2x4.yaml"),
-                           str(SPECS / "models" / "gpt-tiny.yaml"), "--config", "1,4,2,4", "-o", str(plan)],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert made.returncode == 0, made.stderr
-    out = subprocess.run([torchrun, "--nproc-per-node", "8", str(EXAMPLES / "launch_from_plan.py"), str(plan)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(int(r) for r in re.findall(r"rank (\d+): stage \d .*?: ok", out.stdout)) == list(range(8))
+    example = (EXAMPLES / "launch_from_plan.py").resolve()
+    assert example == (ROOT / "solver_planner" / "run" / "launch_from_plan.py").resolve()
+    imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(ast.parse(example.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [n])}
+    assert {m.split(".")[0] for m in imported if m} <= {"__future__", "os", "sys", "pathlib", "torch", "yaml"}

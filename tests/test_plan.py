@@ -292,7 +292,10 @@ def test_emitted_specs_lower_under_execute(tmp_path, config):
         assert len(reshards) == 1 and not emitted["skipped"]
     else:
         assert not reshards and len(emitted["skipped"]) == 2 and "no mesh spec" in emitted["skipped"][0]
-    for cmd in emitted["commands"]:
+    launch = [c for c in emitted["commands"] if c.startswith("torchrun ")]
+    assert len(launch) == 1 and str(out.resolve() / "launch_from_plan.py") in launch[0]
+    assert (out / "plan.yaml").is_file() and (out / "launch_from_plan.py").is_file()
+    for cmd in reductions + reshards:
         args = shlex.split(cmd, comments=True)
         assert args[0] == "solver-planner"
         r = run_cli(*args[1:], "--dry-run", "--json")

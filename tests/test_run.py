@@ -120,6 +120,14 @@ def test_equals_one_process(results, name):
 
 
 
+def test_both_boundary_paths_ran(results):
+    """Plans whose boundaries pair rank k with rank k ran on torch's point-to-point lanes, the
+    others on broadcasts: both paths are among the equivalence runs above."""
+    lanes = {name: r.job.lanes for name, r in results.items() if len(r.job.stages) > 1}
+    assert any(lanes.values()) and not all(lanes.values()), lanes
+    assert not lanes["per-stage (d, t), uneven split"]
+
+
 # -- refusals: no process starts ---------------------------------------------------------
 
 def _cli(*args):
@@ -208,28 +216,44 @@ def test_readme_commands(tmp_path):
     assert data["measured_step_time"] > 0 and data["predicted_iteration_time"] > 0
 
 
-def _children() -> list[str]:
-    """Live child processes of this one (zombies are dead), but multiprocessing's resource
-    tracker, which lives as long as this process whatever the run does."""
+def _descendants() -> list[str]:
+    """Live processes below this one (zombies are dead), but multiprocessing's own helpers,
+    its direct children that live as long as this process: the resource tracker and the
+    fork server (the ranks are the fork server's children, so they are counted)."""
     import os
 
-    out = []
+    parent, command = {}, {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z":
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if "resource_tracker" not in command:
-                out.append(command)
+        if stat[0] != "Z":
+            parent[int(pid)], command[int(pid)] = int(stat[1]), cmd
+    me, out = os.getpid(), []
+    for pid in parent:
+        if pid == me:
+            continue
+        chain, p = [], pid
+        while p in parent and p != me:
+            chain.append(p)
+            p = parent[p]
+        if p != me:
+            continue
+        helper = chain[-1]   # the direct child of this process the chain goes through
+        if len(chain) == 1 and ("resource_tracker" in command[pid] or "forkserver" in command[pid]):
+            continue
+        out.append(f"{pid} (via {helper}): {command[pid]}")
     return out
 
 
 @pytest.mark.parametrize("how", ["kill", "raise"])
 def test_a_dead_rank_ends_the_run(tiny_plan, how):
+    """A rank killed outright, or raising, ends the run: named with its step and action, the
+    others stopped, no rank left."""
     import time
 
     from solver_planner.errors import PlannerError
@@ -244,7 +268,7 @@ def test_a_dead_rank_ends_the_run(tiny_plan, how):
     assert message.startswith("rank 5 ") and "step 2" in message, message
     assert ("SIGKILL" in message) if how == "kill" else ("injected failure" in message), message
     assert "micro-batch 2" in message
-    assert not _children()
+    assert not _descendants()
     # the other ranks were stopped, not left to time out (20 s)
     assert time.monotonic() - start < 60
 

@@ -135,7 +135,11 @@ def run_plans(jobs: list[RunJob], backend: str = "gloo", timeout: float = 30.0, 
             ref_losses.append(losses)
             paths.append(os.path.join(tmp, f"reference-{n}.pt"))
             torch.save(params, paths[-1])
-        ctx = mp.get_context("spawn")    # fork is unsafe once torch has threads
+        # fork is unsafe once torch has threads; a fork server imports torch once and forks
+        # every rank from that clean process, instead of each rank importing it again
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "solver_planner.run.stage",
+                                    "solver_planner.run.worker"])
         table = ctx.Array("q", [-1] * (3 * world), lock=False)
         results = ctx.Queue()
         store = os.path.join(tmp, "store")
