@@ -24,6 +24,7 @@ from ..errors import MissingDependencyError, OptionError, PlannerError
 from .plan import DistributedPlan
 
 __all__ = ["require_torch", "choose_backend", "join_job", "Failure", "Execution", "execute_plans", "run_workers",
+           "forkserver_context",
            "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'solver-planner[torch]' (or: pip install torch==2.13.0)"
@@ -157,15 +158,24 @@ def _worker(rank: int, world: int, backend: str, store: str, plans: list[dict], 
         results.put((rank, None, traceback.format_exc()))
 
 
+def forkserver_context():
+    """Processes forked from a fork server that imported torch once: fork itself is unsafe once
+    torch has threads, and spawn makes every rank import torch again (seconds each)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "solver_planner.distributed.interpreter",
+                                "solver_planner.run.stage", "solver_planner.run.worker"])
+    return ctx
+
+
 def run_workers(target: Callable, world: int, args: Sequence, timeout: float) -> list[Any]:
     """Start ``world`` processes of ``target(rank, world, *args, results)``; their results by rank.
 
     A rank that raises (or a job that outlives ``timeout``) stops every process and raises
     :class:`PlannerError` with the rank's traceback.
     """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # fork is unsafe once torch has threads
+    ctx = forkserver_context()
     results = ctx.Queue()
     procs = [ctx.Process(target=target, args=(rank, world, *args, results), daemon=True) for rank in range(world)]
     for p in procs:

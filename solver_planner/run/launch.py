@@ -1,7 +1,8 @@
 """Start a plan's world as local processes, train, compare with one process: :func:`run_plan`.
 
-One process per device of the plan (torch's ``spawn`` start method; ranks join through a
-file store, so nothing listens on a port).  The launcher watches every process: the first
+One process per device of the plan, forked from a fork server that imported torch once
+(fork itself is unsafe once torch has threads); ranks join through a file store, so nothing
+listens on a port.  The launcher watches every process: the first
 rank that raises, or exits without a word (killed), ends the run -- the others are stopped
 at once, so no process outlives the launcher, and the error names the rank, its step and
 what it was doing (a table every rank writes its progress into, in shared memory).
@@ -117,8 +118,7 @@ def run_plans(jobs: list[RunJob], backend: str = "gloo", timeout: float = 30.0, 
         raise OptionError(f"the plan has {world} ranks; this machine can host {limit} run processes (about"
                           f" {MEMORY_PER_PROCESS / 2**30:.1f} GiB each): plan for a smaller cluster spec")
     backend = choose_backend(backend, world)
-    import multiprocessing as mp
-
+    from ..distributed.launch import forkserver_context
     from .model import reference
     from .worker import worker
 
@@ -135,11 +135,7 @@ def run_plans(jobs: list[RunJob], backend: str = "gloo", timeout: float = 30.0, 
             ref_losses.append(losses)
             paths.append(os.path.join(tmp, f"reference-{n}.pt"))
             torch.save(params, paths[-1])
-        # fork is unsafe once torch has threads; a fork server imports torch once and forks
-        # every rank from that clean process, instead of each rank importing it again
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "solver_planner.run.stage",
-                                    "solver_planner.run.worker"])
+        ctx = forkserver_context()
         table = ctx.Array("q", [-1] * (3 * world), lock=False)
         results = ctx.Queue()
         store = os.path.join(tmp, "store")
