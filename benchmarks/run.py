@@ -31,6 +31,25 @@ PLANS = [("8,1,1,1", "1f1b"), ("4,2,1,2", "1f1b"), ("4,1,2,4", "gpipe"), ("4,1,2
          ("2,2,2,4", "eager-1f1b"), ("1,4,2,4", "1f1b"), ("2,1,4,8", "eager-1f1b")]
 
 
+def plan_jobs(plans, steps: int) -> list:
+    """Each (d,t,p,k, schedule) planned for gpt-tiny on local-2x4 by the command line, checked,
+    and made the job ``run`` trains."""
+    from solver_planner.cli.common import model_of, topology_of
+    from solver_planner.plan.check import check_plan
+    from solver_planner.plan.planfile import read_plan
+    from solver_planner.run.job import run_job
+
+    topo, spec = topology_of(CLUSTER), model_of(MODEL)
+    jobs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (config, schedule) in enumerate(plans):
+            out = Path(tmp) / f"plan{n}.yaml"
+            subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTER), str(MODEL), "--config",
+                            config, "--schedule", schedule, "-o", str(out)], check=True, capture_output=True)
+            jobs.append(run_job(check_plan(topo, spec, read_plan(out)).plan, spec, steps=steps))
+    return jobs
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     def ranks(x):
         order = sorted(range(len(x)), key=lambda i: x[i])
@@ -52,22 +71,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from solver_planner.cli.common import model_of, topology_of
-    from solver_planner.plan.check import check_plan
-    from solver_planner.plan.planfile import read_plan
-    from solver_planner.run.job import run_job
     from solver_planner.run.launch import run_plans
 
-    topo, spec = topology_of(CLUSTER), model_of(MODEL)
-    jobs, labels = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n, (config, schedule) in enumerate(PLANS):
-            out = Path(tmp) / f"plan{n}.yaml"
-            subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTER), str(MODEL), "--config",
-                            config, "--schedule", schedule, "-o", str(out)], check=True, capture_output=True)
-            report = check_plan(topo, spec, read_plan(out))
-            jobs.append(run_job(report.plan, spec, steps=args.steps))
-            labels.append(f"{config} {jobs[-1].schedule_name}")
+    jobs = plan_jobs(PLANS, args.steps)
+    labels = [f"{config} {job.schedule_name}" for (config, _), job in zip(PLANS, jobs)]
     results = run_plans(jobs, compare=False)
     rows = [{"plan": label, "measured": r.measured_step_time, "predicted": r.job.predicted_iteration_time,
              "ratio": r.measured_step_time / r.job.predicted_iteration_time} for label, r in zip(labels, results)]

@@ -19,16 +19,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "specs/clusters/local-2x4.yaml"
-MODEL = ROOT / "specs/models/gpt-tiny.yaml"
 PLANS = [("4,1,2,4", "gpipe"), ("4,1,2,4", "1f1b"), ("2,1,4,8", "1f1b"), ("2,2,2,4", "1f1b")]
 
 
@@ -119,21 +115,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of both sides; each keeps its best")
     args = ap.parse_args()
 
-    from solver_planner.cli.common import model_of, topology_of
-    from solver_planner.plan.check import check_plan
-    from solver_planner.plan.planfile import read_plan
-    from solver_planner.run.job import run_job
     from solver_planner.run.launch import run_plans
 
-    topo, spec = topology_of(CLUSTER), model_of(MODEL)
-    jobs, labels = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n, (config, schedule) in enumerate(PLANS):
-            out = Path(tmp) / f"plan{n}.yaml"
-            subprocess.run([sys.executable, "-m", "solver_planner", "plan", str(CLUSTER), str(MODEL), "--config",
-                            config, "--schedule", schedule, "-o", str(out)], check=True, capture_output=True)
-            jobs.append(run_job(check_plan(topo, spec, read_plan(out)).plan, spec, steps=args.steps))
-            labels.append(f"{config} {schedule}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run import plan_jobs  # benchmarks/run.py
+
+    jobs = plan_jobs(PLANS, args.steps)
+    labels = [f"{config} {schedule}" for config, schedule in PLANS]
     # the two sides alternate, and each keeps its best round: a machine shared with other work
     # slows whichever side runs while it is busy
     ours = [float("inf")] * len(jobs)

@@ -201,16 +201,7 @@ def check(
 
     Exit codes: 0 every part holds; 1 a part does not (the first is named); 2 unreadable plan file or spec; 3 a proof timed out.
     """  # noqa: E501
-    from ..plan.check import check_plan
-    from ..plan.planfile import PlanFileError, read_plan
-
-    topo = topology_of(cluster)
-    spec = model_of(model)
-    try:
-        doc = read_plan(plan_file)
-    except PlanFileError as exc:
-        fail(str(exc), 2)
-    rep = check_plan(topo, spec, doc, proof_timeout)
+    rep = checked_plan(cluster, model, plan_file, proof_timeout)[2]
 
     def show(_data) -> None:
         out = console()
@@ -232,6 +223,21 @@ def check(
     error = (f"{_where(first)}{first.message}", 1) if first is not None else \
         ("a proof timed out; nothing failed", 3) if rep.exit_code == 3 else None
     _finish(rep.as_dict(), error, as_json, show)
+
+
+def checked_plan(cluster: Path, model: Path, plan_file: Path, proof_timeout: float = 30.0):
+    """(topology, model spec, :class:`~solver_planner.plan.check.CheckReport`) of a plan file;
+    exit 2 when a file cannot be read."""
+    from ..plan.check import check_plan
+    from ..plan.planfile import PlanFileError, read_plan
+
+    topo = topology_of(cluster)
+    spec = model_of(model)
+    try:
+        doc = read_plan(plan_file)
+    except PlanFileError as exc:
+        fail(str(exc), 2)
+    return topo, spec, check_plan(topo, spec, doc, proof_timeout)
 
 
 MAX_FAILURES_SHOWN = 8    # per part, in the human output (the JSON has all)

@@ -7,7 +7,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import JSON_OPT, console, fail, handles_errors, model_of, print_json, topology_of
+from .common import JSON_OPT, console, fail, handles_errors, print_json
 
 
 @handles_errors
@@ -42,22 +42,13 @@ def run(
     2 bad spec or plan file, a model or plan that run cannot build, or more processes than
     this machine hosts.
     """
-    from ..plan.check import check_plan
-    from ..plan.planfile import PlanFileError, read_plan
     from ..run.job import run_job
     from ..run.launch import process_limit, run_plan
+    from .plan import _where, checked_plan
 
-    topo = topology_of(cluster)
-    spec = model_of(model)
-    try:
-        doc = read_plan(plan_file)
-    except PlanFileError as exc:
-        fail(str(exc), 2)
-    report = check_plan(topo, spec, doc)
+    _, spec, report = checked_plan(cluster, model, plan_file)
     if report.exit_code != 0 or report.plan is None:
         first = report.first_failure
-        from .plan import _where
-
         why = f"{_where(first)}{first.message}" if first is not None else "a proof timed out"
         fail(f"check refuses the plan ({why}); run trains only plans that check accepts", 1)
     job = run_job(report.plan, spec, steps=steps, seed=seed)

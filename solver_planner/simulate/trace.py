@@ -46,15 +46,8 @@ def to_chrome_trace(timeline: Timeline, topology: Topology | None = None, links:
 
 def _full_events(timeline: Timeline, topology: Topology | None, links: bool):
     """The full trace's events one by one (metadata last: the format does not order them)."""
-    processes: dict[str, int] = {}
-    threads: dict[tuple[int, str], int] = {}
-
-    def track(process: str, thread: str) -> tuple[int, int]:
-        pid = processes.setdefault(process, len(processes))
-        key = (pid, thread)
-        if key not in threads:
-            threads[key] = len(threads)
-        return pid, threads[key]
+    tracks = _Tracks()
+    track = tracks.track
 
     for rec in sorted(timeline.records, key=lambda r: (r.start, r.id)):
         if rec.devices:
@@ -78,16 +71,30 @@ def _full_events(timeline: Timeline, topology: Topology | None, links: bool):
             pid, tid = track(proc, thread)
             yield {"name": rec.name, "cat": rec.category or rec.stream, "ph": "X", "ts": rec.start * _US,
                    "dur": rec.duration * _US, "pid": pid, "tid": tid, "args": args if proc != "links" else short}
-    yield from _metadata(processes, threads)
+    yield from tracks.metadata()
 
 
-def _metadata(processes: dict[str, int], threads: dict[tuple[int, str], int]):
-    for proc, pid in processes.items():
-        yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": proc}}
-        yield {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
-    for (pid, thread), tid in threads.items():
-        yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}}
-        yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+class _Tracks:
+    """Process and thread ids in order of first use, and their metadata events."""
+
+    def __init__(self) -> None:
+        self.processes: dict[str, int] = {}
+        self.threads: dict[tuple[int, str], int] = {}
+
+    def track(self, process: str, thread: str) -> tuple[int, int]:
+        pid = self.processes.setdefault(process, len(self.processes))
+        key = (pid, thread)
+        if key not in self.threads:
+            self.threads[key] = len(self.threads)
+        return pid, self.threads[key]
+
+    def metadata(self):
+        for proc, pid in self.processes.items():
+            yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": proc}}
+            yield {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        for (pid, thread), tid in self.threads.items():
+            yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}}
+            yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
 
 
 def _jsonable(value: Any) -> bool:
@@ -119,15 +126,8 @@ def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE
     (the simulator draws stage ``p`` on device ``p * stage_size``); ``level_of``: a link
     class's label (interconnect name -> e.g. "nvswitch (node)")."""
     events: list[dict[str, Any]] = []
-    processes: dict[str, int] = {}
-    threads: dict[tuple[int, str], int] = {}
-
-    def track(process: str, thread: str) -> tuple[int, int]:
-        pid = processes.setdefault(process, len(processes))
-        key = (pid, thread)
-        if key not in threads:
-            threads[key] = len(threads)
-        return pid, threads[key]
+    tracks = _Tracks()
+    track = tracks.track
 
     records = sorted(timeline.records, key=lambda r: (r.start, r.id))
     mbs = [int(m.group(1)) for r in records if (m := _MICROBATCH.search(r.name))]
@@ -201,7 +201,7 @@ def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE
             counters.append({"name": f"{label}: ports busy", "ph": "C", "ts": t * _US, "pid": pid,
                              "args": {"busy ports": level}})
             last_t = t
-    meta = list(_metadata(processes, threads))
+    meta = list(tracks.metadata())
     info = {"detail": "stages", "microbatches": count, "merged": merging,
             "kept_whole": f"micro-batches 0-{keep - 1} and {count - keep}-{count - 1}" if merging else "all"}
     return {"traceEvents": meta + events + counters, "displayTimeUnit": "ms", "metadata": info}
