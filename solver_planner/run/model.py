@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from ..errors import OptionError
 from ..spec.model import ModelSpec
 
-__all__ = ["ModelShape", "model_shape", "build_layers", "StageModule", "batch", "loss_sum", "make_optimizer", "reference",
-           "WIDTH_STEP"]
+__all__ = ["ModelShape", "model_shape", "build_layers", "StageModule", "batch", "loss_sum", "make_optimizer",
+           "reference", "WIDTH_STEP"]
 
 WIDTH_STEP = 8           # hidden widths of `layers:` models are multiples of this
 MAX_PARAMETERS = 2**27   # per model: `run` trains on this machine's processes, in fp32

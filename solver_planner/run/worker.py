@@ -280,7 +280,8 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         optimizer.step()
         times.append(time.perf_counter() - t0)
         if last:
-            loss = torch.tensor(sum(float(m.detach()) for m in micro) / job.microbatches, dtype=torch.float64, device=device)
+            mean = sum(float(m.detach()) for m in micro) / job.microbatches
+            loss = torch.tensor(mean, dtype=torch.float64, device=device)
             dist.all_reduce(loss, group=mesh.get_group("dp"))
             losses.append(float(loss))
             if rank == stage.ranks[0]:
