@@ -161,7 +161,7 @@ def _worker(rank: int, world: int, backend: str, store: str, plans: list[dict], 
 def forkserver_context():
     """Processes forked from a fork server that imported torch once: fork itself is unsafe once
     torch has threads, and spawn makes every rank import torch again (seconds each)."""
-    import multiprocessing as mp
+    import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "solver_planner.distributed.interpreter",

@@ -70,6 +70,9 @@ def worker(rank: int, world: int, jobs: list[RunJob], backend: str, store: str, 
         import torch.distributed as dist
 
         torch.set_num_threads(1)   # one core per process: the ranks share this machine's cores
+        # what torchrun would set, for code that reads it (the job itself joins through `store`)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                          GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world))
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
