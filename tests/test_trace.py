@@ -169,3 +169,106 @@ def test_full_trace_warns_before_writing_a_big_one(pipeline_plan, tmp_path, monk
     # the streamed file is the full trace
     want = to_chrome_trace(plan.run.timeline, topo, links=True)["traceEvents"]
     assert sorted(map(json.dumps, full["traceEvents"])) == sorted(map(json.dumps, want))
+
+
+# -- the full trace's size estimate (the warning's figure) ------------------------------------
+
+def _wide_collectives(a100):
+    """Collectives over up to all 32 devices of two hosts: each holds dozens of ports, so its
+    link-track copies (task id only) outnumber and outweigh its device-track events (whole
+    arguments and resource list), the mix an estimate pricing every event alike gets wrong."""
+    cm = CostModel(a100)
+    sim = Simulation()
+    prev = [add_compute(sim, cm, d, 312e9) for d in range(32)]
+    for n, groups in enumerate([[list(range(32))], [list(range(16)), list(range(16, 32))],
+                                [[d, d + 16] for d in range(16)]] * 3):
+        prev = [add_collective(sim, cm, "allreduce", groups, 1e8 * (n + 1), deps=prev)]
+    sim.add("bookkeeping", 0.5, ["lock"], deps=prev)
+    return sim.run()
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_full_size_estimate_is_the_written_size(a100, pipeline_plan, tmp_path, links):
+    import os
+
+    from solver_planner.simulate import estimate_full_bytes
+
+    topo, plan = pipeline_plan
+    for tl, top in ((plan.run.timeline, topo), (_wide_collectives(a100), a100)):
+        written = os.path.getsize(write_chrome_trace(tl, tmp_path / "full.json", top, links=links, detail="full"))
+        assert estimate_full_bytes(tl, links, top) == pytest.approx(written, rel=0.02)
+        # from a sample of the tasks too (a big plan's estimate samples 2 000 of them)
+        assert estimate_full_bytes(tl, links, top, sample=10) == pytest.approx(written, rel=0.05)
+
+
+# -- the aggregated trace against the full one --------------------------------------------------
+
+def test_stage_trace_below_the_threshold_is_the_full_trace_per_stage(pipeline_plan):
+    """Up to ``merge_above`` micro-batches nothing is merged: the stage trace holds exactly the
+    full trace's device-track slices, stage p's being those of device p * stage size (the
+    device the simulator runs the stage's work on), with the same names, times and arguments."""
+    from solver_planner.simulate import to_stage_trace
+
+    topo, plan = pipeline_plan
+    tl = plan.run.timeline
+    full = to_chrome_trace(tl, topo, links=True)["traceEvents"]
+    stage = to_stage_trace(tl, 2)
+    assert stage["metadata"]["merged"] is False and stage["metadata"]["microbatches"] == 16
+    fprocs, fthreads = _names(full)
+    sprocs, sthreads = _names(stage["traceEvents"])
+
+    def slices(events, procs, threads, track_of):
+        out = []
+        for e in events:
+            track = track_of(procs[e["pid"]], threads[(e["pid"], e["tid"])]) if e["ph"] == "X" else None
+            if track is not None:
+                args = {k: v for k, v in e["args"].items() if k != "resources"}
+                out.append((track_of(procs[e["pid"]], threads[(e["pid"], e["tid"])]), e["name"], e["cat"],
+                            e["ts"], e["dur"], json.dumps(args, sort_keys=True)))
+        return sorted(out)
+
+    def full_track(proc, thread):
+        if proc == "links":
+            return None
+        device, stream = thread.removeprefix("device ").split(" ", 1)
+        assert int(device) % 2 == 0     # only a stage's first device runs tasks
+        return f"stage {int(device) // 2} (2 devices)", stream
+
+    want = slices(full, fprocs, fthreads, full_track)
+    got = slices(stage["traceEvents"], sprocs, sthreads, lambda proc, thread: (proc, thread))
+    assert got == want
+
+
+def test_full_trace_link_copies_carry_the_task_id(pipeline_plan):
+    """The full trace draws each task on its device tracks with its arguments and resources,
+    and on one track per link it holds with only its id (the link names the rest): the one
+    way it differs from the trace before aggregation, and most of a big trace's bytes."""
+    topo, plan = pipeline_plan
+    tl = plan.run.timeline
+    events = to_chrome_trace(tl, topo, links=True)["traceEvents"]
+    procs, threads = _names(events)
+    on_links, on_devices = {}, {}
+    for e in events:
+        if e["ph"] != "X":
+            continue
+        task = e["args"]["task"]
+        if procs[e["pid"]] == "links":
+            assert e["args"] == {"task": task}
+            on_links.setdefault(task, []).append(threads[(e["pid"], e["tid"])])
+        else:
+            on_devices.setdefault(task, []).append(e["args"])
+    for rec in tl.records:
+        assert sorted(on_links.get(rec.id, [])) == sorted(map(str, rec.resources))
+        assert len(on_devices[rec.id]) == len(rec.devices)
+        for args in on_devices[rec.id]:
+            assert args["resources"] == [str(r) for r in rec.resources]
+            assert {k: v for k, v in args.items() if k not in ("task", "resources")} == rec.args
+
+
+@pytest.mark.parametrize("detail", ["stages", "full"])
+def test_same_plan_same_bytes(pipeline_plan, tmp_path, detail):
+    topo, plan = pipeline_plan
+    out = [write_chrome_trace(plan.run.timeline, tmp_path / f"{n}.json", topo, links=True, detail=detail,
+                              stage_size=2, merge_above=4).read_bytes() for n in range(2)]
+    assert out[0] == out[1]
+    json.loads(out[0])

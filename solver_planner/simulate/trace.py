@@ -50,28 +50,44 @@ def _full_events(timeline: Timeline, topology: Topology | None, links: bool):
     track = tracks.track
 
     for rec in sorted(timeline.records, key=lambda r: (r.start, r.id)):
-        if rec.devices:
-            places = []
-            for d in rec.devices:
-                if topology is not None:
-                    host = topology.host(d)
-                    proc = f"{topology.level_names[topology.host_level]} {host}"
-                else:
-                    proc = "devices"
-                places.append((proc, f"device {d} {rec.stream}"))
-        else:
-            places = [("resources", str(rec.resources[0]) if rec.resources else rec.stream)]
-        if links and rec.devices:
-            places += [("links", str(r)) for r in rec.resources]
-        args = {"task": rec.id, **{k: v for k, v in rec.args.items() if _jsonable(v)}}
-        if rec.resources:
-            args["resources"] = [str(r) for r in rec.resources]
-        short = {"task": rec.id}   # a link track's copy: the track names the link, the task id the rest
-        for proc, thread in places:
+        args, short = _full_args(rec)
+        for proc, thread in _full_places(rec, topology, links):
             pid, tid = track(proc, thread)
-            yield {"name": rec.name, "cat": rec.category or rec.stream, "ph": "X", "ts": rec.start * _US,
-                   "dur": rec.duration * _US, "pid": pid, "tid": tid, "args": args if proc != "links" else short}
+            yield _complete(rec, pid, tid, args if proc != "links" else short)
     yield from tracks.metadata()
+
+
+def _full_places(rec, topology: Topology | None, links: bool) -> list[tuple[str, str]]:
+    """The (process, thread) tracks a task is drawn on in the full trace."""
+    if rec.devices:
+        places = [(_host_process(d, topology), f"device {d} {rec.stream}") for d in rec.devices]
+    else:
+        places = [("resources", str(rec.resources[0]) if rec.resources else rec.stream)]
+    if links and rec.devices:
+        places += [("links", str(r)) for r in rec.resources]
+    return places
+
+
+def _host_process(device: int, topology: Topology | None) -> str:
+    """The full trace's process of a device: its host ("node 3"), or "devices" without a topology."""
+    if topology is None:
+        return "devices"
+    return f"{topology.level_names[topology.host_level]} {topology.host(device)}"
+
+
+def _full_args(rec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A task's arguments on its device tracks, and on its link tracks: there the track names
+    the link and the task id the rest (a collective on hundreds of ports would otherwise
+    repeat its whole resource list hundreds of times)."""
+    args = {"task": rec.id, **{k: v for k, v in rec.args.items() if _jsonable(v)}}
+    if rec.resources:
+        args["resources"] = [str(r) for r in rec.resources]
+    return args, {"task": rec.id}
+
+
+def _complete(rec, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": rec.name, "cat": rec.category or rec.stream, "ph": "X", "ts": rec.start * _US,
+            "dur": rec.duration * _US, "pid": pid, "tid": tid, "args": args}
 
 
 class _Tracks:
@@ -105,19 +121,54 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
-def estimate_full_bytes(timeline: Timeline, links: bool = False) -> int:
-    """About how many bytes :func:`write_chrome_trace` writes in full detail (events counted,
-    times the measured size of a sample of them), without building them."""
+def estimate_full_bytes(timeline: Timeline, links: bool = False, topology: Topology | None = None,
+                        sample: int = 2000) -> int:
+    """About how many bytes :func:`write_chrome_trace` writes in full detail, without building
+    the events: the tracks' metadata exactly, and each kind of event (a device track's, which
+    carries the task's arguments and resource list, and a link track's copy, which carries
+    only the task id: often ten times shorter, and most of a big trace) as its count times
+    its mean size over an evenly spaced ``sample`` of the tasks."""
     records = timeline.records
-    if not records:
-        return 100
-    places = sum(max(1, len(r.devices)) + (len(r.resources) if links and r.devices else 0) for r in records)
-    sample = records[:: max(1, len(records) // 200)]
-    per = sum(len(json.dumps({"name": r.name, "cat": r.category, "ph": "X", "ts": r.start * _US,
-                              "dur": r.duration * _US, "pid": 0, "tid": 0,
-                              "args": {"task": r.id, "resources": [str(x) for x in r.resources]}}))
-              for r in sample) / len(sample)
-    return int(places * per)
+    device_tracks: set[tuple[int, str]] = set()
+    other_tracks: set[str] = set()
+    link_tracks: set[Any] = set()
+    counts = [0, 0]            # events on device (or resource) tracks, on link tracks
+    for rec in records:
+        if rec.devices:
+            device_tracks.update((d, rec.stream) for d in rec.devices)
+            counts[0] += len(rec.devices)
+            if links:
+                link_tracks.update(rec.resources)
+                counts[1] += len(rec.resources)
+        else:
+            other_tracks.add(str(rec.resources[0]) if rec.resources else rec.stream)
+            counts[0] += 1
+    tracks = _Tracks()
+    for d, stream in sorted(device_tracks):
+        tracks.track(_host_process(d, topology), f"device {d} {stream}")
+    for name in sorted(other_tracks):
+        tracks.track("resources", name)
+    for res in sorted(link_tracks, key=str):
+        tracks.track("links", str(res))
+    meta = sum(len(_dumps(e)) + 1 for e in tracks.metadata())
+    # ids as wide as the trace's own (their digits are in every event)
+    pid, tid = 10 ** (len(str(len(tracks.processes))) - 1), 10 ** (len(str(len(tracks.threads))) - 1)
+    sizes, sampled = [0, 0], [0, 0]    # summed sizes and counts of the sample's events, per kind
+    for rec in records[:: max(1, len(records) // sample)]:
+        args, short = _full_args(rec)
+        on_devices = max(1, len(rec.devices))
+        sizes[0] += on_devices * (len(_dumps(_complete(rec, pid, tid, args))) + 1)
+        sampled[0] += on_devices
+        if links and rec.devices and rec.resources:
+            sizes[1] += len(rec.resources) * (len(_dumps(_complete(rec, pid, tid, short))) + 1)
+            sampled[1] += len(rec.resources)
+    events = sum(count * size / max(1, n) for count, size, n in zip(counts, sizes, sampled))
+    return int(events + meta + len(_dumps({"traceEvents": [], "displayTimeUnit": "ms"})))
+
+
+def _dumps(event: dict[str, Any]) -> str:
+    """One event as the file holds it (compact separators: no space after "," and ":")."""
+    return json.dumps(event, separators=(",", ":"))
 
 
 def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE_ABOVE, keep: int = KEEP,
@@ -228,6 +279,6 @@ def write_chrome_trace(timeline: Timeline, path: str | Path, topology: Topology 
     with path.open("w", encoding="utf-8") as f:
         f.write('{"traceEvents": [')
         for n, event in enumerate(events):
-            f.write(("," if n else "") + json.dumps(event, separators=(",", ":")))
+            f.write(("," if n else "") + _dumps(event))
         f.write("]," + json.dumps(rest)[1:])
     return path
