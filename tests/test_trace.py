@@ -272,3 +272,22 @@ def test_same_plan_same_bytes(pipeline_plan, tmp_path, detail):
                               stage_size=2, merge_above=4).read_bytes() for n in range(2)]
     assert out[0] == out[1]
     json.loads(out[0])
+
+
+def test_no_warning_below_the_limit_or_for_the_stage_trace(pipeline_plan, tmp_path, monkeypatch, capsys):
+    from solver_planner.cli import common
+    from solver_planner.simulate import estimate_full_bytes
+
+    topo, plan = pipeline_plan
+    tl = plan.run.timeline
+    common.write_trace(tl, tmp_path / "full.json", topo, "full", 2, links=True)   # ~100 kB
+    assert "warning:" not in capsys.readouterr().err
+    # the stage trace never warns: it is the one the warning points to
+    monkeypatch.setattr(common, "TRACE_WARN_BYTES", 1000)
+    common.write_trace(tl, tmp_path / "stages.json", topo, "stages", 2, links=True)
+    assert "warning:" not in capsys.readouterr().err
+    # the warning's figure is the estimate, in the decimal megabytes --help states the limit in
+    monkeypatch.setattr(common, "TRACE_WARN_BYTES", 10)
+    common.write_trace(tl, tmp_path / "full.json", topo, "full", 2, links=True)
+    want = f"about {estimate_full_bytes(tl, True, topo) / 1e6:,.0f} MB; Perfetto's UI struggles above 0 MB"
+    assert want in capsys.readouterr().err

@@ -172,14 +172,14 @@ def check_trace_detail(detail: str) -> None:
 
 def write_trace(timeline, path: Path, topology, detail: str, stage_size: int, links: bool = False) -> None:
     """``--trace`` with ``--trace-detail``; a full trace over :data:`TRACE_WARN_BYTES` is announced first."""
-    from .. import units
     from ..simulate import estimate_full_bytes, write_chrome_trace
 
     check_trace_detail(detail)
     if detail == "full":
-        size = estimate_full_bytes(timeline, links)
+        size = estimate_full_bytes(timeline, links, topology)
         if size > TRACE_WARN_BYTES:
-            typer.echo(f"warning: the full trace is about {units.format_bytes(size)}; Perfetto's UI struggles above"
-                       f" {units.format_bytes(TRACE_WARN_BYTES)} (--trace-detail stages aggregates it)", err=True)
+            # decimal megabytes, as --help and the README state the limit
+            typer.echo(f"warning: the full trace is about {size / 1e6:,.0f} MB; Perfetto's UI struggles above"
+                       f" {TRACE_WARN_BYTES / 1e6:.0f} MB (--trace-detail stages aggregates it)", err=True)
     out = write_chrome_trace(timeline, path, topology, links=links, detail=detail, stage_size=stage_size)
     typer.echo(f"wrote {out}", err=True)
