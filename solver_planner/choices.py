@@ -10,7 +10,7 @@ __all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES"
            "DEFAULT_TOP_GAP"]
 
 STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
-SCHEDULES = ("1f1b", "gpipe", "eager-1f1b")
+SCHEDULES = ("1f1b", "gpipe", "eager-1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 RESHARD_METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy", "alpa-greedy", "dispatch")
 RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allgather")
 # How a plan's stage boundaries move their tensors (the rows of seed 002's ablation).
