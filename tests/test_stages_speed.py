@@ -84,7 +84,7 @@ def contended(draw):
         edges = [0] + cuts + [n]
         plans.append(Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(costs.configs)))
                                        for j in range(S)]))
-    return plans, family(draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])), S)
+    return plans, family(draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b", "zb-h1"])), S)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -557,8 +557,8 @@ class StageCosts:
         parameters between the two stages (Megatron's embedding group: device j of one stage
         with device j of the other)."""
         own = plan.owner
-        sa, sb = own[a], own[b]
-        tb = plan.stages[sb].tensor
+        sa, sb = plan.mesh[own[a]], plan.mesh[own[b]]      # the meshes of the two chunks
+        tb = plan.stages[own[b]].tensor
         key = ("tie", sa, sb, tb, b)
         if key not in self._transfers:
             size = self.shape.size

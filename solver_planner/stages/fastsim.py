@@ -83,6 +83,10 @@ def iteration(plan: Partition, schedule: Schedule) -> Iteration:
 def pipeline_run(plan: Partition, schedule: Schedule) -> tuple[PipelineRun, int]:
     """``simulate_schedule(plan, schedule)`` with its timeline built on first use, and the
     number of tasks of the graph."""
+    if plan.virtual > 1:
+        # chunks share their mesh's exec resource, which this bookkeeping does not model
+        run = simulate_schedule(plan, schedule)
+        return run, len(run.timeline)
     it = iteration(plan, schedule)
     orders = stage_orders(plan, schedule)
     live = [live_peak(o) for o in orders]
@@ -116,6 +120,8 @@ class _LazyTimeline(Timeline):
 
 
 def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
+    if plan.virtual > 1:
+        raise _Fallback
     c = plan.costs
     model, S, B = c.model, c.stages, c.microbatches
     delays = weight_delays(plan, schedule)

@@ -60,19 +60,20 @@ so ``R1 <= objective <= simulated`` for every plan; the search enumerates plans 
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass
 
 from .partition import Partition
-from .pipeline import weight_delays
-from .schedule import Schedule, live_count, warmup
+from .pipeline import mesh_orders, weight_delays
+from .schedule import Schedule, live_count, mesh_order, warmup
 
 # per StageCosts: the port classes of each sequence of resource lists (the lists are the
 # costs' own memoised objects, so their ids are stable while the costs live)
 _CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-__all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time"]
+__all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time", "deferred_weights"]
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,16 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
 
     ``enough``: a caller that drops every plan whose bound reaches it; when the stage, cycle
     or phase bound does, the port bound (the costliest) is not computed and left at -inf
-    (:attr:`Bounds.partial`) -- the value is still a lower bound, and at least ``enough``."""
+    (:attr:`Bounds.partial`) -- the value is still a lower bound, and at least ``enough``.
+
+    With model chunks (interleaved 1F1B, ZB-V) the stage bound holds per chunk (its own ops
+    are a chain) and per mesh (all its chunks' work on one exec resource); the cycle and
+    phase bounds, which read 1F1B's order, are not used.  Under ZB-H1 the weight parts a
+    stage defers to the cool-down (``k_p`` after its last ``BA``) move from before its last
+    chain op to after it, and the phase bound is not used."""
     c = plan.costs
-    S, B = c.stages, c.microbatches
+    B = c.microbatches
+    S = len(plan.stages)               # chunks: the stages without interleaving
     split = schedule.split
     f, b, bw = plan.forward, plan.backward, plan.backward_weight
     ch = _chain(plan, split)
@@ -123,7 +131,8 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
         t = c.tie_sync(plan, a, bb)[0]
         for p in (plan.owner[a], q):
             tie[p] = max(tie[p], t)
-    u = [(bw[p] if split else 0.0) + g[p] + tie[p] for p in range(S)]
+    kk = deferred_weights(schedule, c.stages, B) if split else (0,) * S
+    u = [kk[p] * bw[p] + g[p] + tie[p] for p in range(S)]
     # fill: earliest start of each stage's first forward
     ins = [[] for _ in range(S)]
     outs_of = [[] for _ in range(S)]
@@ -140,18 +149,31 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
         outs = ins[p]
         D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in outs])
         Dm[p] = max([b[p] - ch[p]] + [grad[q, p] + ch[q] + Dm[q] for q in outs])
-    stage = max(H[p] + B * w[p] - (b[p] - ch[p]) + D[p] for p in range(S))
-    # round trips and the cycle bound
-    delays = weight_delays(plan, schedule)
+    stage = max(H[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
     R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
     cycle = phase = 0.0
-    for p in range(S):
-        W = warmup(schedule, S, p, B)
-        j = (B - 1) // W
-        before_f = bw[p] if split and not delays[p] else 0.0
-        C = f[p] + R[p] + ch[p] + before_f
-        cycle = max(cycle, H[p] + j * C + f[p] + R[p] + (B - j * W) * b[p] - (b[p] - ch[p]) + D[p])
-        phase = max(phase, H[p] + phase_time(f[p], b[p], ch[p], R[p], W, B) + D[p])
+    if plan.virtual > 1:
+        for m in range(c.stages):
+            mine = [k for k in range(S) if plan.mesh[k] == m]
+            stage = max(stage, min(H[k] for k in mine) + B * sum(w[k] for k in mine)
+                        + min(g[k] + tie[k] for k in mine))
+    else:
+        # round trips and the cycle bound
+        delays = weight_delays(plan, schedule)
+        for p in range(S):
+            W = warmup(schedule, S, p, B)
+            j = (B - 1) // W
+            if schedule.kind == "zb-h1":
+                # the chain ops from micro-batch jW on, and those of their weight parts that
+                # precede the last chain op; the deferred ones are in D
+                C = f[p] + R[p] + ch[p]
+                rest = (B - j * W) * ch[p] + max(0, B - j * W - kk[p]) * bw[p]
+                cycle = max(cycle, H[p] + j * C + f[p] + R[p] + rest + D[p])
+                continue
+            before_f = bw[p] if split and not delays[p] else 0.0
+            C = f[p] + R[p] + ch[p] + before_f
+            cycle = max(cycle, H[p] + j * C + f[p] + R[p] + (B - j * W) * b[p] - (b[p] - ch[p]) + D[p])
+            phase = max(phase, H[p] + phase_time(f[p], b[p], ch[p], R[p], W, B) + D[p])
     if schedule.kind == "gpipe":
         # every forward before any backward: a channel carries all its activations, the
         # receiver's last forward and a round trip pass, then it carries all the gradients
@@ -161,6 +183,19 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
         return Bounds(stage, cycle, -math.inf, phase)
     port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
     return Bounds(stage, cycle, port, phase)
+
+
+@functools.lru_cache(maxsize=4096)
+def deferred_weights(schedule: Schedule, stages: int, microbatches: int) -> tuple[int, ...]:
+    """Per chunk, the ``BW`` its stage runs after the chunk's last ``BA`` (1 under weight
+    delaying: its own; more under the zero-bubble schedules)."""
+    out: dict[int, int] = {}
+    for p in range(stages):
+        order = mesh_order(schedule, stages, p, microbatches)
+        for k in {k for _, k, _ in order}:
+            last = max(i for i, (op, kk, _) in enumerate(order) if kk == k and op == "BA")
+            out[k] = sum(1 for op, kk, _ in order[last + 1:] if kk == k and op == "BW")
+    return tuple(out[k] for k in range(len(out)))
 
 
 def phase_time(f: float, b: float, c: float, R: float, W: int, B: int) -> float:
@@ -187,9 +222,8 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
         calls.append((resources, duration, start, tail))
 
     for p, q in plan.channels:
-        tp, tq = plan.stages[p].tensor, plan.stages[q].tensor
-        add(c.transfer_resources(tp, p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + Dm[q])
-        add(c.transfer_resources(tq, q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + Dm[p])
+        add(plan.transfer_ports(p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + Dm[q])
+        add(plan.transfer_ports(q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + Dm[p])
     for p, st in enumerate(plan.stages):
         cc = c[st.config]
         if cc.data == 1:
@@ -201,7 +235,7 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
                     red += cc.layer_reduction_copy[bb] - cc.layer_reduction[bb]
         else:
             red = cc.reduction_all[st.first, st.last]
-        add(c.reduction_resources(st.tensor, p), float(red), H[p] + B * w[p] - plan.backward[p], 0.0)
+        add(c.reduction_resources(st.tensor, plan.mesh[p]), float(red), H[p] + B * w[p] - plan.backward[p], 0.0)
     for a, bb, q in plan.copies:
         duration, res = c.tie_sync(plan, a, bb)
         add(res, duration, 0.0, 0.0)
@@ -231,6 +265,8 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
 def fits(plan: Partition, schedule: Schedule) -> bool:
     """Every stage's peak memory, with the micro-batches the schedule keeps, fits."""
     c = plan.costs
+    if plan.virtual > 1:
+        return all(m <= c.device_memory for m in plan.mesh_memory(mesh_orders(plan, schedule))[0])
     delays = weight_delays(plan, schedule)
     live = [live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
     return all(m <= c.device_memory for m in plan.memory(live))

@@ -30,24 +30,43 @@ class Partition:
     Stage ``p`` runs ``forward[p]`` per micro-batch, ``backward_act[p] + backward_weight[p]``
     backward; ``channels[(p, q)]`` are the bytes per sample that go from stage ``p`` to a
     later stage ``q`` (the next one, or farther for a skip connection).
+
+    With model chunks (interleaved 1F1B, ZB-V), ``stages`` are the chunks in model order and
+    ``mesh[k]`` the mesh (pipeline stage) chunk ``k`` runs on; every mesh holds the same
+    number of chunks.  Without, ``mesh[p] = p``.
     """
 
-    def __init__(self, costs: StageCosts, stages: list[StagePlan] | tuple[StagePlan, ...]):
+    def __init__(self, costs: StageCosts, stages: list[StagePlan] | tuple[StagePlan, ...],
+                 mesh: tuple[int, ...] | None = None):
         stages = tuple(stages)
         L = costs.model.num_layers
-        if len(stages) != costs.stages or stages[0].first != 0 or stages[-1].last != L - 1 or any(
+        mesh = tuple(range(len(stages))) if mesh is None else tuple(mesh)
+        per_mesh = len(stages) // costs.stages if costs.stages else 0
+        if (len(stages) % costs.stages or len(mesh) != len(stages)
+                or sorted(mesh) != sorted(p for p in range(costs.stages) for _ in range(per_mesh))):
+            raise ValueError(f"{len(stages)} chunks on meshes {mesh} do not fill {costs.stages} stages evenly")
+        if stages[0].first != 0 or stages[-1].last != L - 1 or any(
                 a.last + 1 != b.first for a, b in zip(stages, stages[1:])) or any(s.first > s.last for s in stages):
-            raise ValueError(f"not a partition of {L} layers into {costs.stages} stages: {stages}")
+            raise ValueError(f"not a partition of {L} layers into {len(stages)} stages: {stages}")
         for st in stages:
             if st.config not in costs.configs:
                 raise ValueError(f"configuration {st.config} is not possible on {costs.shape} with"
                                  f" {costs.microbatches} micro-batches")
+        if any(stages[k].config != stages[j].config for k in range(len(stages)) for j in range(len(stages))
+               if mesh[k] == mesh[j]):
+            raise ValueError("the chunks of one mesh must share its configuration")
         self.costs = costs
         self.stages = stages
+        self.mesh = mesh
+
+    @property
+    def virtual(self) -> int:
+        """Model chunks per mesh."""
+        return len(self.stages) // self.costs.stages
 
     @property
     def key(self) -> tuple:
-        return (self.costs.shape, self.costs.microbatches, self.stages)
+        return (self.costs.shape, self.costs.microbatches, self.stages, self.mesh)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Partition) and self.key == other.key
@@ -91,6 +110,32 @@ class Partition:
         c = self.costs
         return [float(c.memory(s.config, n)[s.first, s.last]) for s, n in zip(self.stages, live)]
 
+    def mesh_memory(self, orders: list[list[tuple[str, int, int]]]) -> tuple[list[float], list[int]]:
+        """Peak bytes per device of each mesh running ``orders`` ((op, chunk, micro-batch) per
+        mesh), and the most micro-batches it keeps at once: its chunks' weights, gradients
+        and optimizer state, the activations of every micro-batch between its forward and
+        the end of its backward on each chunk (the peak of their sum over the order), and
+        the largest transient of a backward.  A tied copy on the mesh of its original is
+        counted like one elsewhere (a little memory too much, never too little)."""
+        c = self.costs
+        parts = [tuple(float(x[s.first, s.last]) for x in c.memory_parts(s.config)) for s in self.stages]
+        out, counts = [], []
+        for p, order in enumerate(orders):
+            chunks = [k for k in range(len(self.stages)) if self.mesh[k] == p]
+            live = peak = 0.0
+            n = most = 0
+            for op, k, _ in order:
+                if op == "F":
+                    live += parts[k][1]
+                    n += 1
+                    peak, most = max(peak, live), max(most, n)
+                elif op in ("B", "BW"):
+                    live -= parts[k][1]
+                    n -= 1
+            out.append(sum(parts[k][0] for k in chunks) + peak + max(parts[k][2] for k in chunks))
+            counts.append(most)
+        return out, counts
+
     @cached_property
     def owner(self) -> list[int]:
         out = []
@@ -109,22 +154,29 @@ class Partition:
         return dict(sorted(out.items()))
 
     def activation_time(self, p: int, q: int) -> float:
-        """One micro-batch's tensors from stage p to stage q (0 if none)."""
+        """One micro-batch's tensors from stage p to stage q (0 if none, or on one mesh)."""
         if (p, q) not in self.channels:
             return 0.0
         t = self.stages[p].tensor
-        return self.costs.transfer_time(t, p, q, self.channels[p, q] * self.costs.samples(t))
+        return self.costs.transfer_time(t, self.mesh[p], self.mesh[q], self.channels[p, q] * self.costs.samples(t))
 
     def gradient_time(self, q: int, p: int) -> float:
         """One micro-batch's gradients from stage q back to stage p < q (0 if none)."""
         if (p, q) not in self.channels:
             return 0.0
         t = self.stages[q].tensor
-        return self.costs.transfer_time(t, q, p, self.channels[p, q] * self.costs.samples(t))
+        return self.costs.transfer_time(t, self.mesh[q], self.mesh[p], self.channels[p, q] * self.costs.samples(t))
+
+    def transfer_ports(self, p: int, q: int) -> list:
+        """The ports one micro-batch's tensors from stage (chunk) ``p`` to ``q`` hold (none
+        between chunks of one mesh)."""
+        if self.mesh[p] == self.mesh[q]:
+            return []
+        return self.costs.transfer_resources(self.stages[p].tensor, self.mesh[p], self.mesh[q])
 
     @cached_property
     def copies(self) -> list[tuple[int, int, int]]:
-        """(shared layer, layer holding a copy, stage of the copy) for ties split over stages."""
+        """(shared layer, layer holding a copy, stage of the copy) for ties split over meshes."""
         own = self.owner
-        return [(a, b, own[b]) for a, b in self.costs.model.ties() if own[a] != own[b]]
+        return [(a, b, own[b]) for a, b in self.costs.model.ties() if self.mesh[own[a]] != self.mesh[own[b]]]
 

@@ -30,9 +30,9 @@ from typing import Mapping, Sequence
 from ..simulate import Simulation
 from ..simulate.timeline import Timeline
 from .partition import Partition
-from .schedule import Schedule, live_peak, stage_order
+from .schedule import Schedule, live_peak, mesh_order, stage_order
 
-__all__ = ["PipelineRun", "weight_delays", "stage_orders", "simulate_schedule", "exec_resource"]
+__all__ = ["PipelineRun", "weight_delays", "stage_orders", "mesh_orders", "simulate_schedule", "exec_resource"]
 
 _LATE = 1e15      # priority of gradient buckets: after any pipeline transfer ready at the same moment
 _NO_WAIT = (None, None, ())
@@ -74,7 +74,7 @@ def _transfer(plan: Partition, kind: str, src: int, dst: int, transfers: Transfe
         return transfers[kind, src, dst]
     c = plan.costs
     duration = plan.activation_time(src, dst) if kind == "act" else plan.gradient_time(src, dst)
-    return duration, c.transfer_resources(plan.stages[src].tensor, src, dst) if c.comm else ()
+    return duration, plan.transfer_ports(src, dst) if c.comm else ()
 
 
 def weight_delays(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> list[bool]:
@@ -96,24 +96,39 @@ def stage_orders(plan: Partition, schedule: Schedule, transfers: Transfers | Non
     return [stage_order(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
 
 
+def mesh_orders(plan: Partition, schedule: Schedule, transfers: Transfers | None = None
+                ) -> list[list[tuple[str, int, int]]]:
+    """Each mesh's (op, chunk, micro-batch) sequence (the chunk is the mesh without chunks)."""
+    c = plan.costs
+    if schedule.virtual != plan.virtual:
+        raise ValueError(f"{schedule} runs {schedule.virtual} chunks per stage; the plan has {plan.virtual}")
+    if schedule.virtual > 1:
+        return [mesh_order(schedule, c.stages, p, c.microbatches) for p in range(c.stages)]
+    return [[(op, p, m) for op, m in o] for p, o in enumerate(stage_orders(plan, schedule, transfers))]
+
+
 def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> PipelineRun:
     """Build and run the task graph of one iteration of ``plan`` under ``schedule``.
 
     ``transfers[(kind, src, dst)] = (seconds, ports)`` replaces the stage planner's price of
     a channel's per-micro-batch transfer ('act' from ``src`` to a later ``dst``, 'grad' back).
+    With model chunks, "stage" below is a chunk: its ops run on its mesh's exec resource, in
+    the mesh's order; its transfers, buckets and optimizer step use its mesh's devices.
     """
     c = plan.costs
     model, S, size = c.model, c.stages, c.shape.size
-    orders = stage_orders(plan, schedule, transfers)
+    K = len(plan.stages)                       # chunks (= stages without interleaving)
+    mesh = plan.mesh
+    orders = mesh_orders(plan, schedule, transfers)
     sim = Simulation()
     chans = plan.channels
-    inputs = {p: [q for (q, r) in chans if r == p] for p in range(S)}     # stages p reads from
-    outputs = {p: [r for (q, r) in chans if q == p] for p in range(S)}    # stages p feeds
+    inputs = {p: [q for (q, r) in chans if r == p] for p in range(K)}     # chunks p reads from
+    outputs = {p: [r for (q, r) in chans if q == p] for p in range(K)}    # chunks p feeds
     ids: dict[tuple[str, int, int], int] = {}
     last_send: dict[tuple[str, int, int], int] = {}
     sends: dict[tuple[str, int, int], int] = {}
     exec_res = [exec_resource(p) for p in range(S)]
-    last_task: list[list[int]] = [[] for _ in range(S)]
+    last_task: list[list[int]] = [[] for _ in range(K)]
 
     def send(kind: str, src: int, dst: int, m: int, after: int) -> int:
         key = (kind, src, dst, m)
@@ -125,12 +140,12 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 deps.append(prev)
             tid = sim.add(f"{kind} {src}->{dst} mb{m}", duration, ports, deps, stream="comm",
                           category="activation" if kind == "act" else "gradient",
-                          devices=(src * size,))
+                          devices=(mesh[src] * size,))
             sends[key] = last_send[kind, src, dst] = tid
         return sends[key]
 
     op_time = [{"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
-                "BW": plan.backward_weight[p]} for p in range(S)]
+                "BW": plan.backward_weight[p]} for p in range(K)]
     # the kernels' share of each op (the rest is tensor-parallel and ZeRO-3 collectives),
     # recorded on its task for the plan's breakdown
     kernels = [c.compute_times(st.config) for st in plan.stages]
@@ -138,8 +153,13 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     for p, st in enumerate(plan.stages):
         f, a, w = (float(x[st.first:st.last + 1].sum()) for x in kernels[p])
         op_compute.append({"F": f, "B": a + w, "BA": a, "BW": w})
-    exec_of = [[r] for r in exec_res]
-    device_of = [(p * size,) for p in range(S)]
+    exec_of = [[exec_res[mesh[p]]] for p in range(K)]
+    device_of = [(mesh[p] * size,) for p in range(K)]
+    # each chunk's last op: its gradients are complete after it (the reductions follow it)
+    final_at = {}
+    for order in orders:
+        for i, (_, k, _) in enumerate(order):
+            final_at[k] = (id(order), i)
 
     def op_task(p: int, op: str, m: int, deps: list[int], final: bool) -> int:
         duration = op_time[p][op]
@@ -155,7 +175,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         reduces = c.comm and cc.data > 1
         overlap = model.options.gradient_overlap and reduces
         copy_layers = {b for _, b, q in plan.copies if q == p}
-        res = c.reduction_resources(st.tensor, p) if reduces else []
+        res = c.reduction_resources(st.tensor, mesh[p]) if reduces else []
         prev_red: int | None = None
 
         def reduce(times: list[float], after: int, label: str) -> None:
@@ -164,11 +184,11 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 # pipeline transfers go first when a bucket ends (DDP's buckets share the NICs)
                 prev_red = sim.add(f"reduce {p} {label} bucket {n}", duration, res,
                                    [after] + ([prev_red] if prev_red is not None else []), stream="comm",
-                                   category="gradient-reduction", devices=(p * size,), priority=_LATE + len(sim))
+                                   category="gradient-reduction", devices=device_of[p], priority=_LATE + len(sim))
 
         if not overlap:
-            tid = sim.add(name, duration, [exec_res[p]], deps, stream="compute", category=category,
-                          devices=(p * size,), args={"compute": op_compute[p][op]})
+            tid = sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
+                          devices=device_of[p], args={"compute": op_compute[p][op]})
             if reduces:
                 reduce(cc.stage_buckets(st.first, st.last), tid, "stage")
         else:
@@ -176,8 +196,8 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
             _, act_k, weight_k = kernels[p]
             for layer in range(st.last, st.first - 1, -1):
                 own = float(weight_k[layer]) + (0.0 if op == "BW" else float(act_k[layer]))
-                tid = sim.add(f"{name} layer {layer}", float(pieces[layer]), [exec_res[p]], deps, stream="compute",
-                              category=category, devices=(p * size,), args={"compute": own})
+                tid = sim.add(f"{name} layer {layer}", float(pieces[layer]), exec_of[p], deps, stream="compute",
+                              category=category, devices=device_of[p], args={"compute": own})
                 deps = [tid]
                 reduce(cc.layer_buckets(layer, layer in copy_layers), tid, f"layer {layer}")
         # a tied copy's all-reduce waits for the stage's last op (which may compute the tied
@@ -187,59 +207,64 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         return tid
 
     waits = [{"F": ("act", "F", inputs[p]), "B": ("grad", "G", outputs[p]), "BA": ("grad", "G", outputs[p])}
-             for p in range(S)]
-    # the engine takes a task after its dependencies: add each stage's ops in order, in
+             for p in range(K)]
+    # the engine takes a task after its dependencies: add each mesh's ops in order, in
     # rounds, as far as the ops they wait for on other stages exist
     pos = [0] * S
     prev: list[int | None] = [None] * S
     pending = sum(len(o) for o in orders)
     while pending:
         progressed = False
-        for p in range(S):
-            order = orders[p]
-            while pos[p] < len(order):
-                op, m = order[pos[p]]
+        for r in range(S):
+            order = orders[r]
+            while pos[r] < len(order):
+                op, p, m = order[pos[r]]
                 # a forward waits for its inputs' activations, a backward for its outputs'
-                # gradients (the last stage's for its own forward); BW waits for nothing else
+                # gradients (the last chunk's for its own forward); BW waits for nothing else
                 kind, key, peers = waits[p].get(op, _NO_WAIT)
                 srcs = [ids.get((key, q, m)) for q in peers]
                 if None in srcs:
                     break                   # a peer has not added that op yet: next round
                 deps = [send(kind, q, p, m, src) for q, src in zip(peers, srcs)]
-                if op in ("B", "BA") and p == S - 1:
+                if op in ("B", "BA") and p == K - 1:
                     deps.append(ids["F", p, m])
-                if prev[p] is not None:
-                    deps.append(prev[p])
-                final = pos[p] == len(order) - 1
+                if prev[r] is not None:
+                    deps.append(prev[r])
+                final = final_at[p] == (id(order), pos[r])
                 tid = op_task(p, op, m, deps, final)
                 ids[op, p, m] = tid
                 if op in ("B", "BA"):
                     ids["G", p, m] = tid          # what earlier stages' gradients wait for
-                prev[p] = tid
-                pos[p] += 1
+                prev[r] = tid
+                pos[r] += 1
                 pending -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")  # an order bug, never a user error
-    ties: list[list[int]] = [[] for _ in range(S)]
+    ties: list[list[int]] = [[] for _ in range(K)]
     for a, b, q in plan.copies:
         p = plan.owner[a]
         duration, res = c.tie_sync(plan, a, b)
         tid = sim.add(f"tie {a}<->{b}", duration, res, last_task[p] + last_task[q], stream="comm",
-                      category="gradient-reduction", devices=(p * size, q * size), priority=_LATE + len(sim))
+                      category="gradient-reduction", devices=(mesh[p] * size, mesh[q] * size),
+                      priority=_LATE + len(sim))
         ties[p].append(tid)
         ties[q].append(tid)
     for p, st in enumerate(plan.stages):
         # the optimizer step: after the stage's gradients are reduced (its tied copies too)
         duration = float(c[st.config].optimizer[st.first, st.last])
         if duration > 0:
-            sim.add(f"optimizer {p}", duration, [exec_res[p]], last_task[p] + ties[p], stream="compute",
-                    category="optimizer", devices=(p * size,))
+            sim.add(f"optimizer {p}", duration, exec_of[p], last_task[p] + ties[p], stream="compute",
+                    category="optimizer", devices=device_of[p])
     timeline = sim.run()
     busy = [0.0] * S
     stage_of = {name: p for p, name in enumerate(exec_res)}
     for t in sim.tasks:
         if t.category in ("forward", "backward"):
             busy[stage_of[t.resources[0]]] += t.duration
-    live = [live_peak(o) for o in orders]
-    return PipelineRun(schedule, timeline, timeline.makespan, busy, plan.memory(live), live)
+    if plan.virtual > 1:
+        memory, live = plan.mesh_memory(orders)
+    else:
+        live = [live_peak([(op, m) for op, _, m in o]) for o in orders]
+        memory = plan.memory(live)
+    return PipelineRun(schedule, timeline, timeline.makespan, busy, memory, live)

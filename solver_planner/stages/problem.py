@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import StageConfig, StageCosts
-from .objective import family_split, phase_time
+from .objective import deferred_weights, family_split, phase_time
 from .partition import Partition, StagePlan
-from .schedule import Schedule, warmup
+from .schedule import Schedule, live_count, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
@@ -98,6 +98,11 @@ class PairProblem:
         self.configs: list[StageConfig] = list(costs.configs)
         self.n = self.L - self.S + 1
         self.has_split, self.has_whole = family_split(schedules)
+        # ZB-H1 defers weight parts past a stage's last chain op (objective.py): R1 moves
+        # them out of the stage's term, and R3 (1F1B's cycle and phase) does not apply
+        zb = [s for s in schedules if s.kind == "zb-h1"]
+        self.deferred = deferred_weights(zb[0], self.S, self.B) if zb else None
+        self.r3 = not zb
         self._stage: dict = {}
         self._values: dict = {}       # (p, StagePlan) -> _value's terms: plans share stages
         self._last_terms: tuple = ((), None)   # feasible() and minimize() ask for the same plan's
@@ -128,7 +133,8 @@ class PairProblem:
 
     def live_min(self, p: int) -> int:
         """Fewest micro-batches stage p keeps under any schedule of the family."""
-        return min(warmup(s, self.S, p, self.B) + (1 if s.split else 0) for s in self.schedules)
+        return min(live_count(s, self.S, p, self.B) if s.kind == "zb-h1" else
+                   warmup(s, self.S, p, self.B) + (1 if s.split else 0) for s in self.schedules)
 
     def warmups(self, p: int) -> list[int]:
         return sorted({warmup(s, self.S, p, self.B) for s in self.schedules})
@@ -211,6 +217,8 @@ class PairProblem:
                 t1 = np.zeros((n, n))
             else:
                 t1 = arr["T1"][band, band] + xg[:, None]
+                if self.deferred is not None:
+                    t1 = t1 - (self.deferred[p] - 1) * (arr["B"] - arr["C"])[band, band]
             values = {"T1": t1, "T2": arr["T2"][band, band], "INC1": inc1, "INC2": f + xf[None, :],
                       "INC3": f + ch + xf[None, :] + xg[:, None], "K3": f + xf[None, :],
                       "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band],
@@ -273,6 +281,8 @@ class PairProblem:
     def _cycle_term(self, p: int, v: dict[str, float], y: float) -> float:
         """R3's term of stage p with round trip ``x(p->p+1) + y``: over the family's warm-up
         counts, the least of max(cycle, phase) (objective.py, without fill and drain)."""
+        if not self.r3:
+            return -math.inf
         best = math.inf
         b = v["Bk"]
         for W in self.warmups(p):
@@ -287,6 +297,8 @@ class PairProblem:
     def _ymax(self, c: dict, tau: float) -> np.ndarray:
         """Per cell, the largest incoming round trip y with a cycle and a phase term at most
         tau under some warm-up count of the family (R3's test of a cell)."""
+        if not self.r3:
+            return np.full(len(c["k"]), np.inf)
         ymax = np.full(len(c["k"]), -np.inf)
         for W, jp1, c0 in c["cycle"]:
             cyc = (tau - c0) / jp1 - c["K3"]

@@ -1,0 +1,133 @@
+"""Interleaved 1F1B, ZB-V and ZB-H1 in the simulator and the objective.
+
+The published bubbles on balanced stages without communication (Narayanan et al. 2021 §2.2
+for interleaving; Qi et al. 2024 §3 for ZB-H1; ZB-V reaching the start-up bound when
+f = bA = bW), and, on random plans with model chunks, every bound below the simulated time.
+"""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.cost import CostModel
+from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, Schedule, simulate_schedule
+from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
+from solver_planner.stages.objective import bounds, fits
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.schedule import mesh_of, rounds
+
+from test_stages_objective import topology
+
+REL = 1e-9
+
+
+def balanced(S: int, B: int, v: int, kind: str, back: float = 2.0, weight: float = 1.0):
+    """S stages of v one-layer chunks each, equal layers, no communication."""
+    topo = topology(1, 4, "4 GB/s", "host")
+    f = 4e11
+    layers = [Layer("b", f, back * f, 2**28, 2**29, 2**24, 2**25, weight=weight * f) for _ in range(S * v)]
+    model = LayerModel("uniform", layers, 4 * B, None)
+    shape = MeshShape(1, 4 // S)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), comm=False)
+    s = Schedule(kind, virtual=v)
+    mesh = tuple(mesh_of(s, S, k) for k in range(S * v))
+    return Partition(costs, [StagePlan(k, k, StageConfig(1)) for k in range(S * v)], mesh), s
+
+
+@pytest.mark.parametrize("S,B", [(2, 4), (2, 6), (4, 8), (4, 16)])
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaved_bubble_is_the_papers(S, B, v):
+    """(S - 1)(f + b) / v with f, b a stage's whole time per micro-batch (B a multiple of S)."""
+    plan, s = balanced(S, B, v, "interleaved-1f1b")
+    f, b = v * plan.forward[0], v * plan.backward[0]
+    run = simulate_schedule(plan, s)
+    assert run.iteration_time == pytest.approx(B * (f + b) + (S - 1) * (f + b) / v, rel=1e-12)
+    assert bounds(plan, s).value <= run.iteration_time * (1 + REL)
+
+
+@pytest.mark.parametrize("S,B", [(2, 4), (2, 8), (4, 8), (4, 16)])
+@pytest.mark.parametrize("back,weight", [(2.0, 1.0), (2.0, 0.5), (3.0, 1.0)])
+def test_zb_h1_bubble_is_the_papers(S, B, back, weight):
+    """(S - 1)(f + bA - bW) while bW <= f + bA, against 1F1B's (S - 1)(f + b)."""
+    plan, s = balanced(S, B, 1, "zb-h1", back, weight)
+    f, ba, bw = plan.forward[0], plan.backward_act[0], plan.backward_weight[0]
+    run = simulate_schedule(plan, s)
+    assert run.iteration_time == pytest.approx(B * (f + ba + bw) + (S - 1) * (f + ba - bw), rel=1e-12)
+    assert bounds(plan, s).value == pytest.approx(run.iteration_time, rel=1e-12)
+    one, s1 = balanced(S, B, 1, "1f1b", back, weight)
+    assert simulate_schedule(one, s1).iteration_time == pytest.approx(B * (f + ba + bw) + (S - 1) * (f + ba + bw))
+    # the activation memory of 1F1B's first stage on every stage (Qi et al. 2024 §3)
+    assert run.in_flight == [min(S, B)] * S
+
+
+@pytest.mark.parametrize("S,B", [(2, 4), (2, 8), (4, 8), (4, 16)])
+def test_zb_v_reaches_the_start_up_bound_when_f_ba_bw_are_equal(S, B):
+    """With f = bA = bW the only idle time is the last stage's wait for its first input,
+    (S - 1) f: no schedule can do better, and the objective proves it."""
+    plan, s = balanced(S, B, 2, "zb-v", back=2.0, weight=1.0)
+    f = plan.forward[0]
+    run = simulate_schedule(plan, s)
+    assert run.iteration_time == pytest.approx(B * 2 * 3 * f + (S - 1) * f, rel=1e-12)
+    assert bounds(plan, s).value == pytest.approx(run.iteration_time, rel=1e-12)
+
+
+@st.composite
+def chunked(draw):
+    """A random model cut into v chunks per stage on a random mesh, under interleaved 1F1B
+    or ZB-V, with communication, ties, skips, ZeRO and buckets."""
+    hosts, gpus = draw(st.sampled_from([(2, 2), (2, 4), (1, 4), (4, 2)]))
+    topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "4 GB/s", "40 GB/s"])),
+                    draw(st.sampled_from(["host", "device"])), efficiency=draw(st.booleans()))
+    shapes = [s for s in mesh_shapes(topo.num_hosts, topo.devices_per_host) if 2 <= topo.num_devices // s.size <= 4]
+    shape = draw(st.sampled_from(shapes))
+    S = topo.num_devices // shape.size
+    kind = draw(st.sampled_from(["interleaved-1f1b", "zb-v"]))
+    v = 2 if kind == "zb-v" else draw(st.integers(2, 3))
+    K = S * v
+    n = draw(st.integers(K, K + 3))
+    layers = []
+    for i in range(n):
+        f = draw(st.floats(0.05, 3.0)) * 1e11
+        back = f * draw(st.floats(0.5, 3.0))
+        act = draw(st.floats(0.0, 40.0)) * 2**20
+        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
+                            act, act * draw(st.floats(0.5, 4.0)), act * draw(st.floats(0.0, 1.0)),
+                            allreduces=draw(st.integers(0, 2)), weight=back * draw(st.floats(0.0, 1.0))))
+    if draw(st.booleans()):
+        layers[-1] = Layer(**{**layers[-1].__dict__, "tied_to": 0, "tied_params": layers[0].params + 2**20,
+                              "tied_optimizer": layers[0].optimizer})
+    if n >= 4 and draw(st.booleans()):
+        layers[0] = Layer(**{**layers[0].__dict__, "skips": (draw(st.integers(2, n - 1)),)})
+    opts = MemoryOptions(("none",), draw(st.sampled_from(["none", "zero-1", "zero-3"])), draw(st.booleans()),
+                         draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])))
+    B = draw(st.sampled_from([b for b in (2, 4, 6, 8) if kind == "zb-v" or rounds(S, b) is not None]))
+    model = LayerModel("random", layers, 8 * B, None, options=opts)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)
+    if not costs.configs:
+        return None
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=K - 1, max_size=K - 1)))
+    edges = [0] + cuts + [n]
+    s = Schedule(kind, virtual=v)
+    mesh = tuple(mesh_of(s, S, k) for k in range(K))
+    configs = [draw(st.sampled_from(costs.configs)) for _ in range(S)]
+    stages = [StagePlan(edges[k], edges[k + 1] - 1, configs[mesh[k]]) for k in range(K)]
+    return Partition(costs, stages, mesh), s
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(chunked())
+def test_every_bound_is_below_the_simulated_time_with_chunks(case):
+    if case is None:
+        return
+    plan, s = case
+    run = simulate_schedule(plan, s)
+    b = bounds(plan, s)
+    for value in (b.stage, b.cycle, b.port, b.phase):
+        assert value <= run.iteration_time * (1 + REL), (s, b, run.iteration_time)
+    assert not run.timeline.overlaps()
+    assert len(run.peak_memory) == len(run.busy) == plan.costs.stages
+    # every mesh holds its chunks' weights at least, and fits says what the memory says
+    assert fits(plan, s) == all(m <= plan.costs.device_memory for m in run.peak_memory)
+    assert all(math.isfinite(m) for m in run.peak_memory)
