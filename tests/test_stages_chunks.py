@@ -131,3 +131,28 @@ def test_every_bound_is_below_the_simulated_time_with_chunks(case):
     # every mesh holds its chunks' weights at least, and fits says what the memory says
     assert fits(plan, s) == all(m <= plan.costs.device_memory for m in run.peak_memory)
     assert all(math.isfinite(m) for m in run.peak_memory)
+
+
+@pytest.mark.parametrize("kind", ["interleaved-1f1b", "zb-v"])
+def test_the_uniform_search_is_the_best_of_every_uniform_plan(kind):
+    """OPTIMAL over uniform plans: the best simulated of all of them, found by brute force."""
+    from solver_planner.stages import StageSearch, plan_partition
+    from solver_planner.stages.fastsim import pipeline_run
+    from solver_planner.stages.objective import fits as fits_
+    from solver_planner.stages.uniform import uniform_plans
+
+    topo = topology(2, 4, "4 GB/s", "host")
+    layers = [Layer("embed", 0.0, 0.0, 2**28, 2**29, 2**24, 2**24)]
+    layers += [Layer("block", 3e11, 6e11, 2**28, 2**29, 2**24, 2**25, allreduces=2, weight=3e11) for _ in range(8)]
+    layers += [Layer("logits", 1e11, 2e11, 2**27, 2**28, 0.0, 2**24)]
+    model = LayerModel("toy", layers, 16, None)
+    search = StageSearch(model, topo, schedule=kind)
+    res = plan_partition(search)
+    assert res.status.value == "OPTIMAL" and res.method == "uniform"
+    best = math.inf
+    for pair in search.pairs():
+        for plan, s in uniform_plans(pair, [kind]):
+            if fits_(plan, s):
+                best = min(best, pipeline_run(plan, s)[0].iteration_time)
+    assert res.objective == pytest.approx(best, rel=1e-12)
+    assert res.solution.plan.virtual == 2 or kind == "interleaved-1f1b"

@@ -17,6 +17,7 @@ from ..cost import CostModel
 from ..errors import InfeasibleError, OptionError
 from ..spec.model import ModelSpec
 from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
+from ..stages.schedule import VIRTUAL
 from ..stages.report import Config, plan_stages
 from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
@@ -160,6 +161,9 @@ def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: 
     (a :class:`~solver_planner.stages.report.StagesReport`), and the claims the plan file
     records of that search."""
     o = options
+    if schedule in VIRTUAL:
+        raise OptionError(f"plan composes one model chunk per pipeline stage; {schedule} is searched by"
+                          " 'solver-planner stages' (the plan file, check and run do not carry model chunks yet)")
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
                       layer_counts=o.split, top=max(1, o.candidates), compute=compute)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,

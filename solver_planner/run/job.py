@@ -200,7 +200,7 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         boundaries[job.key] = job
     lanes = all(_pairwise(job, stages) for job in boundaries.values())
     sched = plan.schedule
-    if sched.kind == "eager-1f1b":
+    if sched.kind in ("eager-1f1b", "zb-h1"):       # torch's action lists run either order
         transfers = transfers_of(plan.boundaries, synchronous=not plan.overlap)
         orders = {p: [(ACTION_NAMES[op], m) for op, m in order]
                   for p, order in enumerate(stage_orders(part, sched, transfers))}

@@ -92,19 +92,21 @@ def plan_row(cand: Candidate) -> dict:
     for p, st in enumerate(plan.stages):
         cc = c[st.config]
         grad = float(cc.grad_bytes[st.first, st.last])
+        m = plan.mesh[p]                    # the pipeline stage (mesh) this model chunk runs on
         rows.append({
             "layers": [st.first, st.last],
             "layer_names": [c.model.layers[st.first].name, c.model.layers[st.last].name],
             "mesh": c.shape.as_list(),
-            "devices": [p * c.shape.size, (p + 1) * c.shape.size - 1],
+            "pipeline_stage": m,
+            "devices": [m * c.shape.size, (m + 1) * c.shape.size - 1],
             "data": cc.data,
             "tensor": st.tensor,
             "recompute": st.config.recompute,
             "forward": plan.forward[p],
             "backward": plan.backward[p],
             "time": plan.forward[p] + plan.backward[p],
-            "memory": run.peak_memory[p],
-            "in_flight": run.in_flight[p],
+            "memory": run.peak_memory[m],
+            "in_flight": run.in_flight[m],
             "gradient_bytes": grad,
             "gradient_reduction": float(cc.reduction_all[st.first, st.last]) if c.comm else 0.0,
             "gradient_tail": (plan.tail_weight if cand.schedule.split else plan.tail_full)[p],
@@ -126,6 +128,7 @@ def plan_row(cand: Candidate) -> dict:
         "schedule": str(cand.schedule),
         "eagerness": cand.schedule.eagerness,
         "weight_delay": cand.schedule.weight_delay,
+        "virtual_stages": cand.schedule.virtual,
         "schedules_tried": {str(s): t for s, t in sorted(cand.tried.items())},
         "memory": max(run.peak_memory),
         "bubble_ratio": run.bubble_ratio,

@@ -54,7 +54,8 @@ from .partition import Partition
 from .fastsim import pipeline_run
 from .pipeline import PipelineRun
 from .problem import PairProblem, Subspace, cheap_bound
-from .schedule import SCHEDULES, Schedule, family
+from .schedule import SCHEDULES, VIRTUAL, Schedule, family
+from .uniform import search_uniform
 
 __all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "BRUTE_FORCE_LIMIT",
            "CPSAT_MAX_CELLS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS", "DEFAULT_TOP_GAP"]
@@ -104,10 +105,18 @@ class StageSearch:
     tensor: int | None = None                 # every stage with this tensor degree
     layer_counts: tuple[int, ...] | None = None   # layers per stage, fixed
     compute: str = "efficiency"               # the compute model (solver_planner.compute)
+    # uniform plans only (stages/uniform.py): the schedules searched, a filter of what a
+    # framework runs, its extra layer splits, a label for messages; forced for chunked schedules
+    uniform: list[str] | None = None
+    allows: Callable | None = None
+    splits: Callable | None = None
+    space: str = "native"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise OptionError(unknown_choice("schedule", self.schedule, SCHEDULES))
+        if self.uniform is None and self.schedule in VIRTUAL:
+            self.uniform = [self.schedule]
         self.cost = CostModel(self.topology, self.compute, self.model.dtype)
         self._tables: dict[MeshShape, dict[int, CostTables]] = {}
 
@@ -142,7 +151,9 @@ class StageSearch:
                 costs = StageCosts(self.model, self.topology, shape, B, self.tables(shape), self.comm)
                 if self.tensor is not None:
                     costs.configs = [c for c in costs.configs if c.tensor == self.tensor]
-                pair = PairProblem(costs, family(self.schedule, S))
+                # chunked schedules are searched by stages/uniform.py; 1F1B stands in for the
+                # least-memory message when nothing fits
+                pair = PairProblem(costs, family(self.schedule if self.schedule not in VIRTUAL else "1f1b", S))
                 if self.layer_counts is not None:
                     pair.fix_layers(self.layer_counts)
                 if pair.possible:
@@ -318,7 +329,10 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
             if any(p.costs.shape == cand.plan.costs.shape and p.B == cand.plan.costs.microbatches for p in pairs):
                 board.add(cand)
         info = {"pairs": len(pairs), "solver": chosen, "method_requested": method}
-        if chosen == "brute-force":
+        if search.uniform is not None:
+            chosen = info["solver"] = "uniform"
+            bound, proven, empty = _uniform(search, pairs, board, progress, info)
+        elif chosen == "brute-force":
             bound, proven, empty = _brute_force(pairs, board, progress, info)
         elif chosen == "greedy":
             bound, proven, empty = _greedy(pairs, board, progress, info)
@@ -545,6 +559,22 @@ def _brute_force(pairs: list[PairProblem], board: _Board, progress, info: dict) 
                 sims += len(cand.tried)
                 board.add(cand)
     info.update({"plans_priced": priced, "simulations": sims})
+    return math.inf, True, empty
+
+
+def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progress, info: dict
+             ) -> tuple[float, bool, bool]:
+    """Every uniform plan, by increasing bound, to the cutoff (:mod:`.uniform`): exact."""
+    def one(plan: Partition, s: Schedule, bd: Bounds) -> None:
+        run, tasks = pipeline_run(plan, s)
+        if bd.value > run.iteration_time * (1 + 1e-9):
+            raise PlannerError(f"objective {bd.value!r} above the simulated {run.iteration_time!r} for {plan}"
+                               f" under {s}: please report")
+        board.add(Candidate(plan, run, bd, bd.value, bd.value, {s: run.iteration_time}))
+
+    priced, sims, empty = search_uniform(pairs, search.uniform, board, one, progress,
+                                         splits=search.splits, allows=search.allows)
+    info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 
 

@@ -1,0 +1,118 @@
+"""Uniform plans: one configuration on every stage, layers split by a rule, any schedule.
+
+What interleaved 1F1B and ZB-V plan over (model chunks, :mod:`.schedule`), and what a
+framework target runs (:mod:`solver_planner.targets`): Megatron-LM, torchtitan and DeepSpeed
+give every pipeline stage the same tensor degree, recomputation and micro-batch, and cut the
+transformer blocks into equal parts.  The space is small (mesh shapes x micro-batch counts x
+configurations x chunk counts x splits), so it is searched exactly: every plan gets the
+objective's proven lower bound (:mod:`.objective`), plans are simulated by increasing bound,
+and the search stops when the next bound reaches the ``top``-th best simulated time.  The
+result is OPTIMAL over this space; it says nothing of plans outside it (the native search's
+per-stage configurations and uneven splits), which the command line says in its output.
+
+The split rule: when the model is a transformer (an ``embed`` layer first and a ``logits``
+layer last), the blocks between are shared out equally over the chunks, the embedding going
+with the first chunk and the logits with the last; otherwise all layers are.  A target may
+add its own splits (Megatron's fewer blocks on the first and last stage).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable, Iterable
+
+from .objective import bounds, fits
+from .partition import Partition, StagePlan
+from .problem import PairProblem
+from .schedule import Schedule, mesh_of, virtual_options, family
+
+__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform"]
+
+
+def block_range(layers) -> tuple[int, int]:
+    """(first, last) index of the layers a split shares out: a transformer's blocks, or all."""
+    n = len(layers)
+    if n >= 3 and layers[0].name == "embed" and layers[-1].name == "logits":
+        return 1, n - 2
+    return 0, n - 1
+
+
+def equal_split(layers, chunks: int, first_last: int | None = None) -> list[int] | None:
+    """Layers per chunk with the blocks shared out equally (None when they do not divide);
+    ``first_last``: the first and the last chunk hold that many blocks, the others equally."""
+    a, b = block_range(layers)
+    blocks = b - a + 1
+    if first_last is None:
+        if blocks % chunks:
+            return None
+        counts = [blocks // chunks] * chunks
+    else:
+        mid = blocks - 2 * first_last
+        if chunks < 3 or first_last < 1 or mid <= 0 or mid % (chunks - 2):
+            return None
+        counts = [first_last] + [mid // (chunks - 2)] * (chunks - 2) + [first_last]
+    counts[0] += a
+    counts[-1] += len(layers) - 1 - b
+    return counts
+
+
+def _schedules(kind: str, S: int, blocks: int, B: int, virtual: Iterable[int] | None) -> list[Schedule]:
+    if kind == "interleaved-1f1b":
+        allowed = virtual_options(kind, S, blocks, B)
+        return [Schedule(kind, virtual=v) for v in allowed if virtual is None or v in virtual]
+    if kind == "zb-v":
+        return [Schedule(kind, virtual=2)] if virtual_options(kind, S, blocks, B) else []
+    return [s for s in family(kind, S)]
+
+
+def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | None = None,
+                  splits: Callable[[list, int], list[list[int]]] | None = None,
+                  allows: Callable[[Partition, Schedule], bool] | None = None):
+    """Every uniform plan of ``pair`` under the schedules ``kinds`` stand for: (plan, schedule)."""
+    c = pair.costs
+    layers = c.model.layers
+    a, b = block_range(layers)
+    S, B = c.stages, c.microbatches
+    for kind in kinds:
+        for s in _schedules(kind, S, b - a + 1, B, virtual):
+            K = S * s.virtual
+            cuts = splits(layers, K) if splits else [x for x in [equal_split(layers, K)] if x]
+            mesh = tuple(mesh_of(s, S, k) for k in range(K))
+            for counts in cuts:
+                edges = [0]
+                for n in counts:
+                    edges.append(edges[-1] + n)
+                for cfg in c.configs:
+                    plan = Partition(c, [StagePlan(edges[k], edges[k + 1] - 1, cfg) for k in range(K)], mesh)
+                    if allows is None or allows(plan, s):
+                        yield plan, s
+
+
+def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
+                   virtual: Iterable[int] | None = None, splits=None, allows=None) -> tuple[int, int, bool]:
+    """Simulate the uniform plans of ``pairs`` by increasing lower bound until the next bound
+    reaches ``board``'s cutoff (:class:`.search._Board`); ``evaluate_one(plan, schedule,
+    bounds)`` simulates one and adds it.  Returns (plans priced, plans simulated, none fits)."""
+    heap: list = []
+    n = 0
+    for i, pair in enumerate(pairs):
+        if progress:
+            progress(f"{pair.label()}: pricing uniform plans, pair {i + 1}/{len(pairs)}")
+        for plan, s in uniform_plans(pair, kinds, virtual, splits, allows):
+            bd = bounds(plan, s)
+            heap.append((bd.value, n, i, plan, s, bd))
+            n += 1
+    heapq.heapify(heap)
+    sims = 0
+    empty = True
+    while heap:
+        value, _, i, plan, s, bd = heapq.heappop(heap)
+        if value >= board.threshold() * (1 - 1e-9):
+            break
+        if value >= board.cutoff(pairs[i]) * (1 - 1e-9) or not fits(plan, s):
+            continue
+        empty = False
+        evaluate_one(plan, s, bd)
+        sims += 1
+    return n, sims, empty
