@@ -57,7 +57,12 @@ def stages(
     cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
     model: Path = typer.Argument(..., exists=True, dir_okay=False,
                                  help="Model spec with 'layers' (or 'transformer') and 'training'."),
-    schedule: str = typer.Option("1f1b", "--schedule", "-s", help=f"Pipeline schedule: {', '.join(SCHEDULES)}."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", "-s", show_default=False,
+                                           help=f"Pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b; with --target,"
+                                           " every schedule that framework runs)."),
+    target: str = typer.Option("native", "--target", help="Search only what this framework runs: native (every"
+                               " plan), torchtitan, megatron, deepspeed (uniform degrees, its layer splits, schedules"
+                               " and rules)."),
     method: str = typer.Option("auto", "--method", "-m",
                                help=f"{', '.join(METHODS)}. auto = dp (exact dynamic programs in a branch and"
                                     " bound); brute-force prices every plan (small cases)."),
@@ -110,7 +115,7 @@ def stages(
         rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
                           top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
                           baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
-                          compute=compute, top_gap=top_gap)
+                          compute=compute, top_gap=top_gap, target=target)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

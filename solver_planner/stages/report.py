@@ -239,11 +239,19 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
                 progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-                top_gap: float = DEFAULT_TOP_GAP) -> StagesReport:
+                top_gap: float = DEFAULT_TOP_GAP, target: str = "native") -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
-    or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines."""
+    or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines.
+    ``target``: only what that framework runs (:mod:`solver_planner.targets.search`); the
+    schedule is then the one given, or every one it runs when ``schedule`` is None."""
     lm = layer_model(model)
     restrict: dict = {}
+    if target != "native":
+        from ..targets.search import restriction
+
+        restrict.update(restriction(target, model, schedule))
+        schedule = schedule or "1f1b"
+    schedule = schedule or "1f1b"
     if config is not None:
         restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
         if lm.global_batch % config.microbatches:
@@ -262,7 +270,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 progress=progress, top_gap=top_gap)
     base = None
     incumbents = None
-    if schedule == "eager-1f1b":
+    if schedule == "eager-1f1b" and target == "native":
         # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
         # eager search can only return something at least as fast
         base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute, **restrict),
@@ -272,7 +280,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     result = plan_partition(search, method, incumbents=incumbents, **args)
     report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config,
                           compute=search.cost.compute.mode)
-    if baselines and config is None and layer_counts is None:
+    if baselines and config is None and layer_counts is None and target == "native":
         report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,
                                       budget, simulations, compute)
     return report

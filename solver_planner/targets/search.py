@@ -1,0 +1,88 @@
+"""A framework target as a restriction of the stage search: uniform plans it can run.
+
+``--target X`` searches the uniform plans of :mod:`solver_planner.stages.uniform` (one
+configuration on every stage, equal blocks per model chunk, plus the splits the framework
+adds) under the schedules the framework runs, keeping only those its own rules accept
+(``allows`` of the target's module, on the :class:`.base.TargetConfig` of the plan).  The
+prices are the planner's (what each framework does that it prices differently is listed in
+the README's target tables); the search is exact over that space.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import OptionError, unknown_choice
+from ..stages.partition import Partition
+from ..stages.schedule import Schedule
+from ..stages.uniform import block_range, equal_split
+from .base import TARGETS, TargetConfig
+
+__all__ = ["target_module", "restriction", "target_config"]
+
+
+def target_module(target: str):
+    """The module of a framework target (its ``RULES``, ``allows``, ``export``, ``parse``)."""
+    if target not in TARGETS or target == "native":
+        raise OptionError(unknown_choice("target", target, TARGETS[1:]))
+    return importlib.import_module(f".{target}", __package__)
+
+
+def _dims(model) -> dict:
+    t = model.transformer
+    if t is None:
+        raise OptionError("a framework target needs a transformer model (a 'transformer:' section or a Hugging Face"
+                          " config.json); a 'layers:' list has no shape a framework can be told")
+    return dict(layers=t.layers, hidden=t.hidden, heads=t.heads, kv_heads=getattr(t, "kv_heads", None) or t.heads,
+                ffn_hidden=getattr(t, "ffn_hidden", None) or 4 * t.hidden, sequence=t.sequence, vocab=t.vocab,
+                activation=getattr(t, "activation", "gelu"))
+
+
+def target_config(plan: Partition, schedule: Schedule, model, target: str) -> TargetConfig:
+    """The framework-neutral record of ``plan`` under ``schedule`` (:class:`.base.TargetConfig`)."""
+    c = plan.costs
+    tr = model.training
+    cfg = plan.stages[0].config
+    a, b = block_range(c.model.layers)
+    counts = []
+    for st in plan.stages:
+        lo, hi = max(st.first, a), min(st.last, b)
+        counts.append(max(0, hi - lo + 1))
+    return TargetConfig(
+        target=target, **_dims(model),
+        tied_embeddings=bool(tr.tied_embeddings) if tr is not None else True,
+        global_batch=c.model.global_batch, micro_batch_size=int(c.micro_size),
+        dtype=c.model.dtype, optimizer=tr.optimizer if tr is not None else "adam",
+        data=c.shape.size // cfg.tensor, tensor=cfg.tensor, pipeline=c.stages, virtual_stages=schedule.virtual,
+        schedule=schedule.kind if schedule.kind != "eager-1f1b" else "1f1b", layers_per_chunk=tuple(counts),
+        sequence_parallel=bool(tr.sequence_parallel) if tr is not None else False, recompute=cfg.recompute,
+        optimizer_sharding=tr.optimizer_sharding if tr is not None else "none",
+        gradient_overlap=bool(tr.gradient_overlap) if tr is not None else True)
+
+
+def restriction(target: str, model, schedule: str | None) -> dict:
+    """StageSearch keywords restricting it to ``target``: its schedules (or the one asked,
+    if it runs it), uniform plans, its splits, its rules."""
+    mod = target_module(target)
+    rules = mod.RULES
+    _dims(model)
+    kinds = list(rules.schedules)
+    if schedule is not None:
+        if schedule not in kinds:
+            raise OptionError(f"{target} does not run {schedule}; it runs: {', '.join(kinds)}")
+        kinds = [schedule]
+
+    def allows(plan: Partition, s: Schedule) -> bool:
+        return mod.allows(target_config(plan, s, model, target)) is None
+
+    def splits(layers, chunks: int) -> list[list[int]]:
+        out = [x for x in [equal_split(layers, chunks)] if x]
+        if getattr(rules, "first_last_layers", False):
+            a, b = block_range(layers)
+            for n in range(1, (b - a + 1) // chunks):
+                x = equal_split(layers, chunks, first_last=n)
+                if x and x not in out:
+                    out.append(x)
+        return out
+
+    return dict(uniform=kinds, allows=allows, splits=splits, space=target)
