@@ -91,8 +91,9 @@ _KEYS = {
     "gpt_neox": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
                  "ffn_hidden": "intermediate_size", "vocab": "vocab_size", "positions": "max_position_embeddings"},
 }
-# Keys a config may leave out (their defaults are the transformers classes').
-_OPTIONAL = {"kv_heads", "ffn_hidden"}
+# Config keys that may be left out or null: the transformers classes default them to the
+# attention heads (multi-head attention) and to 4 x n_embd.
+_OPTIONAL = {"num_key_value_heads", "n_inner"}
 _TIED_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gpt2": True, "gpt_neox": False}
 
 
@@ -231,7 +232,7 @@ def read_hf_config(path: str | Path, text: str | None = None) -> HFConfig:
     if model_type == "gpt2" and "n_positions" not in data and "n_ctx" in data:
         keys = dict(keys, positions="n_ctx")      # older GPT-2 configs name the context n_ctx
     for field, key in keys.items():
-        value = _integer(source, data, key, field in _OPTIONAL)
+        value = _integer(source, data, key, key in _OPTIONAL)
         if value is not None:
             shape[field] = value
     if model_type in ("llama", "mistral", "qwen2"):
