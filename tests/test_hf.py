@@ -275,3 +275,33 @@ def test_hf_config_fields_round_trip():
     t = hf.transformer(2048)
     assert dataclasses.asdict(transformer_counts(t, False))["block"] == 12 * 6144**2 + 13 * 6144
     assert re.fullmatch(r"EleutherAI/gpt-neox-20b", hf.name)
+
+
+_FIELD_VALUES = {
+    "kv_heads": st.one_of(st.integers(-1, 20), st.none()), "ffn_hidden": st.one_of(st.integers(0, 5000), st.none()),
+    "activation": st.sampled_from(["gelu", "swiglu", "relu"]), "position": st.sampled_from(["learned", "rotary", 3]),
+    "positions": st.one_of(st.integers(0, 300), st.none()), "norm": st.sampled_from(["layernorm", "rmsnorm", True]),
+    "bias": st.sampled_from([True, False, "qkv", "kv", 2]),
+}
+
+
+@given(st.integers(1, 16), st.integers(1, 256), st.integers(1, 256),
+       st.fixed_dictionaries({}, optional=_FIELD_VALUES))
+@settings(max_examples=300, deadline=None)
+def test_random_yaml_transformers_load_or_give_a_spec_error(heads, hidden, sequence, extra):
+    import yaml
+
+    doc = {"name": "m", "training": {"global_batch": 4},
+           "transformer": {"layers": 2, "hidden": hidden, "heads": heads, "sequence": sequence, "vocab": 99, **extra}}
+    try:
+        spec = load_model_spec("m.yaml", yaml.safe_dump(doc))
+    except SpecError as exc:
+        assert exc.issues[0].file == "m.yaml" and exc.issues[0].path.startswith("transformer")
+        return
+    t = spec.transformer
+    assert hidden % heads == 0 and heads % t.kv == 0 and t.position_rows in (0,) + (t.positions or sequence,)
+    model = layer_model(spec)
+    counts = transformer_counts(t, spec.training.tied_embeddings)
+    assert sum(x.params for x in model.layers) / 2 + counts.final_norm == counts.parameters
+    assert sum(x.forward for x in model.layers) == pytest.approx(counts.flops_per_sample)
+    assert all(x.saved >= 0 and (x.selective_saved is None or x.selective_saved <= x.saved) for x in model.layers)

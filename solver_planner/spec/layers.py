@@ -140,6 +140,13 @@ class TransformerSpec(SpecModel):
         if self.heads % self.kv:
             out.append(("kv_heads", f"heads {self.heads} is not a multiple of kv_heads {self.kv}; grouped-query"
                         " attention shares each key/value head among heads / kv_heads query heads"))
+        if self.positions is not None:
+            if self.position == "rotary":
+                out.append(("positions", "rotary positions have no table; give positions only with position:"
+                            " learned"))
+            elif self.positions < self.sequence:
+                out.append(("positions", f"a position table of {self.positions} rows cannot embed {self.sequence}"
+                            " tokens"))
         return out
 
 

@@ -173,8 +173,7 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
         issues.append(source.issue((), "a layer model needs a 'training' section (global_batch, ...)"))
     if spec.transformer is not None:
         for key, what in spec.transformer.shape_issues():
-            issues.append(source.issue(("transformer", key if key in spec.transformer.model_fields_set else "heads"),
-                                       what))
+            issues.append(source.issue(("transformer", key), what))
     total = sum(layer.repeat for layer in spec.layers)
     if total > MAX_LAYERS:
         issues.append(source.issue(("layers",), f"{total:,} layers after 'repeat'; at most {MAX_LAYERS:,} are handled"
@@ -357,10 +356,10 @@ def _with_hf_config(spec: ModelSpec, data: dict, source: Source, path: Path) -> 
         raise source.error(("hf_config",), f"no such file: {config}")
     hf = read_hf_config(config)
     sequence = spec.sequence if spec.sequence is not None else default_sequence(hf.max_positions)
-    transformer = hf.transformer(sequence)
-    if transformer.position == "learned" and sequence > transformer.position_rows:
+    if hf.shape["position"] == "learned" and sequence > hf.max_positions:
         raise source.error(("sequence",), f"{sequence} tokens, but {config} has a learned position table of"
-                           f" {transformer.position_rows} rows")
+                           f" {hf.max_positions} rows")
+    transformer = hf.transformer(sequence)
     if spec.training is None:
         training = default_training(sequence, hf.tied)
     else:
