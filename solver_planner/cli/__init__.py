@@ -23,6 +23,7 @@ from .plan import check, plan
 from .reduce import place, reduce_app
 from .reshard import reshard
 from .run import run
+from .show import show
 from .stages import stages
 
 app = typer.Typer(
@@ -135,36 +136,6 @@ def validate(
         raise typer.Exit(2)
 
 
-# -- show -------------------------------------------------------------------------------
-@app.command()
-@handles_errors
-def show(
-    cluster: Path = typer.Argument(..., help="Cluster spec (YAML).", show_default=False),
-    as_json: bool = JSON_OPT,
-) -> None:
-    """Describe a cluster: levels, devices, interconnects and what shares them."""
-    topo = topology_of(cluster)
-    info = topo.summary()
-    if as_json:
-        print_json(info)
-        return
-    con = console()
-    levels = " > ".join(f"{lv['name']} x{lv['count']}" for lv in info["levels"])
-    dev = info["device"]
-    con.print(f"[bold]{info['name']}[/bold]: {info['devices']} x {dev['name']} "
-              f"({units.format_flop_rate(dev['flops'])}, {units.format_bytes(dev['memory'])})")
-    con.print(f"levels (outermost first): {levels}; hosts: {info['hosts']} x {info['host_level']}")
-    table = Table(title="interconnects")
-    for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via"):
-        table.add_column(col)
-    for ic in info["interconnects"]:
-        table.add_row(ic["name"], ic["level"] or "(via only)", units.format_bandwidth(ic["bandwidth"]),
-                      units.format_time(ic["latency"]), ic["shape"],
-                      f"{ic['sharing']} ({ic['devices_per_port']} device{'s' * (ic['devices_per_port'] > 1)} each)",
-                      str(ic["ports"]), ", ".join(ic["via"]) or "-")
-    con.print(table)
-
-
 # -- cost -------------------------------------------------------------------------------
 @app.command()
 @handles_errors
@@ -253,6 +224,7 @@ def schema(
         typer.echo(f"wrote {output}", err=True)
 
 
+app.command()(show)
 app.command()(handles_errors(place))
 app.add_typer(reduce_app, name="reduce")
 app.command()(reshard)

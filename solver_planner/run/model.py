@@ -80,12 +80,38 @@ class ModelShape:
                 f" per layer, widths {list(self.widths)} at the layers' outputs; {self.parameters:,} parameters")
 
 
+def _unbuilt_features(t) -> list[str]:
+    """The features of a ``transformer:`` spec (or a Hugging Face config) that :class:`Block`
+    does not build: training a GPT block in their place would compare the plan with another model."""
+    out = []
+    if t.kv != t.heads:
+        out.append(f"grouped-query attention (kv_heads {t.kv} of {t.heads} heads)")
+    if t.activation != "gelu":
+        out.append(f"a {t.activation} MLP")
+    elif t.ffn != 4 * t.hidden:
+        out.append(f"an MLP of width {t.ffn} (not 4 x hidden)")
+    if t.position != "learned":
+        out.append(f"{t.position} positions")
+    elif t.position_rows != t.sequence:
+        out.append(f"a position table of {t.position_rows} rows for {t.sequence} tokens")
+    if t.norm != "layernorm":
+        out.append(t.norm)
+    if t.bias is not True:
+        out.append("linear layers without biases" if t.bias is False else "biases on the query, key and value only")
+    return out
+
+
 def model_shape(model: ModelSpec) -> ModelShape:
     """The shape :func:`build_layers` builds for ``model``, or :class:`OptionError` naming
     what ``run`` cannot build."""
     training = model.training
     if model.transformer is not None:
         t = model.transformer
+        unbuilt = _unbuilt_features(t)
+        if unbuilt:
+            raise OptionError(f"model '{model.name}': run builds GPT-2/3 blocks (multi-head attention, a 4h GELU MLP,"
+                              f" learned positions, LayerNorm, biases) and cannot build {'; '.join(unbuilt)}; it"
+                              " refuses rather than train a different model ('stages' and 'plan' price it)")
         if t.hidden % t.heads:
             raise OptionError(f"transformer: hidden {t.hidden} is not a multiple of heads {t.heads}; run cannot split"
                               " the attention into heads")

@@ -79,13 +79,75 @@ class LayerSpec(SpecModel):
 
 
 class TransformerSpec(SpecModel):
-    """A GPT-style decoder: embedding, ``layers`` blocks, and the logits layer."""
+    """A decoder-only transformer: embedding, ``layers`` blocks, and the logits layer.
+
+    The first five keys describe GPT-2/3 (Radford et al. 2019, Brown et al. 2020); the
+    optional ones, whose defaults are GPT's, describe the later variants: grouped-query
+    attention (``kv_heads``, Ainslie et al. 2023, "GQA"), a gated MLP (``activation:
+    swiglu``, Shazeer 2020, "GLU Variants Improve Transformer", as in Llama, Touvron et al.
+    2023), rotary positions (``position: rotary``, Su et al. 2021, "RoFormer"), RMSNorm
+    (Zhang and Sennrich 2019) and linear layers without biases.
+    """
 
     layers: Integer = Field(ge=1, le=MAX_LAYERS, description="transformer blocks")
     hidden: Integer = Field(ge=1, le=2**17, description="hidden size h")
-    heads: Integer = Field(ge=1, le=2**14, description="attention heads a")
+    heads: Integer = Field(ge=1, le=2**14, description="attention (query) heads a; h must be a multiple of a")
     sequence: Integer = Field(ge=1, le=2**20, description="sequence length s")
     vocab: Integer = Field(ge=1, le=2**22, description="vocabulary size V")
+    kv_heads: Integer | None = Field(
+        default=None, ge=1, le=2**14, description="key/value heads of grouped-query attention (Ainslie et al. 2023);"
+        " a must be a multiple of it (default: heads, i.e. multi-head attention)")
+    ffn_hidden: Integer | None = Field(
+        default=None, ge=1, le=2**20, description="inner width of the MLP (default 4 h)")
+    activation: Literal["gelu", "swiglu"] = Field(
+        default="gelu", description="gelu: two MLP matrices h x ffn; swiglu: a gated MLP of three (gate, up, down;"
+        " Shazeer 2020, as in Llama)")
+    position: Literal["learned", "rotary"] = Field(
+        default="learned", description="learned: a position table in the embedding (GPT); rotary: no parameters"
+        " (RoFormer, Su et al. 2021)")
+    positions: Integer | None = Field(
+        default=None, ge=1, le=2**20, description="rows of a learned position table (default: sequence)")
+    norm: Literal["layernorm", "rmsnorm"] = Field(
+        default="layernorm", description="layernorm: a scale and a bias per norm; rmsnorm: a scale only (Zhang and"
+        " Sennrich 2019)")
+    bias: bool | Literal["qkv"] = Field(
+        default=True, description="biases of the linear layers: true (GPT), false (Llama), or qkv (only the query,"
+        " key and value projections, Qwen2)")
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads (``heads`` unless grouped-query attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's inner width."""
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (0 with rotary positions)."""
+        if self.position == "rotary":
+            return 0
+        return self.sequence if self.positions is None else self.positions
+
+    def shape_issues(self) -> list[tuple[str, str]]:
+        """(key, what is wrong) for shapes the per-operator model cannot split into heads."""
+        out = []
+        if self.hidden % self.heads:
+            out.append(("heads", f"hidden {self.hidden} is not a multiple of heads {self.heads}; each head has"
+                        " hidden / heads dimensions"))
+        if self.heads % self.kv:
+            out.append(("kv_heads", f"heads {self.heads} is not a multiple of kv_heads {self.kv}; grouped-query"
+                        " attention shares each key/value head among heads / kv_heads query heads"))
+        if self.positions is not None:
+            if self.position == "rotary":
+                out.append(("positions", "rotary positions have no table; give positions only with position:"
+                            " learned"))
+            elif self.positions < self.sequence:
+                out.append(("positions", f"a position table of {self.positions} rows cannot embed {self.sequence}"
+                            " tokens"))
+        return out
 
 
 class TrainingSpec(SpecModel):

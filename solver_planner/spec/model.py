@@ -103,6 +103,12 @@ class ModelSpec(SpecModel):
     layers: list[LayerSpec] = Field(default_factory=list, max_length=MAX_LAYERS,
                                     description="the layer model, in execution order")
     transformer: TransformerSpec | None = Field(default=None, description="a GPT-style decoder instead of 'layers'")
+    hf_config: str | None = Field(
+        default=None, description="a Hugging Face config.json (relative to this file) instead of 'transformer' or"
+        " 'layers'; model types llama, mistral, qwen2, gpt2, gpt_neox")
+    sequence: Integer | None = Field(
+        default=None, ge=1, le=2**20, description="with hf_config: the training sequence length (default:"
+        " min(max_position_embeddings, 4096))")
     training: TrainingSpec | None = None
 
     _source: Source = PrivateAttr(default=Source("<memory>", None))
@@ -165,6 +171,9 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
         issues.append(source.issue(("transformer",), "give either 'layers' or 'transformer', not both"))
     if (spec.layers or spec.transformer is not None) and spec.training is None:
         issues.append(source.issue((), "a layer model needs a 'training' section (global_batch, ...)"))
+    if spec.transformer is not None:
+        for key, what in spec.transformer.shape_issues():
+            issues.append(source.issue(("transformer", key), what))
     total = sum(layer.repeat for layer in spec.layers)
     if total > MAX_LAYERS:
         issues.append(source.issue(("layers",), f"{total:,} layers after 'repeat'; at most {MAX_LAYERS:,} are handled"
@@ -305,12 +314,64 @@ def check_meshes(model: ModelSpec, num_hosts: int, devices_per_host: int, cluste
 
 
 def load_model_spec(path: str | Path, text: str | None = None) -> ModelSpec:
-    """Read and check a model spec; raise :class:`SpecError` with file:line:key on any problem."""
+    """Read and check a model spec; raise :class:`SpecError` with file:line:key on any problem.
+
+    A Hugging Face ``config.json`` (a ``.json`` file, or one with ``model_type``) is read
+    as a transformer with default training settings, and a YAML spec's ``hf_config`` names
+    one (see :mod:`solver_planner.spec.hf`)."""
+    from .hf import default_sequence, default_training, is_hf_config, read_hf_config
+
     data, source = load_yaml(path, text)
-    spec = validate(ModelSpec, data, source)
+    if is_hf_config(path, data):
+        hf = read_hf_config(path, text)
+        sequence = default_sequence(hf.max_positions)
+        spec = ModelSpec(name=hf.name, transformer=hf.transformer(sequence),
+                         training=default_training(sequence, hf.tied), hf_config=str(path))
+        spec._source = hf.source
+        return spec
+    checked = data
+    if isinstance(data, dict) and "hf_config" in data and "name" not in data:
+        checked = {**data, "name": ""}       # named after the config below
+    spec = validate(ModelSpec, checked, source)
+    if spec.hf_config is not None:
+        spec = _with_hf_config(spec, data, source, Path(path))
+    elif spec.sequence is not None:
+        raise source.error(("sequence",), "'sequence' goes with 'hf_config'; a transformer spec gives"
+                           " transformer.sequence")
     spec._source = source
     _check(spec, source)
     return spec
+
+
+def _with_hf_config(spec: ModelSpec, data: dict, source: Source, path: Path) -> ModelSpec:
+    """``spec`` with the transformer of the config its ``hf_config`` names, at its ``sequence``."""
+    from .hf import default_sequence, default_training, read_hf_config
+
+    if spec.transformer is not None or spec.layers:
+        raise source.error(("hf_config",), "give one of 'hf_config', 'transformer' or 'layers'")
+    config = Path(spec.hf_config).expanduser()
+    if not config.is_absolute():
+        config = path.parent / config        # relative to the YAML file, wherever the command runs
+    if not config.is_file():
+        raise source.error(("hf_config",), f"no such file: {config}")
+    hf = read_hf_config(config)
+    sequence = spec.sequence if spec.sequence is not None else default_sequence(hf.max_positions)
+    if hf.shape["position"] == "learned" and sequence > hf.max_positions:
+        raise source.error(("sequence",), f"{sequence} tokens, but {config} has a learned position table of"
+                           f" {hf.max_positions} rows")
+    transformer = hf.transformer(sequence)
+    if spec.training is None:
+        training = default_training(sequence, hf.tied)
+    else:
+        given = data.get("training")
+        if isinstance(given, dict) and "tied_embeddings" in given and spec.training.tied_embeddings != hf.tied:
+            raise source.error(("training", "tied_embeddings"), f"{config} says tie_word_embeddings:"
+                               f" {str(hf.tied).lower()}; leave tied_embeddings out, it follows the config")
+        training = spec.training.model_copy(update={"tied_embeddings": hf.tied})
+    update = {"transformer": transformer, "training": training}
+    if "name" not in data:
+        update["name"] = hf.name
+    return spec.model_copy(update=update)
 
 
 def check_fits(model: ModelSpec, num_devices: int, cluster_name: str) -> None:

@@ -14,7 +14,8 @@ SCHEMAS = {"cluster": ClusterSpec, "model": ModelSpec}
 # Keys only a cluster spec has; a file with any of them is read as a cluster.
 _CLUSTER_KEYS = ("levels", "device", "interconnects")
 # Keys only a model spec has.
-_MODEL_KEYS = ("parallelism", "reductions", "resharding", "layers", "transformer", "training")
+_MODEL_KEYS = ("parallelism", "reductions", "resharding", "layers", "transformer", "training", "hf_config", "sequence",
+               "model_type")   # model_type: a Hugging Face config.json
 
 
 def json_schema(kind: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import yaml
 
 from ..errors import SpecError, SpecIssue
 
-__all__ = ["Source", "load_yaml", "format_path"]
+__all__ = ["Source", "load_yaml", "load_json", "format_path"]
 
 
 def format_path(path: tuple[Any, ...] | list[Any]) -> str:
@@ -210,12 +210,8 @@ def _check_characters(file: str, text: str) -> None:
         raise SpecError(SpecIssue(file, line, "", f"column {column}: {what} is not allowed in YAML"))
 
 
-def load_yaml(path: str | Path, text: str | None = None) -> tuple[Any, Source]:
-    """Parse ``path`` (or ``text``, reported as ``path``) safely; return the data and its :class:`Source`.
-
-    Raises :class:`SpecError` for unreadable files, YAML syntax errors, object tags,
-    duplicate keys and files beyond the reading limits, each with the file and line.
-    """
+def _read(path: str | Path, text: str | None) -> tuple[str, str]:
+    """(file name, text) of ``path`` within the reading limits, or ``text`` reported as ``path``."""
     file = str(path)
     if text is None:
         try:
@@ -233,6 +229,63 @@ def load_yaml(path: str | Path, text: str | None = None) -> tuple[Any, Source]:
         text = _decode(file, raw)
     elif len(text) > MAX_FILE_BYTES:
         raise SpecError(SpecIssue(file, None, "", f"the text is longer than {MAX_FILE_BYTES // 2**20} MiB"))
+    return file, text
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def load_json(path: str | Path, text: str | None = None) -> tuple[Any, Source]:
+    """Parse a JSON file (a Hugging Face ``config.json``) with the same limits as
+    :func:`load_yaml`; return the data and a :class:`Source` that locates keys by line.
+
+    The values come from :mod:`json` (YAML 1.1 would read ``1e-05`` as text); the lines
+    come from PyYAML's node tree of the same text (JSON is YAML's flow style), when PyYAML
+    can read it, else errors name the file without a line.  Duplicate keys, ``NaN`` and
+    ``Infinity`` are refused.
+    """
+    import json
+
+    file, text = _read(path, text)
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise SpecError(SpecIssue(file, exc.lineno, "", f"JSON error: column {exc.colno}: {exc.msg}")) from None
+    except ValueError as exc:      # a duplicate key or NaN, from the hooks above
+        raise SpecError(SpecIssue(file, None, "", f"JSON error: {exc}")) from None
+    except RecursionError:
+        raise SpecError(SpecIssue(file, None, "", "JSON error: values nested too deep")) from None
+    root = None
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+    except (yaml.YAMLError, RecursionError):
+        root = None                # no line numbers, the data is still right
+    finally:
+        loader.dispose()
+    return data, Source(file, root)
+
+
+def load_yaml(path: str | Path, text: str | None = None) -> tuple[Any, Source]:
+    """Parse ``path`` (or ``text``, reported as ``path``) safely; return the data and its :class:`Source`.
+
+    Raises :class:`SpecError` for unreadable files, YAML syntax errors, object tags,
+    duplicate keys and files beyond the reading limits, each with the file and line.  A
+    file whose name ends in ``.json`` is read by :func:`load_json`.
+    """
+    if str(path).lower().endswith(".json"):
+        return load_json(path, text)
+    file, text = _read(path, text)
     _check_characters(file, text)
     loader = _BoundedLoader(text)
     try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import PlannerError
+from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
 from ..spec.model import ModelSpec
 from .memory import MemoryOptions
@@ -80,33 +81,55 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
       (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
       Clusters", §5.1: 72 B s l h^2 (1 + s/6h) FLOPs per iteration for l layers, of which a
       third is the forward pass); the weight gradients are ``24 s h^2`` of the backward
-      (one product per weight matrix; the attention-score products have no weights);
+      (one product per weight matrix; the attention-score products have no weights).
+      Grouped-query attention, a SwiGLU MLP, rotary positions, RMSNorm and biases change
+      these as :mod:`solver_planner.spec.counts` says (``2 s`` x the block's weights + ``4 s^2
+      h``), which reproduces the GPT figures for the default shape;
     * activations kept for backward ``s h (34 + 5 a s / h)`` bytes at 16 bits, of which
       ``10 s h`` stay on every tensor-parallel device and the rest is split (Korthikanti et
       al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1);
       selective recomputation keeps ``34 s h`` and recomputes the attention core, ``4 s^2 h``
-      FLOPs (§5); full recomputation keeps the layer input, ``s h`` elements (§5);
-    * the embedding holds ``V h + s h`` parameters (token and position tables); the
+      FLOPs (§5); full recomputation keeps the layer input, ``s h`` elements (§5).  Of the
+      split ``24 s h``, ``8 s h`` are the attention's query, key, value and projection
+      inputs and ``16 s h`` the GELU's input and output at width ``4 h``; for other shapes
+      (an approximation that follows Korthikanti's accounting term by term) the key and
+      value terms scale by ``kv_heads / heads`` (``2 s h (2 + 2 g / a)``), the GELU's by
+      ``f / 4 h`` (``4 s f``), and a SwiGLU MLP keeps its gate and up outputs and their
+      product (``6 s f``).  Dropout masks and the ``5 a s^2`` of attention scores are kept
+      for every shape, as Korthikanti count them (models trained without dropout, or with
+      fused attention kernels, keep less: the estimate errs on the high side);
+    * the embedding holds ``V h + s h`` parameters (token and position tables; no position
+      table with rotary positions, ``positions`` rows when given); the
       logits layer costs ``2 s h V`` FLOPs and, when ``tied`` (GPT-3), shares the token
       table: a logits layer on another stage keeps a copy (Narayanan et al. 2021 §2.1,
-      Megatron's embedding group), else it has a ``V h`` table of its own;
+      Megatron's embedding group), else it has a ``V h`` table of its own; the final norm
+      (``h`` or ``2 h`` parameters) is left out;
     * a block runs six matrix-multiply kernels per pass (QKV, scores, context, projection and
-      the two MLP products), the logits layer one.
+      the two MLP products; Megatron fuses the query, key and value projections into one,
+      and SwiGLU's gate and up matrices into one), the logits layer one.
     """
     s, h, a, v = spec.sequence, spec.hidden, spec.heads, spec.vocab
     e = FLOAT_DTYPES[dtype]
     opt = optimizer_bytes_per_param(optimizer, dtype)
     scale = e / 2.0                      # Korthikanti's byte counts assume 16-bit activations
     out = float(s * h * e)
-    block_params = 12.0 * h * h + 13.0 * h
-    block_fwd = 24.0 * s * h * h + 4.0 * s * s * h
-    layers = [Layer("embed", 0.0, 0.0, (v * h + s * h) * e, (v * h + s * h) * opt, out, out, 0.0, 1, kernels=0.0)]
+    counts = transformer_counts(spec, tied)
+    block_params = float(counts.block)   # 12 h^2 + 13 h for GPT
+    block_fwd = counts.block_flops       # 24 s h^2 + 4 s^2 h for GPT
+    weight = 2.0 * s * counts.block_weights
+    # The split activations: 8 s h attention + 16 s h MLP for GPT (see the docstring).
+    kv_ratio = spec.kv / a
+    attention_saved = 2.0 * s * h * (2.0 + 2.0 * kv_ratio)
+    mlp_saved = (6.0 if spec.activation == "swiglu" else 4.0) * s * spec.ffn
+    split = attention_saved + mlp_saved
+    embed = float(counts.embedding)      # V h + s h for GPT
+    layers = [Layer("embed", 0.0, 0.0, embed * e, embed * opt, out, out, 0.0, 1, kernels=0.0)]
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
-                  s * h * (24.0 + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
-                  weight=24.0 * s * h * h, checkpoint=out, selective_saved=24.0 * s * h * scale,
+                  s * h * (split / (s * h) + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
+                  weight=weight, checkpoint=out, selective_saved=split * scale,
                   selective_flops=4.0 * s * s * h, kernels=6.0)
     layers += [block] * spec.layers
-    logits = 2.0 * s * h * v
+    logits = counts.logits_flops
     table = float(v * h)
     if tied:
         layers.append(Layer("logits", logits, 2 * logits, 0.0, 0.0, 0.0, float(s * v * e), 0.0, 1,

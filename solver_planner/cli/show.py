@@ -1,0 +1,109 @@
+"""``solver-planner show``: describe a cluster, or a model's parameters and FLOPs.  Thin:
+the counting is :func:`solver_planner.spec.counts.model_counts`."""
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from .. import units
+from ..errors import SpecError
+from ..spec import deciding_key, load_yaml
+from ..spec.hf import is_hf_config
+from .common import JSON_OPT, console, handles_errors, model_of, print_json, topology_of
+
+
+def _is_model(path: Path) -> bool:
+    """A Hugging Face config, or a file whose keys say it is a model spec; anything else
+    (an unreadable file included) goes to the cluster loader, which says what is wrong."""
+    try:
+        data, _ = load_yaml(path)
+    except SpecError:
+        return str(path).lower().endswith(".json")
+    if is_hf_config(path, data):
+        return True
+    found = deciding_key(data)
+    return found is not None and found[0] == "model"
+
+
+@handles_errors
+def show(
+    spec: Path = typer.Argument(..., help="Cluster spec, model spec (YAML) or Hugging Face config.json.",
+                                show_default=False),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Describe a cluster (levels, devices, interconnects and what shares them) or a model:
+    its unique parameters (a tied logits table once), forward FLOPs per sample, and its shape.
+
+    A model is a YAML spec with 'transformer' or 'layers', a YAML spec with 'hf_config', or
+    a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox), trained at
+    min(max_position_embeddings, 4096) tokens unless a YAML spec gives 'sequence'.
+    """
+    if _is_model(spec):
+        _show_model(spec, as_json)
+    else:
+        _show_cluster(spec, as_json)
+
+
+def _show_model(path: Path, as_json: bool) -> None:
+    from ..spec.counts import model_counts
+
+    info = model_counts(model_of(path))
+    if as_json:
+        print_json(info)
+        return
+    con = console()
+    params = info["parameters"]
+    con.print(f"[bold]{info['name']}[/bold] ({info['file']})")
+    rows = [("parameters", f"{params:,} ({params / 1e9:.3g} B)" if params >= 1e8 else f"{params:,}"),
+            ("forward FLOPs / sample", units.format_flops(info["flops_per_sample"]))]
+    if info["kind"] == "transformer":
+        rows[-1] = (rows[-1][0], f"{rows[-1][1]} ({info['sequence']} tokens; {units.format_flops(info['flops_per_token'])}"
+                                 " per token)")
+        gqa = " (grouped-query attention)" if info["kv_heads"] != info["heads"] else ""
+        bias = {True: "all linear layers", False: "none", "qkv": "query, key and value only"}[info["bias"]]
+        rows += [("layers", f"{info['layers']} blocks, embedding and logits"),
+                 ("hidden", str(info["hidden"])),
+                 ("heads", f"{info['heads']} query, {info['kv_heads']} key/value{gqa}"),
+                 ("ffn", f"{info['ffn_hidden']} ({info['activation']})"),
+                 ("vocab", str(info["vocab"])),
+                 ("sequence", str(info["sequence"])),
+                 ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
+                 ("positions, norm", f"{info['position']}, {info['norm']}"),
+                 ("biases", bias),
+                 ("parameters / block", f"{info['parameters_per_block']:,}")]
+    else:
+        rows += [("layers", f"{info['layers']} (parameters from bytes at {info['dtype_bytes']} bytes each)")]
+    t = info.get("training")
+    if t is not None:
+        rows.append(("training", f"global batch {t['global_batch']}, micro-batches {t['microbatches']},"
+                                 f" {t['dtype']}, {t['optimizer']}, recompute {t['recompute']}"))
+    table = Table(show_header=False, box=None)
+    table.add_column()
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    con.print(table)
+
+
+def _show_cluster(cluster: Path, as_json: bool) -> None:
+    topo = topology_of(cluster)
+    info = topo.summary()
+    if as_json:
+        print_json(info)
+        return
+    con = console()
+    levels = " > ".join(f"{lv['name']} x{lv['count']}" for lv in info["levels"])
+    dev = info["device"]
+    con.print(f"[bold]{info['name']}[/bold]: {info['devices']} x {dev['name']} "
+              f"({units.format_flop_rate(dev['flops'])}, {units.format_bytes(dev['memory'])})")
+    con.print(f"levels (outermost first): {levels}; hosts: {info['hosts']} x {info['host_level']}")
+    table = Table(title="interconnects")
+    for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via"):
+        table.add_column(col)
+    for ic in info["interconnects"]:
+        table.add_row(ic["name"], ic["level"] or "(via only)", units.format_bandwidth(ic["bandwidth"]),
+                      units.format_time(ic["latency"]), ic["shape"],
+                      f"{ic['sharing']} ({ic['devices_per_port']} device{'s' * (ic['devices_per_port'] > 1)} each)",
+                      str(ic["ports"]), ", ".join(ic["via"]) or "-")
+    con.print(table)
