@@ -50,3 +50,23 @@ def test_a_schedule_the_target_does_not_run_is_refused():
     res = CliRunner().invoke(app, ["stages", str(CLUSTERS / "dgx-a100-8x8.yaml"), str(MODELS / "gpt3-39b.yaml"),
                                    "--target", "megatron", "--schedule", "zb-v"])
     assert res.exit_code == 2 and "megatron does not run zb-v" in res.output
+
+
+def test_the_readmes_megatron_answer_is_what_the_command_prints():
+    """The README's GPT-3 175B / 1 024 A100s answer, rerun: the same five configurations."""
+    import re
+    import shlex
+
+    from conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("$ solver-planner stages") and "--target megatron" in x)
+    argv = shlex.split(line[2:])[1:]
+    res = CliRunner().invoke(app, argv + ["--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    block = text[text.index(line):].split("```")[0]
+    rows = re.findall(r"^ (\d) +(\d+,\d+,\d+,\d+) ", block, flags=re.M)
+    listed = [",".join(str(c["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
+              for c in data["top"]]
+    assert [r[1] for r in rows] == listed[:5]

@@ -33,9 +33,8 @@ def _dims(model) -> dict:
     if t is None:
         raise OptionError("a framework target needs a transformer model (a 'transformer:' section or a Hugging Face"
                           " config.json); a 'layers:' list has no shape a framework can be told")
-    return dict(layers=t.layers, hidden=t.hidden, heads=t.heads, kv_heads=getattr(t, "kv_heads", None) or t.heads,
-                ffn_hidden=getattr(t, "ffn_hidden", None) or 4 * t.hidden, sequence=t.sequence, vocab=t.vocab,
-                activation=getattr(t, "activation", "gelu"))
+    return dict(layers=t.layers, hidden=t.hidden, heads=t.heads, kv_heads=t.kv, ffn_hidden=t.ffn,
+                sequence=t.sequence, vocab=t.vocab, activation=t.activation)
 
 
 def target_config(plan: Partition, schedule: Schedule, model, target: str) -> TargetConfig:
