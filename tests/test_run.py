@@ -83,6 +83,10 @@ CASES = {
         dict(transformer=TINY, optimizer_sharding="zero-1"), ("--config", "2,2,2,4"),
         lambda j: j.sharded and j.schedule == "actions" and "weight delay" in j.schedule_name and
         all(op != "I" for order in j.orders.values() for op, _ in order)),
+    "ZB-H1 (split backwards, weight parts deferred to the cool-down)": (
+        dict(transformer=TINY), ("--schedule", "zb-h1", "--config", "2,1,4,4"),
+        lambda j: j.schedule == "actions" and j.schedule_name == "zb-h1" and
+        any(op == "W" for order in j.orders.values() for op, _ in order)),
     "untied, four stages": (
         dict(transformer=TINY, tied_embeddings=False), ("--config", "2,1,4,4"),
         lambda j: not j.shape.tied and len(j.stages) == 4),
