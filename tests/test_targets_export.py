@@ -387,10 +387,67 @@ def test_torchtitan_config_manager_accepts_export(name):
                                                        par.pipeline_parallel_schedule,
                                                        len(parts))
         assert [chunk_order(cfg)[s] for s in stages] == [(rank, v) for v in range(len(stages))]
+    # the names are the real model's: build it on the meta device and cut it with
+    # torchtitan's own _split_module (which ignores unknown names, hence get_submodule)
+    import torch
+    from torchtitan.distributed.pipeline_parallel import _split_module
+
+    with torch.device("meta"):
+        whole = c.model_spec.model.build()
+    for part in parts:
+        for fqn in part:
+            whole.get_submodule(fqn)
+    built = [_split_module(whole, part) for part in parts]
+    assert [len(m.layers) for m in built] == list(chunk_layers(cfg)[0])
+    assert [m.tok_embeddings is not None for m in built] == [i == 0 for i in range(len(parts))]
+    assert [m.lm_head is not None for m in built] == [i == len(parts) - 1
+                                                      for i in range(len(parts))]
     flat = [m for part in parts for m in part]
     assert flat == (["tok_embeddings"] + [f"layers.{i}" for i in range(cfg.layers)]
                     + ["norm", "lm_head"])
     assert [sum(m.startswith("layers.") for m in p) for p in parts] == list(chunk_layers(cfg)[0])
+
+
+@st.composite
+def _llama8b_parallel(draw):
+    p = draw(st.sampled_from([1, 2, 4, 8]))
+    schedule = draw(st.sampled_from(sorted(tt_target.SCHEDULES))) if p > 1 else "1f1b"
+    v = {"gpipe": 1, "1f1b": 1, "zb-v": 2}.get(schedule) or draw(st.sampled_from([2, 4]))
+    n = p * v
+    cuts = sorted(draw(st.lists(st.integers(0, 32), min_size=n - 1, max_size=n - 1)))
+    split = tuple(b - a for a, b in zip([0, *cuts], [*cuts, 32]))
+    t = draw(st.sampled_from([1, 2, 4, 8]))
+    d = draw(st.sampled_from([1, 2, 3]))
+    mbs = draw(st.sampled_from([1, 2]))
+    return llama3_8b(
+        "torchtitan", pipeline=p, tensor=t, data=d, context=draw(st.sampled_from([1, 2])),
+        schedule=schedule, virtual_stages=v, layers_per_chunk=split, micro_batch_size=mbs,
+        global_batch=d * mbs * draw(st.integers(1, 9)),
+        sequence_parallel=t > 1 and draw(st.booleans()),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        optimizer_sharding=draw(st.sampled_from(["none", "zero-2", "zero-3"])),
+        dtype=draw(st.sampled_from(["bfloat16", "float32"])))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_llama8b_parallel())
+def test_torchtitan_allowed_configs_parse(cfg):
+    """Differential: whatever allows() accepts, torchtitan's parser and ParallelDims accept,
+    and its rank -> stage mapping places our chunks where chunk_order says."""
+    pytest.importorskip("torchtitan")
+    if tt_target.allows(cfg) is not None:
+        return
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
+    c = _titan(cfg)
+    ParallelDims.from_config(c.parallelism, world_size=cfg.devices)
+    parts = c.parallelism.module_fqns_per_model_part or [[]]
+    assert len(parts) == cfg.pipeline * cfg.virtual_stages
+    for rank in range(cfg.pipeline if cfg.pipeline > 1 else 0):
+        stages = _get_pp_rank_to_stage_indices_mapping(
+            rank, cfg.pipeline, c.parallelism.pipeline_parallel_schedule, len(parts))
+        assert [chunk_order(cfg)[s] for s in stages] == [(rank, v) for v in range(len(stages))]
 
 
 def test_torchtitan_equal_split_matches_its_generator():

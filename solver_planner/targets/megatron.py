@@ -156,12 +156,14 @@ def allows(cfg: TargetConfig) -> str | None:
         return f"kv_heads (num_query_groups) {cfg.kv_heads} not divisible by tensor {cfg.tensor}"
     if cfg.ffn_hidden % cfg.tensor:
         return f"ffn_hidden {cfg.ffn_hidden} not divisible by tensor {cfg.tensor}"
-    if cfg.sequence_parallel and cfg.sequence % cfg.tensor:
-        return f"sequence parallelism splits sequence {cfg.sequence} over tensor {cfg.tensor}"
     # Context parallelism cuts each sequence into 2*cp chunks for load balance (Megatron-Core
     # context parallel docs), so the sequence must divide by 2*cp.
     if cfg.context > 1 and cfg.sequence % (2 * cfg.context):
         return f"context parallelism needs sequence % (2 x context) == 0, got {cfg.sequence}"
+    # Sequence parallelism splits each rank's (context-local) sequence over the TP group.
+    if cfg.sequence_parallel and (cfg.sequence // cfg.context) % cfg.tensor:
+        return (f"sequence parallelism splits the local sequence {cfg.sequence // cfg.context} "
+                f"over tensor {cfg.tensor}")
     if cfg.virtual_stages > 1:
         # schedules.py, forward_backward_pipelining_with_interleaving, with the default
         # microbatch_group_size_per_vp_stage = pipeline: M >= pipeline and M % pipeline == 0.

@@ -145,12 +145,14 @@ def allows(cfg: TargetConfig) -> str | None:
                     ("ffn_hidden", cfg.ffn_hidden)):
         if n % cfg.tensor:
             return f"{name} {n} not divisible by tensor {cfg.tensor}"
-    if cfg.tensor > 1 and cfg.sequence % cfg.tensor:
-        return f"sequence {cfg.sequence} not divisible by tensor {cfg.tensor}"
     # The default context-parallel load balancer ("headtail") cuts each sequence into
     # 2 x context chunks.
     if cfg.context > 1 and cfg.sequence % (2 * cfg.context):
         return f"context parallelism needs sequence % (2 x context) == 0, got {cfg.sequence}"
+    # Sequence parallelism shards each rank's (context-local) sequence over the TP group.
+    if cfg.sequence_parallel and (cfg.sequence // cfg.context) % cfg.tensor:
+        return (f"sequence parallelism splits the local sequence {cfg.sequence // cfg.context} "
+                f"over tensor {cfg.tensor}")
     return None
 
 
