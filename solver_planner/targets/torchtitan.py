@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .base import TargetConfig
 from .rules import TargetRules, chunk_layers, refusal
 
-__all__ = ["RULES", "FLAVORS", "SCHEDULES", "Flavor", "allows", "export", "parse",
+__all__ = ["RULES", "FLAVORS", "SCHEDULES", "Flavor", "allows", "export", "parse", "argv",
            "flavor_for", "model_parts"]
 
 
