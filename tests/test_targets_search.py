@@ -5,7 +5,6 @@ import json
 from typer.testing import CliRunner
 
 from solver_planner.cli import app
-from solver_planner.targets.base import TargetConfig
 from solver_planner.targets.megatron import allows
 
 from conftest import CLUSTERS, SPECS
@@ -13,25 +12,21 @@ from conftest import CLUSTERS, SPECS
 MODELS = SPECS / "models"
 
 
-def _cfg(**kw) -> TargetConfig:
-    base = dict(target="megatron", layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, sequence=2048,
-                vocab=51200, tied_embeddings=True, activation="gelu", global_batch=1536, micro_batch_size=1,
-                dtype="bfloat16", optimizer="adam", data=16, tensor=8, pipeline=8, schedule="1f1b",
-                layers_per_chunk=(12,) * 8, recompute="selective", optimizer_sharding="distributed")
-    base.update(kw)
-    return TargetConfig(**base)
+def test_every_plan_a_target_search_lists_is_one_the_framework_runs():
+    """Each listed plan's TargetConfig passes the framework's own rules (megatron.allows)."""
+    from solver_planner.spec import load_cluster_spec, load_model_spec
+    from solver_planner.stages.report import plan_stages
+    from solver_planner.targets.search import target_config
+    from solver_planner.topology import Topology
 
-
-def test_megatron_rules():
-    assert allows(_cfg()) is None
-    assert "not zb-h1" in allows(_cfg(schedule="zb-h1"))
-    assert "distributed optimizer" in allows(_cfg(optimizer_sharding="zero-3"))
-    assert "divide over tensor degree" in allows(_cfg(tensor=5))
-    assert "same number of blocks" in allows(_cfg(layers_per_chunk=(12, 11, 13, 12, 12, 12, 12, 12)))
-    assert allows(_cfg(layers_per_chunk=(10, 13, 13, 13, 13, 13, 13, 8))) is None
-    assert "fewer blocks, not more" in allows(_cfg(layers_per_chunk=(14, 12, 12, 12, 12, 12, 12, 10)))
-    assert "multiple of the pipeline" in allows(_cfg(schedule="interleaved-1f1b", virtual_stages=2,
-                                                     layers_per_chunk=(6,) * 16, global_batch=1544, data=8))
+    topo = Topology(load_cluster_spec(CLUSTERS / "dgx-a100-8x8.yaml"))
+    spec = load_model_spec(SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml")
+    rep = plan_stages(topo, spec, None, top=5, target="megatron")
+    assert rep.result.status.value == "OPTIMAL" and len(rep.result.solutions) == 5
+    for cand in rep.result.solutions:
+        cfg = target_config(cand.plan, cand.schedule, spec, "megatron")
+        assert allows(cfg) is None, (cfg, allows(cfg))
+        assert cfg.kv_heads == 8 and cfg.activation == "swiglu" and cfg.devices == 64
 
 
 def test_stages_target_megatron_lists_only_runnable_plans():

@@ -572,8 +572,15 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
                                f" under {s}: please report")
         board.add(Candidate(plan, run, bd, bd.value, bd.value, {s: run.iteration_time}))
 
+    refused: dict[str, int] = {}
     priced, sims, empty = search_uniform(pairs, search.uniform, board, one, progress,
-                                         splits=search.splits, allows=search.allows)
+                                         splits=search.splits, allows=search.allows, refused=refused)
+    if not priced and refused:
+        # every plan of the space breaks a rule of the framework: say which, most common first
+        why = sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))
+        more = f" (and {len(why) - 1} other reason(s))" if len(why) > 1 else ""
+        raise InfeasibleError(f"{search.space} runs none of the {sum(refused.values())} uniform plans: "
+                              f"{why[0][0]}{more}")
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 

@@ -68,8 +68,10 @@ def _schedules(kind: str, S: int, blocks: int, B: int, virtual: Iterable[int] | 
 
 def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | None = None,
                   splits: Callable[[list, int], list[list[int]]] | None = None,
-                  allows: Callable[[Partition, Schedule], bool] | None = None):
-    """Every uniform plan of ``pair`` under the schedules ``kinds`` stand for: (plan, schedule)."""
+                  allows: Callable[[Partition, Schedule], str | None] | None = None,
+                  refused: dict[str, int] | None = None):
+    """Every uniform plan of ``pair`` under the schedules ``kinds`` stand for: (plan, schedule).
+    ``allows`` returns why a plan is not run (None: it is); ``refused`` counts the reasons."""
     c = pair.costs
     layers = c.model.layers
     a, b = block_range(layers)
@@ -85,12 +87,16 @@ def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | 
                     edges.append(edges[-1] + n)
                 for cfg in c.configs:
                     plan = Partition(c, [StagePlan(edges[k], edges[k + 1] - 1, cfg) for k in range(K)], mesh)
-                    if allows is None or allows(plan, s):
+                    why = allows(plan, s) if allows is not None else None
+                    if why is None:
                         yield plan, s
+                    elif refused is not None:
+                        refused[why] = refused.get(why, 0) + 1
 
 
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
-                   virtual: Iterable[int] | None = None, splits=None, allows=None) -> tuple[int, int, bool]:
+                   virtual: Iterable[int] | None = None, splits=None, allows=None,
+                   refused: dict[str, int] | None = None) -> tuple[int, int, bool]:
     """Simulate the uniform plans of ``pairs`` by increasing lower bound until the next bound
     reaches ``board``'s cutoff (:class:`.search._Board`); ``evaluate_one(plan, schedule,
     bounds)`` simulates one and adds it.  Returns (plans priced, plans simulated, none fits)."""
@@ -99,7 +105,7 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
     for i, pair in enumerate(pairs):
         if progress:
             progress(f"{pair.label()}: pricing uniform plans, pair {i + 1}/{len(pairs)}")
-        for plan, s in uniform_plans(pair, kinds, virtual, splits, allows):
+        for plan, s in uniform_plans(pair, kinds, virtual, splits, allows, refused):
             bd = bounds(plan, s)
             heap.append((bd.value, n, i, plan, s, bd))
             n += 1

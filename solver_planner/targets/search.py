@@ -18,7 +18,12 @@ from ..stages.schedule import Schedule
 from ..stages.uniform import block_range, equal_split
 from .base import TARGETS, TargetConfig
 
-__all__ = ["target_module", "restriction", "target_config"]
+__all__ = ["target_module", "restriction", "target_config", "FIRST_LAST"]
+
+# frameworks that can give the first and the last stage fewer blocks (Megatron-LM's
+# --decoder-first/last-pipeline-num-layers, torchtitan's split by module names): the search
+# adds those splits to the equal one
+FIRST_LAST = ("megatron", "torchtitan")
 
 
 def target_module(target: str):
@@ -65,18 +70,18 @@ def restriction(target: str, model, schedule: str | None) -> dict:
     mod = target_module(target)
     rules = mod.RULES
     _dims(model)
-    kinds = list(rules.schedules)
+    kinds = sorted(rules.schedules)
     if schedule is not None:
         if schedule not in kinds:
             raise OptionError(f"{target} does not run {schedule}; it runs: {', '.join(kinds)}")
         kinds = [schedule]
 
-    def allows(plan: Partition, s: Schedule) -> bool:
-        return mod.allows(target_config(plan, s, model, target)) is None
+    def allows(plan: Partition, s: Schedule) -> str | None:
+        return mod.allows(target_config(plan, s, model, target))
 
     def splits(layers, chunks: int) -> list[list[int]]:
         out = [x for x in [equal_split(layers, chunks)] if x]
-        if getattr(rules, "first_last_layers", False):
+        if target in FIRST_LAST:
             a, b = block_range(layers)
             for n in range(1, (b - a + 1) // chunks):
                 x = equal_split(layers, chunks, first_last=n)
