@@ -65,3 +65,37 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
     listed = [",".join(str(c["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
               for c in data["top"]]
     assert [r[1] for r in rows] == listed[:5]
+
+
+def test_plan_target_export_is_written_recorded_and_checked(tmp_path):
+    """plan --target megatron --export: the file is the plan's recorded export; check derives
+    it again, so an edited export, config or framework name is refused."""
+    import yaml
+
+    cluster, model = str(CLUSTERS / "local-2x4.yaml"), str(MODELS / "gpt-tiny.yaml")
+    plan, out = tmp_path / "p.yaml", tmp_path / "megatron.sh"
+    res = CliRunner().invoke(app, ["plan", cluster, model, "--target", "megatron", "-o", str(plan),
+                                   "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(plan.read_text())
+    assert out.read_text() == doc["target"]["export"] and "--pipeline-model-parallel-size" in out.read_text()
+    assert doc["search"]["options"]["target"] == "megatron"
+    assert CliRunner().invoke(app, ["check", cluster, model, str(plan)]).exit_code == 0
+    for path, value in [(("target", "export"), doc["target"]["export"].replace("--micro-batch-size", "--mbs")),
+                        (("target", "config", "tensor"), 3), (("target", "framework"), "torchtitan"),
+                        (("search", "options", "target"), "native")]:
+        bad = yaml.safe_load(plan.read_text())
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        edited = tmp_path / "bad.yaml"
+        edited.write_text(yaml.safe_dump(bad, sort_keys=False))
+        res = CliRunner().invoke(app, ["check", cluster, model, str(edited)])
+        assert res.exit_code == 1, (path, res.output)
+
+
+def test_export_needs_a_target(tmp_path):
+    res = CliRunner().invoke(app, ["plan", str(CLUSTERS / "local-2x4.yaml"), str(MODELS / "gpt-tiny.yaml"),
+                                   "--export", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "--target" in res.output

@@ -27,8 +27,14 @@ def plan(
     cluster: Path = typer.Argument(..., exists=True, dir_okay=False, help="Cluster spec (YAML)."),
     model: Path = typer.Argument(..., exists=True, dir_okay=False,
                                  help="Model spec with 'layers' (or 'transformer') and 'training'."),
-    schedule: str = typer.Option("eager-1f1b", "--schedule", "-s",
-                                 help=f"Pipeline schedule family: {', '.join(SCHEDULES)}."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", "-s", show_default=False,
+                                           help=f"Pipeline schedule family: {', '.join(SCHEDULES)} (default eager-1f1b;"
+                                           " with --target, 1f1b)."),
+    target: str = typer.Option("native", "--target", help="Plan only what this framework runs: native, megatron,"
+                               " torchtitan, deepspeed; the plan file then records the framework's configuration."),
+    export: Optional[Path] = typer.Option(None, "--export", help="With --target: write the framework's own"
+                                          " configuration here (Megatron-LM arguments, torchtitan launcher"
+                                          " arguments, DeepSpeed JSON)."),
     method: str = typer.Option("auto", "--method", "-m", help=f"Stage search: {', '.join(METHODS)}."),
     cross_mesh: str = typer.Option("broadcast", "--cross-mesh",
                                    help="Stage boundaries: broadcast (the resharding paper's schedules), send-recv (Alpa's"
@@ -83,19 +89,26 @@ def plan(
     check_output(emit, "--emit", folder=True)
     check_plot(plot)
     check_plot(report, "--report")
+    check_output(export, "--export")
+    if export is not None and target == "native":
+        fail("--export writes a framework's configuration: give --target megatron, torchtitan or deepspeed", 2)
+    schedule = schedule or ("eager-1f1b" if target == "native" else "1f1b")
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
         result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                            parse_config(config) if config is not None else None,
                            parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                           candidates, progress=_progress, compute=compute)
+                           candidates, progress=_progress, compute=compute, target=target)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
     doc = write_plan(result, output) if output is not None else plan_document(result)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
+    if export is not None:
+        export.write_text(doc["target"]["export"], encoding="utf-8")
+        typer.echo(f"wrote {export} ({target} configuration)", err=True)
     if trace is not None:
         write_trace(result.run.timeline, trace, topo, trace_detail, result.partition.costs.shape.size, links=True)
     if emit is not None:

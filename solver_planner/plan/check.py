@@ -35,6 +35,7 @@ from dataclasses import dataclass, field as datafield
 from typing import Any
 
 from ..choices import COMPUTE_MODELS, CROSS_MESH, SCHEDULES, STAGE_METHODS
+from ..targets.base import TARGETS
 from ..cost import CostModel
 from ..errors import InfeasibleError, PlannerError
 from ..reduction.dsl import format_program, parse_program
@@ -233,6 +234,9 @@ class _Checker:
             candidates = field(opts, ("candidates",), int)
             time_limit = field(opts, ("time_limit",), float)
             seed = field(opts, ("seed",), int)
+            target = field(opts, ("target",), str) if "target" in opts else "native"
+            if target not in TARGETS:
+                raise FieldError(("target",), f"{show(target)} is not a target ({', '.join(TARGETS)})")
             if not 1 <= candidates <= 50 or not 0 < time_limit <= 86400 or not 0 <= seed < 2**31:
                 raise FieldError((), "candidates must be 1..50, time_limit in (0, 86400] s and seed in 0..2^31-1")
         except FieldError as exc:
@@ -241,7 +245,7 @@ class _Checker:
         except PlannerError as exc:
             self.fail("search", where + ("config",), str(exc))
             return None
-        return SearchOptions(method, stages, config, split, candidates, time_limit, seed)
+        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target)
 
     def partition(self) -> Partition:
         topo, part_name = self.topology, "stages"

@@ -147,12 +147,13 @@ class SearchOptions:
     candidates: int = 1
     time_limit: float = 10.0
     seed: int = 0
+    target: str = "native"          # a framework's space only (solver_planner.targets)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "stages": self.stages,
                 "config": None if self.config is None else str(self.config),
                 "split": None if self.split is None else list(self.split), "candidates": self.candidates,
-                "time_limit": self.time_limit, "seed": self.seed}
+                "time_limit": self.time_limit, "seed": self.seed, "target": self.target}
 
 
 def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: SearchOptions,
@@ -165,7 +166,7 @@ def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: 
         raise OptionError(f"plan composes one model chunk per pipeline stage; {schedule} is searched by"
                           " 'solver-planner stages' (the plan file, check and run do not carry model chunks yet)")
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
-                      layer_counts=o.split, top=max(1, o.candidates), compute=compute)
+                      layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
               "bound": rep.result.bound, "gap": rep.result.gap, "objective": rep.best.time,
               "candidates": len(rep.result.solutions)}
@@ -213,7 +214,8 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", meth
               cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
-              progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> TrainingPlan:
+              progress: Callable[[str], None] | None = None, compute: str = "efficiency",
+              target: str = "native") -> TrainingPlan:
     """Plan ``model`` on ``topology`` end to end.
 
     The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
@@ -228,7 +230,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", meth
         # a free transfer takes no time: synchronous or not, the iteration is the same
         raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
     options = SearchOptions(method, stages, config, None if layer_counts is None else tuple(layer_counts),
-                            candidates, time_limit, seed)
+                            candidates, time_limit, seed, target)
     t0 = time.perf_counter()
     say("searching stages")
     rep, search = search_stages(topology, model, schedule, options, compute)

@@ -82,7 +82,20 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
         "breakdown": breakdown(plan), "schedules_tried": plan.tried, "search": plan.search,
         "solve_times": plan.solve_times, "time_unit": TIME_UNIT,
         "stages": stages, "boundaries": bounds, "launch": launch_layout(plan),
+        **_target(plan),
     }
+
+
+def _target(plan: TrainingPlan) -> dict[str, Any]:
+    """With a framework target: its name and the configuration ``--export`` writes (``check``
+    derives it again from the plan, so an edited export is refused like any field)."""
+    name = (plan.search or {}).get("options", {}).get("target", "native")
+    if name == "native":
+        return {}
+    from ..targets.search import target_config, target_module
+
+    cfg = target_config(plan.partition, plan.schedule, plan.model, name)
+    return {"target": {"framework": name, "config": cfg.as_dict(), "export": target_module(name).export(cfg)}}
 
 
 def _hidden(plan: TrainingPlan) -> dict[str, float]:
