@@ -99,3 +99,17 @@ def test_export_needs_a_target(tmp_path):
     res = CliRunner().invoke(app, ["plan", str(CLUSTERS / "local-2x4.yaml"), str(MODELS / "gpt-tiny.yaml"),
                                    "--export", str(tmp_path / "x")])
     assert res.exit_code == 2 and "--target" in res.output
+
+
+def test_the_readmes_plan_export_command_runs(tmp_path, monkeypatch):
+    import shlex
+
+    from conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("$ solver-planner plan") and "--export" in x)
+    argv = [str(ROOT / a) if a.startswith("specs/") else a for a in shlex.split(line[2:])[1:]]
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    assert "MEGATRON_ARGS=(" in (tmp_path / "megatron.sh").read_text()
