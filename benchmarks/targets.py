@@ -36,8 +36,8 @@ def main() -> None:
 
     print(f"{'model':20} {'cluster':16} {'search':24} {'median s':>9} {'x native':>9} {'iteration s':>12}  status")
     for model, cluster in CASES:
-        path = ROOT / "examples" / "hf" / "llama-3-8b.json" if model == "llama-3-8b" else \\
-            ROOT / "specs" / "models" / f"{model}.yaml"
+        path = (ROOT / "examples" / "hf" / "llama-3-8b.json" if model == "llama-3-8b"
+                else ROOT / "specs" / "models" / f"{model}.yaml")
         spec = load_model_spec(path)
         topo = Topology(load_cluster_spec(ROOT / "specs" / "clusters" / f"{cluster}.yaml"))
         native = None

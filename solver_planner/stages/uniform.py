@@ -106,17 +106,26 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
         if progress:
             progress(f"{pair.label()}: pricing uniform plans, pair {i + 1}/{len(pairs)}")
         for plan, s in uniform_plans(pair, kinds, virtual, splits, allows, refused):
-            bd = bounds(plan, s)
+            # priced without the port bound (the costly part): still a lower bound; the
+            # port bound is added when the plan reaches the top of the heap (lazily re-keyed)
+            bd = bounds(plan, s, enough=0.0)
             heap.append((bd.value, n, i, plan, s, bd))
             n += 1
     heapq.heapify(heap)
     sims = 0
     empty = True
     while heap:
-        value, _, i, plan, s, bd = heapq.heappop(heap)
+        value, k, i, plan, s, bd = heapq.heappop(heap)
         if value >= board.threshold() * (1 - 1e-9):
             break
-        if value >= board.cutoff(pairs[i]) * (1 - 1e-9) or not fits(plan, s):
+        if value >= board.cutoff(pairs[i]) * (1 - 1e-9):
+            continue
+        if bd.partial:
+            bd = bounds(plan, s)
+            if bd.value > value:
+                heapq.heappush(heap, (bd.value, k, i, plan, s, bd))
+                continue
+        if not fits(plan, s):
             continue
         empty = False
         evaluate_one(plan, s, bd)
