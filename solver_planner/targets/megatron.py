@@ -23,7 +23,7 @@ from __future__ import annotations
 import shlex
 
 from .base import TargetConfig
-from .rules import TargetRules, chunk_layers, chunk_order, refusal
+from .rules import TargetRules, chunk_layers, chunk_order, refusal, tensor_splits
 
 __all__ = ["RULES", "FLAG_SCHEMA", "allows", "export", "parse", "pipeline_layout"]
 
@@ -149,21 +149,10 @@ def allows(cfg: TargetConfig) -> str | None:
         return why
     if cfg.hidden % cfg.heads:
         return f"hidden {cfg.hidden} is not a multiple of heads {cfg.heads}"
-    # TransformerConfig.__post_init__: heads and query groups must divide by tensor size.
-    if cfg.heads % cfg.tensor:
-        return f"heads {cfg.heads} not divisible by tensor {cfg.tensor}"
-    if cfg.kv_heads % cfg.tensor:
-        return f"kv_heads (num_query_groups) {cfg.kv_heads} not divisible by tensor {cfg.tensor}"
-    if cfg.ffn_hidden % cfg.tensor:
-        return f"ffn_hidden {cfg.ffn_hidden} not divisible by tensor {cfg.tensor}"
-    # Context parallelism cuts each sequence into 2*cp chunks for load balance (Megatron-Core
-    # context parallel docs), so the sequence must divide by 2*cp.
-    if cfg.context > 1 and cfg.sequence % (2 * cfg.context):
-        return f"context parallelism needs sequence % (2 x context) == 0, got {cfg.sequence}"
-    # Sequence parallelism splits each rank's (context-local) sequence over the TP group.
-    if cfg.sequence_parallel and (cfg.sequence // cfg.context) % cfg.tensor:
-        return (f"sequence parallelism splits the local sequence {cfg.sequence // cfg.context} "
-                f"over tensor {cfg.tensor}")
+    # TransformerConfig.__post_init__ and the context-parallel docs: what TP, CP and SP cut
+    why = tensor_splits(cfg)
+    if why:
+        return why
     if cfg.virtual_stages > 1:
         # schedules.py, forward_backward_pipelining_with_interleaving, with the default
         # microbatch_group_size_per_vp_stage = pipeline: M >= pipeline and M % pipeline == 0.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .base import SCHEDULE_NAMES, TargetConfig
 
-__all__ = ["TargetRules", "refusal", "chunk_layers", "chunk_order"]
+__all__ = ["TargetRules", "refusal", "tensor_splits", "chunk_layers", "chunk_order"]
 
 
 @dataclass(frozen=True)
@@ -128,3 +128,19 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
                 f"{cfg.micro_batch_size} x data {cfg.data}")
     _, why = chunk_layers(cfg)
     return why
+
+
+def tensor_splits(cfg: TargetConfig) -> str | None:
+    """What tensor, context and sequence parallelism cut must divide (Megatron-Core and
+    torchtitan alike): heads, query groups and the MLP over the tensor degree; each sequence
+    into ``2 x context`` chunks (the load-balanced context split); the context-local sequence
+    over the tensor group under sequence parallelism."""
+    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn_hidden", cfg.ffn_hidden)):
+        if n % cfg.tensor:
+            return f"{name} {n} not divisible by tensor {cfg.tensor}"
+    if cfg.context > 1 and cfg.sequence % (2 * cfg.context):
+        return f"context parallelism needs sequence % (2 x context) == 0, got {cfg.sequence}"
+    if cfg.sequence_parallel and (cfg.sequence // cfg.context) % cfg.tensor:
+        return (f"sequence parallelism splits the local sequence {cfg.sequence // cfg.context} "
+                f"over tensor {cfg.tensor}")
+    return None

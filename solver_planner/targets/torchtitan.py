@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 
 from .base import TargetConfig
-from .rules import TargetRules, chunk_layers, refusal
+from .rules import TargetRules, chunk_layers, refusal, tensor_splits
 
 __all__ = ["RULES", "FLAVORS", "SCHEDULES", "Flavor", "allows", "export", "parse", "argv",
            "flavor_for", "model_parts"]
@@ -141,19 +141,7 @@ def allows(cfg: TargetConfig) -> str | None:
         # _get_pipeline_metadata: multi-stage schedules need >= 2 stages per rank.
         return ("torchtitan's zb-h1 is torch's InterleavedZeroBubble, a multi-stage schedule: "
                 "it needs at least 2 model chunks per pipeline rank")
-    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads),
-                    ("ffn_hidden", cfg.ffn_hidden)):
-        if n % cfg.tensor:
-            return f"{name} {n} not divisible by tensor {cfg.tensor}"
-    # The default context-parallel load balancer ("headtail") cuts each sequence into
-    # 2 x context chunks.
-    if cfg.context > 1 and cfg.sequence % (2 * cfg.context):
-        return f"context parallelism needs sequence % (2 x context) == 0, got {cfg.sequence}"
-    # Sequence parallelism shards each rank's (context-local) sequence over the TP group.
-    if cfg.sequence_parallel and (cfg.sequence // cfg.context) % cfg.tensor:
-        return (f"sequence parallelism splits the local sequence {cfg.sequence // cfg.context} "
-                f"over tensor {cfg.tensor}")
-    return None
+    return tensor_splits(cfg)
 
 
 def _args(cfg: TargetConfig, flavor: Flavor) -> list[tuple[str, ...]]:
