@@ -1,6 +1,7 @@
 """Search time of the framework targets and of the chunked schedules against the native search.
 
-For each instance, ``stages`` as the command line runs it (no baselines): the native search
+For each instance, the whole ``solver-planner stages ... --no-baselines --json`` command (start-up,
+spec loading and output included, this checkout's package): the native search
 (1F1B), ``--target megatron`` and ``--target torchtitan`` (every schedule they run), and the
 native search of interleaved 1F1B and ZB-V; each timed as the median of ``--runs`` runs, with
 its iteration time, status and the ratio to the native search.  Goals (issue 25): a target
@@ -12,7 +13,10 @@ search no slower than the native one; searching virtual stages at most doubles i
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,36 +28,36 @@ RUNS = [("native 1f1b", "native", "1f1b"), ("megatron", "megatron", None), ("tor
         ("native interleaved-1f1b", "native", "interleaved-1f1b"), ("native zb-v", "native", "zb-v")]
 
 
+def _command(cluster: Path, model: Path, target: str, schedule: str | None) -> tuple[float, dict | None, str]:
+    argv = [sys.executable, "-m", "solver_planner", "stages", str(cluster), str(model), "--no-baselines", "--json",
+            "--target", target] + (["--schedule", schedule] if schedule else [])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - t0
+    if out.returncode:
+        return elapsed, None, out.stderr.strip().splitlines()[-1].split(":")[1].strip() if out.stderr else "?"
+    return elapsed, json.loads(out.stdout), ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
 
-    from solver_planner.errors import PlannerError
-    from solver_planner.spec import load_cluster_spec, load_model_spec
-    from solver_planner.stages.report import plan_stages
-    from solver_planner.topology import Topology
-
     print(f"{'model':20} {'cluster':16} {'search':24} {'median s':>9} {'x native':>9} {'iteration s':>12}  status")
     for model, cluster in CASES:
         path = (ROOT / "examples" / "hf" / "llama-3-8b.json" if model == "llama-3-8b"
                 else ROOT / "specs" / "models" / f"{model}.yaml")
-        spec = load_model_spec(path)
-        topo = Topology(load_cluster_spec(ROOT / "specs" / "clusters" / f"{cluster}.yaml"))
+        cpath = ROOT / "specs" / "clusters" / f"{cluster}.yaml"
         native = None
         for label, target, schedule in RUNS:
-            times, rep, why = [], None, ""
-            for _ in range(args.runs):
-                t0 = time.perf_counter()
-                try:
-                    rep = plan_stages(topo, spec, schedule, target=target)
-                except PlannerError as exc:
-                    why = str(exc).split(":")[0]
-                times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
+            runs = [_command(cpath, path, target, schedule) for _ in range(args.runs)]
+            med = statistics.median(t for t, _, _ in runs)
             native = med if native is None else native
-            it = f"{rep.best.time:.3f}" if rep is not None else "-"
-            status = f"{rep.result.status.value}" if rep is not None else f"no plan ({why})"
+            _, data, why = runs[-1]
+            it = f"{data['iteration_time']:.3f}" if data else "-"
+            status = data["status"] if data else f"no plan ({why})"
             print(f"{model:20} {cluster:16} {label:24} {med:9.2f} {med / native:9.2f} {it:>12}  {status}")
 
 

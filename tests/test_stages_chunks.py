@@ -156,3 +156,25 @@ def test_the_uniform_search_is_the_best_of_every_uniform_plan(kind):
                 best = min(best, pipeline_run(plan, s)[0].iteration_time)
     assert res.objective == pytest.approx(best, rel=1e-12)
     assert res.solution.plan.virtual == 2 or kind == "interleaved-1f1b"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.data())
+def test_mesh_memory_of_one_chunk_per_stage_is_the_stage_memory(data):
+    """Two implementations of a stage's peak memory: the per-chunk live sum over the order
+    (chunked plans) and the live count times one micro-batch (one chunk per stage)."""
+    from test_stages_objective import instances
+
+    from solver_planner.stages.pipeline import mesh_orders
+    from solver_planner.stages.schedule import live_peak
+
+    case = data.draw(instances())
+    if case is None:
+        return
+    plan, schedules = case
+    for s in schedules:
+        orders = mesh_orders(plan, s)
+        memory, live = plan.mesh_memory(orders)
+        want_live = [live_peak([(op, m) for op, _, m in o]) for o in orders]
+        assert live == want_live
+        assert memory == pytest.approx(plan.memory(want_live), rel=1e-12)

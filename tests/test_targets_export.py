@@ -33,22 +33,28 @@ from solver_planner.targets.rules import TargetRules, chunk_layers, chunk_order
 MODULES = {"megatron": mg_target, "torchtitan": tt_target, "deepspeed": ds_target}
 
 
-def gpt3_175b(target: str, **kw) -> TargetConfig:
-    base = dict(target=target, layers=96, hidden=12288, heads=96, kv_heads=96,
-                ffn_hidden=49152, sequence=2048, vocab=51200, tied_embeddings=True,
-                activation="gelu", global_batch=1536, micro_batch_size=1,
-                dtype="bfloat16", optimizer="adam", data=8, tensor=8, pipeline=16)
+SHAPES = {
+    "gpt3_175b": dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, sequence=2048,
+                      vocab=51200, tied_embeddings=True, activation="gelu", global_batch=1536, data=8, tensor=8,
+                      pipeline=16),
+    "llama3_8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, sequence=8192,
+                      vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=512, data=8, tensor=4,
+                      pipeline=4),
+}
+
+
+def _config(shape: str, target: str, **kw) -> TargetConfig:
+    base = dict(target=target, micro_batch_size=1, dtype="bfloat16", optimizer="adam", **SHAPES[shape])
     base.update(kw)
     return TargetConfig(**base)
+
+
+def gpt3_175b(target: str, **kw) -> TargetConfig:
+    return _config("gpt3_175b", target, **kw)
 
 
 def llama3_8b(target: str, **kw) -> TargetConfig:
-    base = dict(target=target, layers=32, hidden=4096, heads=32, kv_heads=8,
-                ffn_hidden=14336, sequence=8192, vocab=128256, tied_embeddings=False,
-                activation="swiglu", global_batch=512, micro_batch_size=1,
-                dtype="bfloat16", optimizer="adam", data=8, tensor=4, pipeline=4)
-    base.update(kw)
-    return TargetConfig(**base)
+    return _config("llama3_8b", target, **kw)
 
 
 MEGATRON_CASES = {

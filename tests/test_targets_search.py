@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from solver_planner.cli import app
@@ -113,3 +115,34 @@ def test_the_readmes_plan_export_command_runs(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 0, res.output
     assert "MEGATRON_ARGS=(" in (tmp_path / "megatron.sh").read_text()
+
+
+def test_a_target_search_is_the_best_of_every_plan_the_framework_runs():
+    """OPTIMAL over Megatron's space, refuted by brute force: every uniform plan (equal and
+    first/last-lighter splits) that megatron.allows and memory admit, simulated."""
+    import math
+
+    from solver_planner.spec import load_cluster_spec, load_model_spec
+    from solver_planner.stages import StageSearch
+    from solver_planner.stages.fastsim import pipeline_run
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.stages.objective import fits
+    from solver_planner.stages.report import plan_stages
+    from solver_planner.stages.uniform import uniform_plans
+    from solver_planner.targets.search import restriction
+    from solver_planner.topology import Topology
+
+    topo = Topology(load_cluster_spec(CLUSTERS / "local-2x4.yaml"))
+    spec = load_model_spec(MODELS / "gpt-tiny.yaml")
+    rep = plan_stages(topo, spec, None, target="megatron")
+    assert rep.result.status.value == "OPTIMAL"
+    r = restriction("megatron", spec, None)
+    search = StageSearch(layer_model(spec), topo, **r)
+    best, seen = math.inf, 0
+    for pair in search.pairs():
+        for plan, s in uniform_plans(pair, r["uniform"], r["splits"], r["allows"]):
+            seen += 1
+            if fits(plan, s):
+                best = min(best, pipeline_run(plan, s)[0].iteration_time)
+    assert seen > 10
+    assert rep.best.time == pytest.approx(best, rel=1e-12)

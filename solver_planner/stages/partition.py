@@ -52,8 +52,8 @@ class Partition:
             if st.config not in costs.configs:
                 raise ValueError(f"configuration {st.config} is not possible on {costs.shape} with"
                                  f" {costs.microbatches} micro-batches")
-        if any(stages[k].config != stages[j].config for k in range(len(stages)) for j in range(len(stages))
-               if mesh[k] == mesh[j]):
+        config_of: dict[int, object] = {}
+        if any(config_of.setdefault(m, st.config) != st.config for m, st in zip(mesh, stages)):
             raise ValueError("the chunks of one mesh must share its configuration")
         self.costs = costs
         self.stages = stages

@@ -156,10 +156,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     exec_of = [[exec_res[mesh[p]]] for p in range(K)]
     device_of = [(mesh[p] * size,) for p in range(K)]
     # each chunk's last op: its gradients are complete after it (the reductions follow it)
-    final_at = {}
-    for order in orders:
-        for i, (_, k, _) in enumerate(order):
-            final_at[k] = (id(order), i)
+    final_at = {k: (r, i) for r, order in enumerate(orders) for i, (_, k, _) in enumerate(order)}
 
     def op_task(p: int, op: str, m: int, deps: list[int], final: bool) -> int:
         duration = op_time[p][op]
@@ -230,7 +227,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                     deps.append(ids["F", p, m])
                 if prev[r] is not None:
                     deps.append(prev[r])
-                final = final_at[p] == (id(order), pos[r])
+                final = final_at[p] == (r, pos[r])
                 tid = op_task(p, op, m, deps, final)
                 ids[op, p, m] = tid
                 if op in ("B", "BA"):

@@ -250,7 +250,6 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
         from ..targets.search import restriction
 
         restrict.update(restriction(target, model, schedule))
-        schedule = schedule or "1f1b"
     schedule = schedule or "1f1b"
     if config is not None:
         restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Iterable
+from typing import Callable
 
 from .objective import bounds, fits
 from .partition import Partition, StagePlan
@@ -57,16 +57,13 @@ def equal_split(layers, chunks: int, first_last: int | None = None) -> list[int]
     return counts
 
 
-def _schedules(kind: str, S: int, blocks: int, B: int, virtual: Iterable[int] | None) -> list[Schedule]:
-    if kind == "interleaved-1f1b":
-        allowed = virtual_options(kind, S, blocks, B)
-        return [Schedule(kind, virtual=v) for v in allowed if virtual is None or v in virtual]
-    if kind == "zb-v":
-        return [Schedule(kind, virtual=2)] if virtual_options(kind, S, blocks, B) else []
-    return [s for s in family(kind, S)]
+def _schedules(kind: str, S: int, blocks: int, B: int) -> list[Schedule]:
+    if kind in ("interleaved-1f1b", "zb-v"):
+        return [Schedule(kind, virtual=v) for v in virtual_options(kind, S, blocks, B)]
+    return family(kind, S)
 
 
-def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | None = None,
+def uniform_plans(pair: PairProblem, kinds: list[str],
                   splits: Callable[[list, int], list[list[int]]] | None = None,
                   allows: Callable[[Partition, Schedule], str | None] | None = None,
                   refused: dict[str, int] | None = None):
@@ -77,7 +74,7 @@ def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | 
     a, b = block_range(layers)
     S, B = c.stages, c.microbatches
     for kind in kinds:
-        for s in _schedules(kind, S, b - a + 1, B, virtual):
+        for s in _schedules(kind, S, b - a + 1, B):
             K = S * s.virtual
             cuts = splits(layers, K) if splits else [x for x in [equal_split(layers, K)] if x]
             mesh = tuple(mesh_of(s, S, k) for k in range(K))
@@ -95,7 +92,7 @@ def uniform_plans(pair: PairProblem, kinds: list[str], virtual: Iterable[int] | 
 
 
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
-                   virtual: Iterable[int] | None = None, splits=None, allows=None,
+                   splits=None, allows=None,
                    refused: dict[str, int] | None = None) -> tuple[int, int, bool]:
     """Simulate the uniform plans of ``pairs`` by increasing lower bound until the next bound
     reaches ``board``'s cutoff (:class:`.search._Board`); ``evaluate_one(plan, schedule,
@@ -105,7 +102,7 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
     for i, pair in enumerate(pairs):
         if progress:
             progress(f"{pair.label()}: pricing uniform plans, pair {i + 1}/{len(pairs)}")
-        for plan, s in uniform_plans(pair, kinds, virtual, splits, allows, refused):
+        for plan, s in uniform_plans(pair, kinds, splits, allows, refused):
             # priced without the port bound (the costly part): still a lower bound; the
             # port bound is added when the plan reaches the top of the heap (lazily re-keyed)
             bd = bounds(plan, s, enough=0.0)
