@@ -115,6 +115,12 @@ def test_the_readmes_plan_export_command_runs(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 0, res.output
     assert "MEGATRON_ARGS=(" in (tmp_path / "megatron.sh").read_text()
+    # the README's next line sources it: bash must read it into the argument array
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", 'source megatron.sh; printf "%s\\n" "${MEGATRON_ARGS[@]}"'],
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split("\n")
+    assert "--tensor-model-parallel-size" in out and "--pipeline-model-parallel-size" in out
 
 
 def test_a_target_search_is_the_best_of_every_plan_the_framework_runs():
