@@ -14,7 +14,7 @@ from plan_mutations import leaf_edits, names, structure_edits
 from solver_planner.plan import make_plan
 from solver_planner.plan.check import check_plan
 from solver_planner.plan.launch import launch_problems
-from solver_planner.plan.planfile import PlanFileError, plan_document, read_plan, write_document
+from solver_planner.plan.planfile import VERSION, PlanFileError, plan_document, read_plan, write_document
 from solver_planner.spec import load_model_spec
 from solver_planner.stages.report import Config
 from solver_planner.topology import load_topology
@@ -57,13 +57,37 @@ def tied(tmp_path_factory):
     return topo, spec, plan_document(plan), path
 
 
+@pytest.fixture(scope="module")
+def interleaved(tmp_path_factory):
+    """Interleaved 1F1B: 8 model chunks, two on each of 4 stages of 2 devices; a GPT whose
+    logits (tied to the embedding) are on the last chunk."""
+    path, spec = _spec(tmp_path_factory, {**TINY_GPT, "transformer": {**TINY_GPT["transformer"], "layers": 8}},
+                       "tiny-gpt-8")
+    topo = load_topology(P3)
+    plan = make_plan(topo, spec, "interleaved-1f1b", config=Config(1, 2, 4, 8))
+    assert plan.partition.virtual == 2 and plan.partition.copies
+    return topo, spec, plan_document(plan), path
+
+
+@pytest.fixture(scope="module")
+def zbv(tmp_path_factory):
+    """ZB-V: chunks in a V over 4 stages (chunks 3 and 4 on the last stage: a channel with no
+    boundary), split backwards."""
+    path, spec = _spec(tmp_path_factory, {**TINY_GPT, "transformer": {**TINY_GPT["transformer"], "layers": 8}},
+                       "tiny-gpt-8")
+    topo = load_topology(P3)
+    plan = make_plan(topo, spec, "zb-v", config=Config(1, 2, 4, 8))
+    assert plan.partition.mesh == (0, 1, 2, 3, 3, 2, 1, 0)
+    return topo, spec, plan_document(plan), path
+
+
 def _refused(case, doc):
     topo, spec, _, _ = case
     return check_plan(topo, spec, doc)
 
 
-def test_untouched_plans_check(reduced, tied):
-    for case in (reduced, tied):
+def test_untouched_plans_check(reduced, tied, interleaved, zbv):
+    for case in (reduced, tied, interleaved, zbv):
         rep = _refused(case, copy.deepcopy(case[2]))
         assert rep.exit_code == 0, rep.first_failure
         assert {f.part for f in rep.findings} >= {"inputs", "stages", "launch", "memory", "iteration", "search",
@@ -90,7 +114,7 @@ def _assert_refused(case, path, what, new):
         assert not re.search(r"\b[A-Z]\w+\(\w+=|np\.|numpy|<class", f.message), (what, f.message)
 
 
-@pytest.mark.parametrize("which", ["reduced", "tied"])
+@pytest.mark.parametrize("which", ["reduced", "tied", "interleaved", "zbv"])
 def test_sampled_edits_are_refused_and_named(request, which):
     """Twenty edits of each plan file, drawn with a fixed seed: changed leaves (each to a
     value of its kind that means something else), deleted and unknown keys, deleted,
@@ -102,7 +126,7 @@ def test_sampled_edits_are_refused_and_named(request, which):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["reduced", "tied"])
+@pytest.mark.parametrize("which", ["reduced", "tied", "interleaved", "zbv"])
 def test_every_edit_is_refused_and_named(request, which):
     """Every leaf and every structure of the plan file (about 1 100 edits each)."""
     case = request.getfixturevalue(which)
@@ -228,8 +252,9 @@ def test_a_version_of_another_type_is_not_read(tmp_path, tied):
     path = tmp_path / "plan.yaml"
     write_document(tied[2], path)
     text = path.read_text()
-    for version in ("2.0", "true", "1", "'2'"):
-        path.write_text(text.replace("version: 2\n", f"version: {version}\n"))
+    assert f"version: {VERSION}\n" in text
+    for version in (f"{VERSION}.0", "true", "1", f"{VERSION - 1}", f"'{VERSION}'"):
+        path.write_text(text.replace(f"version: {VERSION}\n", f"version: {version}\n"))
         with pytest.raises(PlanFileError, match="version"):
             read_plan(path)
     r = run_cli("check", P3, tied[3], path)
@@ -302,11 +327,12 @@ def test_the_launch_layout_is_a_valid_construction(tied, reduced):
     passes; every single-field edit of a rank fails at that rank."""
     for case in (tied, reduced):
         topo, doc = case[0], case[2]
-        stages = [{"layers": s["layers"], "devices": s["devices"]} for s in doc["stages"]]
+        stages = [{"chunks": [s["layers"]], "devices": s["devices"]} for s in doc["stages"]]
         assert launch_problems(doc["launch"], topo, stages) == []
-        for key in ("rank", "host", "stage", "data", "tensor", "tensor_group", "data_group", "layers"):
+        for key in ("rank", "host", "stage", "data", "tensor", "tensor_group", "data_group", "chunks"):
             bad = copy.deepcopy(doc["launch"])
             value = bad["ranks"][3][key]
-            bad["ranks"][3][key] = [v + 1 for v in value] if isinstance(value, list) else value + 1
+            bad["ranks"][3][key] = [[a, b + 1] for a, b in value] if key == "chunks" else \
+                [v + 1 for v in value] if isinstance(value, list) else value + 1
             found = launch_problems(bad, topo, stages)
             assert found and found[0][0][:3] == ("launch", "ranks", 3), (key, found)

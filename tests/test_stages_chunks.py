@@ -5,6 +5,7 @@ for interleaving; Qi et al. 2024 §3 for ZB-H1; ZB-V reaching the start-up bound
 f = bA = bW), and, on random plans with model chunks, every bound below the simulated time.
 """
 
+import json
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from solver_planner.stages.objective import bounds, fits
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.schedule import mesh_of, rounds
 
+from conftest import ROOT
 from test_stages_objective import topology
 
 REL = 1e-9
@@ -178,3 +180,18 @@ def test_mesh_memory_of_one_chunk_per_stage_is_the_stage_memory(data):
         want_live = [live_peak([(op, m) for op, _, m in o]) for o in orders]
         assert live == want_live
         assert memory == pytest.approx(plan.memory(want_live), rel=1e-12)
+
+
+def test_an_empty_chunk_space_says_its_rule_not_a_memory_shortfall():
+    """8 stages cannot hold 2 chunks each of a 6-block model: the refusal names the rule."""
+    from conftest import run_cli
+
+    r = run_cli("stages", ROOT / "specs/clusters/local-2x4.yaml", ROOT / "specs/models/gpt-tiny.yaml", "-s",
+                "interleaved-1f1b", "--config", "1,1,8,8")
+    assert r.returncode == 1
+    assert "at least 2 chunks per stage of at least one of the 6 blocks" in r.stderr and "GiB" not in r.stderr
+    r = run_cli("stages", ROOT / "specs/clusters/local-2x4.yaml", ROOT / "specs/models/gpt-tiny.yaml", "-s",
+                "zb-v", "--json")
+    assert r.returncode == 0
+    pipe = json.loads(r.stdout)["baselines"]["pipeline"]
+    assert not pipe["possible"] and "2 x stages <= 6" in pipe["reason"] and "GiB" not in pipe["reason"]

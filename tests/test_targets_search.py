@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from solver_planner.cli import app
-from solver_planner.targets.megatron import allows
+from solver_planner.targets.megatron import allows, export, parse
 
 from conftest import CLUSTERS, SPECS
 
@@ -29,6 +29,11 @@ def test_every_plan_a_target_search_lists_is_one_the_framework_runs():
         cfg = target_config(cand.plan, cand.schedule, spec, "megatron")
         assert allows(cfg) is None, (cfg, allows(cfg))
         assert cfg.kv_heads == 8 and cfg.activation == "swiglu" and cfg.devices == 64
+        # the framework runs the plan's micro-batches: as many per iteration, each replica's share
+        c = cand.plan.costs
+        assert cfg.microbatches == c.microbatches and cfg.micro_batch_size * cfg.data == c.micro_size
+        flags = parse(export(cfg))
+        assert flags["--global-batch-size"] // (flags["--micro-batch-size"] * cfg.data) == c.microbatches
 
 
 def test_stages_target_megatron_lists_only_runnable_plans():
@@ -152,3 +157,45 @@ def test_a_target_search_is_the_best_of_every_plan_the_framework_runs():
                 best = min(best, pipeline_run(plan, s)[0].iteration_time)
     assert seen > 10
     assert rep.best.time == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("target,schedule", [("megatron", "interleaved-1f1b"), ("torchtitan", "zb-v"),
+                                             ("torchtitan", "interleaved-1f1b")])
+def test_a_chunked_target_plan_is_exported_and_checked(tmp_path, target, schedule):
+    """plan --target X -s <chunked> --export on Llama-3-8B: the plan carries model chunks, the
+    export names the framework's virtual stages and the plan's micro-batches, check passes."""
+    import yaml
+
+    from solver_planner.targets.search import target_module
+
+    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
+    model = tmp_path / "llama.yaml"
+    model.write_text(src.replace("hf_config: llama-3-8b.json",
+                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
+                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"
+                              if target == "torchtitan" else "optimizer_sharding: distributed"))
+    cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
+    plan, out = tmp_path / "p.yaml", tmp_path / "export.txt"
+    res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", target, "-s", schedule, "-o", str(plan),
+                                   "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(plan.read_text())
+    v = doc["schedule"]["virtual"]
+    assert v >= 2 and len(doc["stages"]) == v * len(doc["launch"]["stages"])
+    cfg = doc["target"]["config"]
+    assert cfg["virtual_stages"] == v and cfg["schedule"] == schedule
+    assert cfg["micro_batch_size"] * cfg["data"] * doc["microbatches"] == doc["global_batch"]
+    flags = target_module(target).parse(out.read_text())
+    if target == "megatron":
+        assert flags["--micro-batch-size"] == cfg["micro_batch_size"]
+        if "--pipeline-model-parallel-layout" not in flags:      # a layout implies the chunk count
+            assert flags["--num-virtual-stages-per-pipeline-rank"] == v
+        pytest.importorskip("megatron.core")
+        from test_targets_export import _megatron_objects
+
+        assert _megatron_objects(flags)[0].virtual_pipeline_model_parallel_size == v
+    else:
+        assert flags["--parallelism.pipeline_parallel_schedule"] == \
+            {"zb-v": "ZBVZeroBubble", "interleaved-1f1b": "Interleaved1F1B"}[schedule]
+        assert flags["--parallelism.pipeline_parallel_microbatch_size"] == cfg["micro_batch_size"]
+    assert CliRunner().invoke(app, ["check", cluster, str(model), str(plan)]).exit_code == 0

@@ -160,15 +160,19 @@ def _finish(data: dict, error: tuple[str, int] | None, as_json: bool, show) -> N
 def _print(doc: dict) -> None:
     out = console()
     s = doc["schedule"]
-    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {len(doc['stages'])} stages of"
+    v = s["virtual"]
+    chunks = f" x {v} model chunks" if v > 1 else ""
+    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {len(doc['stages']) // v} stages{chunks} of"
               f" {'x'.join(map(str, doc['mesh']))} meshes, {doc['microbatches']} micro-batches of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
                  if s["kind"] == "eager-1f1b" else ""))
-    table = Table("stage", "layers", "devices", "d", "t", "placement", "gradient program", "proof", "memory")
+    table = Table("stage" if v == 1 else "stage (chunk)", "layers", "devices", "d", "t", "placement",
+                  "gradient program", "proof", "memory")
     for st in doc["stages"]:
         first, last = st["layers"]
-        table.add_row(str(st["index"]), f"{first}-{last} ({st['layer_names'][0]}..{st['layer_names'][1]})",
+        name = str(st["index"]) if v == 1 else f"{st['pipeline_stage']} ({st['index']})"
+        table.add_row(name, f"{first}-{last} ({st['layer_names'][0]}..{st['layer_names'][1]})",
                       f"{st['devices'][0]}-{st['devices'][-1]}", str(st["data"]), str(st["tensor"]),
                       str(st["matrix"]).replace(" ", ""), st["gradient_program"], st["proof"],
                       units.format_bytes(st["memory"]))

@@ -28,7 +28,7 @@ from ..stages.pipeline import exec_resource
 from ..topology import Topology
 from .parts import StagePart
 
-__all__ = ["Boundary", "STRATEGIES", "boundary_problem", "solve_boundaries", "transfers_of"]
+__all__ = ["Boundary", "STRATEGIES", "boundary_problem", "solve_boundaries", "transfers_of", "directions"]
 
 # How a boundary's tensor moves (the rows of seed 002's ablation): broadcast schedules, Alpa's
 # send/recv (one sender per destination device), or free ("Signal Send/Recv", the bound).
@@ -78,6 +78,15 @@ def boundary_problem(plan: Partition, parts: list[StagePart], topology: Topology
     return ReshardingProblem(name, shape, dtype, layouts[0], layouts[1])
 
 
+def directions(plan: Partition) -> list[tuple[str, int, int]]:
+    """(kind, src, dst) of every direction of every channel that crosses meshes: the
+    boundaries a plan schedules.  Two model chunks on one pipeline stage (ZB-V's turn at the
+    last stage, or a skip connection between chunks of one stage) pass their tensors in
+    device memory: nothing moves."""
+    return [(k, s, d) for (p, q) in plan.channels if plan.mesh[p] != plan.mesh[q]
+            for (k, s, d) in (("act", p, q), ("grad", q, p))]
+
+
 def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology, cost: CostModel,
                      strategy: str = "broadcast", method: str = "auto", time_limit: float = 10.0, seed: int = 0,
                      progress=None) -> list[Boundary]:
@@ -85,16 +94,15 @@ def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown cross-mesh strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
     out = []
-    for (p, q) in plan.channels:
-        for kind, src, dst in (("act", p, q), ("grad", q, p)):
-            problem = boundary_problem(plan, parts, topology, kind, src, dst)
-            if strategy == "free" or not plan.costs.comm:
-                out.append(Boundary(kind, src, dst, problem, None, 0.0, ()))
-                continue
-            if progress is not None:
-                progress(f"resharding {problem.name}")
-            res = plan_resharding(problem, cost, method, strategy, time_limit, seed)
-            out.append(boundary_of(kind, src, dst, problem, res, cost))
+    for kind, src, dst in directions(plan):
+        problem = boundary_problem(plan, parts, topology, kind, src, dst)
+        if strategy == "free" or not plan.costs.comm:
+            out.append(Boundary(kind, src, dst, problem, None, 0.0, ()))
+            continue
+        if progress is not None:
+            progress(f"resharding {problem.name}")
+        res = plan_resharding(problem, cost, method, strategy, time_limit, seed)
+        out.append(boundary_of(kind, src, dst, problem, res, cost))
     return out
 
 
@@ -107,14 +115,15 @@ def boundary_of(kind: str, src: int, dst: int, problem: ReshardingProblem, res: 
     return Boundary(kind, src, dst, problem, res, timeline.makespan, tuple(port_names(ports)))
 
 
-def transfers_of(boundaries: list[Boundary], synchronous: bool = False
+def transfers_of(boundaries: list[Boundary], mesh: tuple[int, ...], synchronous: bool = False
                  ) -> dict[tuple[str, int, int], tuple[float, tuple[str, ...]]]:
     """What :func:`solver_planner.stages.simulate_schedule` takes to run these schedules;
+    ``mesh[k]``: the pipeline stage of chunk ``k`` (the partition's ``mesh``);
     ``synchronous``: each transfer also holds both stages' compute streams (no overlap)."""
     out = {}
     for b in boundaries:
         ports = b.ports
         if synchronous and b.time > 0:
-            ports = ports + (exec_resource(b.src), exec_resource(b.dst))
+            ports = ports + (exec_resource(mesh[b.src]), exec_resource(mesh[b.dst]))
         out[b.key] = (b.time, ports)
     return out

@@ -43,13 +43,14 @@ from ..resharding import ReshardingPlan, Schedule as ReshardingSchedule, TIME_UN
 from ..resharding import check as check_resharding
 from ..solve import SolveResult, Status
 from ..spec.model import ModelSpec
-from ..stages import Partition, Schedule, StagePlan, StageSearch, family, simulate_schedule
+from ..stages import Partition, Schedule, StagePlan, StageSearch, simulate_schedule
+from ..stages.schedule import VIRTUAL, mesh_of
 from ..stages.costs import MeshShape, StageConfig, port_names
 from ..stages.layers import layer_model
 from ..stages.report import Config, parse_config
 from ..topology import Topology
-from .boundaries import Boundary, boundary_problem, solve_boundaries, transfers_of
-from .compose import SearchOptions, TrainingPlan, compose_candidates, search_stages, simulate_plan
+from .boundaries import Boundary, boundary_problem, directions, solve_boundaries, transfers_of
+from .compose import SearchOptions, TrainingPlan, compose_candidates, members, search_stages, simulate_plan
 from .fields import FieldError, differences, field, path_text, show
 from .launch import launch_problems
 from .parts import StagePart, prove_program, stage_parts
@@ -275,11 +276,18 @@ class _Checker:
             self.fail(part_name, "mesh", f"no plan has {shape} meshes and {B} micro-batches on {show(topo.name)}")
             raise _Stop
         costs = pairs[0].costs
+        schedule = self.chunking()
+        v = schedule.virtual
         entries = self.get(part_name, ("stages",), list)
-        if len(entries) != costs.stages:
-            self.fail(part_name, "stages", f"{costs.stages} stages tile the cluster with {shape} meshes; the plan"
-                                           f" lists {len(entries)}")
+        if len(entries) != costs.stages * v and len(entries) % costs.stages == 0 and len(entries) > costs.stages:
+            self.fail("iteration", "schedule.virtual", f"{v}, but the plan lists {len(entries)} model chunks on"
+                                                       f" {costs.stages} stages")
             raise _Stop
+        if len(entries) != costs.stages * v:
+            what = f"{costs.stages} stages" if v == 1 else f"{costs.stages} stages of {v} model chunks each ({schedule})"
+            self.fail(part_name, "stages", f"{what} tile the cluster with {shape} meshes; the plan lists {len(entries)}")
+            raise _Stop
+        mesh = tuple(mesh_of(schedule, costs.stages, k) for k in range(len(entries)))
         plans, expect = [], 0
         for p in range(len(entries)):
             first = self.get(part_name, ("stages", p, "layers", 0), int)
@@ -296,6 +304,11 @@ class _Checker:
                           f"{show(entries[p]['layers'])} does not start {before}: stages hold contiguous layers,"
                           " in order")
                 raise _Stop
+            stage = self.get(part_name, ("stages", p, "pipeline_stage"), int)
+            if stage != mesh[p]:
+                self.fail(part_name, ("stages", p, "pipeline_stage"),
+                          f"{stage}, but {schedule} runs chunk {p} on pipeline stage {mesh[p]}")
+                raise _Stop
             config = StageConfig(t, rec)
             if config not in costs.configs:
                 self.fail(part_name, ("stages", p), f"tensor {t} with recompute {show(rec)} is not possible on"
@@ -307,16 +320,37 @@ class _Checker:
             self.fail(part_name, ("stages", len(entries) - 1, "layers"),
                       f"the stages end at layer {expect - 1}; the model has {lm.num_layers} layers")
             raise _Stop
-        part = Partition(costs, plans)
-        self.ok(part_name, f"{len(plans)} stages of contiguous layers on {shape} meshes, {B} micro-batches")
+        try:
+            part = Partition(costs, plans, mesh)
+        except ValueError as exc:        # the chunks of one stage with different configurations
+            self.fail(part_name, "stages", str(exc))
+            raise _Stop from None
+        chunks = f" x {v} model chunks" if v > 1 else ""
+        self.ok(part_name, f"{len(plans) // v} stages{chunks} of contiguous layers on {shape} meshes, {B}"
+                           " micro-batches")
         return part
+
+    def chunking(self) -> Schedule:
+        """The recorded family's schedule with the recorded chunk count (its eagerness and
+        weight delaying are the iteration's to check): where each model chunk runs."""
+        kind = self.get("iteration", ("schedule", "family"), str)
+        if kind not in SCHEDULES:
+            self.fail("iteration", "schedule.family", f"{show(kind)} is not a schedule family ({', '.join(SCHEDULES)})")
+            raise _Stop
+        v = self.get("iteration", ("schedule", "virtual"), int)
+        try:
+            return Schedule(kind if kind in VIRTUAL else "1f1b", virtual=v)
+        except ValueError as exc:
+            self.fail("iteration", "schedule.virtual", f"{v}: {exc}" if kind in VIRTUAL else
+                      f"{v}, but {kind} runs one model chunk per stage")
+            raise _Stop from None
 
     def stages(self, part: Partition) -> list[StagePart]:
         """Placements and gradient programs as :func:`.parts.stage_parts` derives them (the
         program proved again); a recorded program other than the priced one fails."""
         derived = stage_parts(part, self.topology, timeout=self.timeout)
         for p, stage in enumerate(derived):
-            name = f"stage {p}"
+            name = f"stage {p}" if part.virtual == 1 else f"chunk {p} (stage {stage.stage})"
             text = self.get(name, ("stages", p, "gradient_program"), str, stop=False)
             if text is None:
                 continue
@@ -349,7 +383,11 @@ class _Checker:
         return derived
 
     def launch(self, parts: list[StagePart]) -> None:
-        stages = [{"layers": [s.first, s.last], "devices": list(s.devices)} for s in parts]
+        held: dict[int, list[StagePart]] = {}
+        for s in parts:
+            held.setdefault(s.stage, []).append(s)
+        stages = [{"chunks": [[s.first, s.last] for s in chunks], "devices": list(chunks[0].devices)}
+                  for _, chunks in sorted(held.items())]
         problems = launch_problems(self.doc.get("launch"), self.topology, stages)
         for path, message in problems:
             self.fail("launch", path, message)
@@ -371,7 +409,7 @@ class _Checker:
                                                  f" {show(self.doc.get('time_unit'))}")
             raise _Stop
         entries = self.get("boundaries", ("boundaries",), list)
-        want = [(k, s, d) for (p, q) in part.channels for (k, s, d) in (("act", p, q), ("grad", q, p))]
+        want = directions(part)
         got = [tuple(e.get(k) for k in ("kind", "src", "dst")) if isinstance(e, dict) else None for e in entries]
         if sorted(map(str, got)) != sorted(map(str, want)):
             wanted = ", ".join(f"{k} {s}->{d}" for k, s, d in want)
@@ -485,36 +523,33 @@ class _Checker:
         return result, timeline.makespan, ports
 
     def iteration(self, part: Partition, parts: list[StagePart], bounds: list[Boundary]) -> TrainingPlan | None:
-        kind = self.get("iteration", ("schedule", "family"), str)
-        if kind not in SCHEDULES:
-            self.fail("iteration", "schedule.family", f"{show(kind)} is not a schedule family ({', '.join(SCHEDULES)})")
-            return None
+        kind = self.doc["schedule"]["family"]           # read and checked with the partition
         overlap = self.get("iteration", ("overlap",), bool)
         cross = self.doc["cross_mesh"]
         if cross == "free" and not overlap:
             self.fail("iteration", "overlap", "false, but free transfers have nothing to overlap (plan refuses"
                                               " --no-overlap with --cross-mesh free)")
             return None
-        members = family(kind, part.costs.stages)
+        family = members(kind, part)
         try:
             recorded = Schedule(self.get("iteration", ("schedule", "kind"), str),
                                 self.get("iteration", ("schedule", "eagerness"), int),
-                                self.get("iteration", ("schedule", "weight_delay"), bool))
+                                self.get("iteration", ("schedule", "weight_delay"), bool), part.virtual)
         except ValueError as exc:
             self.fail("iteration", "schedule.kind", str(exc))
             return None
-        if recorded not in members:
+        if recorded not in family:
             self.fail("iteration", "schedule", f"{recorded} is not a member of the {kind} family on"
                                                f" {part.costs.stages} stages")
             return None
-        transfers = transfers_of(bounds, synchronous=not overlap)
+        transfers = transfers_of(bounds, part.mesh, synchronous=not overlap)
         memory = part.costs.device_memory
         try:
-            run, tried = simulate_plan(part, members, transfers)
+            run, tried = simulate_plan(part, family, transfers)
         except InfeasibleError:
             mine = simulate_schedule(part, recorded, transfers)
             p = max(range(len(mine.peak_memory)), key=mine.peak_memory.__getitem__)
-            self.fail("memory", ("stages", p, "memory"),
+            self.fail("memory", ("stages", part.mesh.index(p), "memory"),
                       f"stage {p} needs {mine.peak_memory[p] / 2**30:.2f} GiB per device under {recorded}; the device"
                       f" has {memory / 2**30:.2f} GiB (no member of the {kind} family fits)")
             return None
@@ -539,8 +574,8 @@ class _Checker:
             self.ok("iteration", f"replayed in {run.iteration_time:.6g} s under {run.schedule}, the fastest member of"
                                  f" the {kind} family that fits")
         free = simulate_schedule(part, run.schedule, {b.key: (0.0, ()) for b in bounds})
-        for p, stage in enumerate(parts):
-            stage.memory = run.peak_memory[p]
+        for stage in parts:
+            stage.memory = run.peak_memory[stage.stage]
         return TrainingPlan(self.topology, self.model, part, run.schedule, kind, parts, bounds, run, cross, {},
                             free_time=free.iteration_time, tried=tried, overlap=overlap)
 

@@ -23,7 +23,7 @@ from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
 from .parts import StagePart, stage_parts
 
-__all__ = ["TrainingPlan", "SearchOptions", "search_stages", "compose_candidates", "make_plan", "compose", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
+__all__ = ["TrainingPlan", "SearchOptions", "search_stages", "compose_candidates", "make_plan", "compose", "members", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
 
 
 @dataclass
@@ -72,6 +72,17 @@ def model_flops(plan: Partition) -> float:
     """Forward and backward FLOPs of one iteration over the global batch."""
     m = plan.costs.model
     return float((m.column("forward") + m.column("backward")).sum()) * m.global_batch
+
+
+def members(kind: str, part: Partition) -> list[Schedule]:
+    """The schedules of family ``kind`` that ``part`` can run: the family's members on its
+    stages, or, with model chunks (interleaved 1F1B, ZB-V), the one schedule of its chunk
+    count."""
+    if kind in VIRTUAL:
+        return [Schedule(kind, virtual=part.virtual)]
+    if part.virtual > 1:
+        raise ValueError(f"{kind} runs one model chunk per stage; the plan has {part.virtual}")
+    return family(kind, part.costs.stages)
 
 
 def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tuple[PipelineRun, dict[str, float]]:
@@ -162,9 +173,6 @@ def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: 
     (a :class:`~solver_planner.stages.report.StagesReport`), and the claims the plan file
     records of that search."""
     o = options
-    if schedule in VIRTUAL:
-        raise OptionError(f"plan composes one model chunk per pipeline stage; {schedule} is searched by"
-                          " 'solver-planner stages' (the plan file, check and run do not carry model chunks yet)")
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
                       layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
@@ -262,7 +270,7 @@ def compose(topology: Topology, model: ModelSpec, part: Partition, schedule: str
     c = part.costs
     t0 = time.perf_counter()
     say("placing stages and proving their gradient programs")
-    memory = [float(m) for m in part.memory([1] * c.stages)]
+    memory = [float(m) for m in part.memory([1] * len(part.stages))]
     parts = stage_parts(part, topology, memory, proof_timeout)
     times["placement_and_proofs"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -272,12 +280,12 @@ def compose(topology: Topology, model: ModelSpec, part: Partition, schedule: str
     times["resharding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     say("simulating the iteration")
-    transfers = transfers_of(bounds, synchronous=not overlap)
-    run, tried = simulate_plan(part, family(schedule, c.stages), transfers)
+    transfers = transfers_of(bounds, part.mesh, synchronous=not overlap)
+    run, tried = simulate_plan(part, members(schedule, part), transfers)
     free_run = simulate_schedule(part, run.schedule, {b.key: (0.0, ()) for b in bounds})
     times["simulation"] = time.perf_counter() - t0
-    for p, stage in enumerate(parts):
-        stage.memory = run.peak_memory[p]
+    for stage in parts:
+        stage.memory = run.peak_memory[stage.stage]
     return TrainingPlan(topology, model, part, run.schedule, schedule, parts, bounds, run, cross_mesh, times,
                         stage_planner_time=stage_planner_time, free_time=free_run.iteration_time, tried=tried,
                         search=search or {}, overlap=overlap)

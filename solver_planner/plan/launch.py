@@ -22,22 +22,26 @@ MESH_DIM_NAMES = ("dp", "tp")
 
 
 def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
-    """``{"world_size", "stages": [{"stage", "mesh", "mesh_dim_names", "layers"}], "ranks": [...]}``;
-    a rank's pipeline neighbours are the ``mesh`` of the stages before and after its own."""
+    """``{"world_size", "stages": [{"stage", "mesh", "mesh_dim_names", "chunks"}], "ranks": [...]}``;
+    a rank's pipeline neighbours are the ``mesh`` of the stages before and after its own.
+    ``chunks``: the ``[first, last]`` layers of each model chunk the stage runs, in model
+    order (one chunk, or ``v`` with interleaved 1F1B and ZB-V)."""
     stages_out = []
     ranks: dict[int, dict[str, Any]] = {}
+    held: dict[int, list] = {}
     for s in plan.parts:
-        grid = s.grid()
-        stages_out.append({"stage": s.index, "mesh": grid, "mesh_dim_names": list(MESH_DIM_NAMES),
-                           "layers": [s.first, s.last]})
+        held.setdefault(s.stage, []).append(s)
+    for stage, chunks in sorted(held.items()):
+        grid = chunks[0].grid()            # a stage's chunks share its configuration, so its grid
+        layers = [[s.first, s.last] for s in chunks]
+        stages_out.append({"stage": stage, "mesh": grid, "mesh_dim_names": list(MESH_DIM_NAMES), "chunks": layers})
         tensor_groups = [list(row) for row in grid]
         data_groups = [list(col) for col in zip(*grid)]
         for i, row in enumerate(grid):
             for j, dev in enumerate(row):
                 ranks[dev] = {
-                    "rank": dev, "host": plan.topology.host(dev), "stage": s.index,
-                    "layers": [s.first, s.last], "layer_names": list(s.layer_names),
-                    "data": i, "tensor": j,
+                    "rank": dev, "host": plan.topology.host(dev), "stage": stage, "chunks": layers,
+                    "layer_names": [list(s.layer_names) for s in chunks], "data": i, "tensor": j,
                     "tensor_group": tensor_groups[i], "data_group": data_groups[j],
                 }
     return {"world_size": plan.topology.num_devices, "stages": stages_out,
@@ -46,14 +50,15 @@ def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
 
 def launch_problems(layout: Any, topology, stages: list[dict[str, Any]]) -> list[tuple[tuple, str]]:
     """Why ``layout`` (a plan file's ``launch``) is not a valid construction for a job whose
-    stage ``p`` runs layers ``stages[p]["layers"]`` on devices ``stages[p]["devices"]``:
+    pipeline stage ``p`` runs the chunks ``stages[p]["chunks"]`` (``[first, last]`` layers
+    each) on devices ``stages[p]["devices"]``:
     ``[(path, message), ...]``, empty when it is one.
 
     Checked from the layout alone (not from :func:`launch_layout`): the world is the
     cluster's devices; each stage's mesh holds exactly its devices, each once, in a full
     grid; every rank appears once, at its own index, in the stage whose mesh holds it, with
     the coordinates of its place in that mesh, its mesh row as tensor group and its column
-    as data group (so the groups of a stage partition it), the stage's layers and its host.
+    as data group (so the groups of a stage partition it), the stage's chunks and its host.
     """
     out: list[tuple[tuple, str]] = []
     where = ("launch",)
@@ -106,7 +111,7 @@ def launch_problems(layout: Any, topology, stages: list[dict[str, Any]]) -> list
             continue                 # its stage's mesh was already reported
         p, i, j = place[rank]
         grid = meshes[p]["mesh"]
-        want = {"host": topology.host(rank), "stage": p, "layers": list(stages[p]["layers"]), "data": i,
+        want = {"host": topology.host(rank), "stage": p, "chunks": stages[p]["chunks"], "data": i,
                 "tensor": j, "tensor_group": list(grid[i]), "data_group": [row[j] for row in grid]}
         for key, value in want.items():
             if entry.get(key) != value or type(entry.get(key)) is not type(value):

@@ -32,7 +32,9 @@ ZERO3_PROGRAM = "ReduceScatter(root, InsideGroup)"
 
 @dataclass
 class StagePart:
-    """Stage ``index`` of a plan: its layers, devices, placement and gradient program."""
+    """Stage ``index`` of a plan: its layers, devices, placement and gradient program.  With
+    model chunks (interleaved 1F1B, ZB-V) it is chunk ``index``, run by pipeline stage
+    ``stage`` on that stage's devices; otherwise ``stage == index``."""
 
     index: int
     first: int
@@ -50,7 +52,12 @@ class StagePart:
     proof_time: float = 0.0
     memory: float = 0.0
     alternatives: int = 1                  # matrices the placement solver found under the rule
+    stage: int = -1                        # the pipeline stage (sub-mesh); -1: ``index``
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.stage < 0:
+            self.stage = self.index
 
     def coords(self) -> list[tuple[int, int]]:
         """(data, tensor) coordinates of each device of the stage, in device order."""
@@ -113,8 +120,9 @@ def prove_program(part_matrix: ParallelismMatrix, mesh: tuple[int, int], level_n
 
 def stage_parts(plan: Partition, topology: Topology, memory: list[float] | None = None, timeout: float = 30.0
                 ) -> list[StagePart]:
-    """Placement, gradient program and its proof for every stage of ``plan`` (``memory``
-    per stage, when known, is recorded with them)."""
+    """Placement, gradient program and its proof for every stage (model chunk) of ``plan``
+    (``memory`` per stage, when known, is recorded with them).  A chunk runs on its pipeline
+    stage's devices, and reduces its own gradients there."""
     c = plan.costs
     mesh = (c.shape.hosts, c.shape.devices_per_host)
     names = topology.level_names
@@ -136,7 +144,8 @@ def stage_parts(plan: Partition, topology: Topology, memory: list[float] | None 
         out.append(StagePart(
             index=p, first=st.first, last=st.last,
             layer_names=(c.model.layers[st.first].name, c.model.layers[st.last].name),
-            devices=tuple(range(p * c.shape.size, (p + 1) * c.shape.size)), mesh=mesh, data=cc.data,
+            devices=tuple(range(plan.mesh[p] * c.shape.size, (plan.mesh[p] + 1) * c.shape.size)), mesh=mesh,
+            data=cc.data, stage=plan.mesh[p],
             tensor=st.tensor, recompute=st.config.recompute, matrix=matrix, program=program, proof=status,
             proof_detail=detail, proof_time=seconds, memory=memory[p] if memory else 0.0,
             alternatives=count))

@@ -1,7 +1,11 @@
 """The plan file: everything needed to re-check a plan and to launch it, as YAML.
 
-Format ``solver-planner-plan``, version 2 (version 1 had no search options, and its
-breakdown was per-stage averages).  Times are seconds, memory bytes; a boundary's
+Format ``solver-planner-plan``, version 3 (version 2 had one model chunk per stage: no
+``pipeline_stage`` per stage, no ``schedule.virtual``, and ``layers`` where ``launch`` now
+has ``chunks``; version 1 had no search options, and its breakdown was per-stage averages).
+With model chunks (interleaved 1F1B, ZB-V), ``stages`` lists the chunks in model order,
+each with the pipeline stage that runs it (its ``memory``, ``in_flight`` and ``busy`` are
+that stage's).  Times are seconds, memory bytes; a boundary's
 schedule gives each unit task's sender device and its start and end in integer units of
 ``time_unit`` seconds (the resharding scheduler's own unit, so the check is exact).
 """
@@ -22,7 +26,7 @@ from .launch import launch_layout
 __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
 
 FORMAT = "solver-planner-plan"
-VERSION = 2
+VERSION = 3
 MAX_PLAN_BYTES = 64 * 2**20      # a plan of 100 000 devices stays far below this
 
 
@@ -39,12 +43,13 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
     stages = []
     for s in plan.parts:
         stages.append({
-            "index": s.index, "layers": [s.first, s.last], "layer_names": list(s.layer_names),
+            "index": s.index, "pipeline_stage": s.stage, "layers": [s.first, s.last],
+            "layer_names": list(s.layer_names),
             "devices": list(s.devices), "mesh": list(s.mesh), "data": s.data, "tensor": s.tensor,
             "recompute": s.recompute, "axes": ["data", "tensor"], "matrix": s.matrix.as_lists(),
             "placements_allowed": s.alternatives, "gradient_program": s.program, "proof": s.proof,
-            "proof_detail": s.proof_detail, "memory": s.memory, "in_flight": run.in_flight[s.index],
-            "busy": run.busy[s.index],
+            "proof_detail": s.proof_detail, "memory": s.memory, "in_flight": run.in_flight[s.stage],
+            "busy": run.busy[s.stage],
         })
     bounds = []
     for b in plan.boundaries:
@@ -71,7 +76,8 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
     return {
         "format": FORMAT, "version": VERSION,
         "cluster": plan.topology.name, "model": plan.model.name, "devices": plan.topology.num_devices,
-        "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay},
+        "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay,
+                     "virtual": s.virtual},
         "cross_mesh": plan.cross_mesh, "overlap": plan.overlap, "compute": c.compute.mode,
         "mesh": c.shape.as_list(), "microbatches": c.microbatches, "microbatch_size": c.micro_size,
         "global_batch": c.model.global_batch,

@@ -40,9 +40,10 @@ def kind_of(record) -> str:
     return "communication"
 
 
-def stage_bars(records, stage_size: int, stages: int, makespan: float, merge: bool = True):
+def stage_bars(records, stage_size: int, stages: int, makespan: float, merge: bool = True, chunks: bool = False):
     """``{(stage, kind): [(start, width, label or None), ...]}`` with bars closer than a pixel
-    merged (``merge``; otherwise only overlapping ones), and the number of tasks drawn."""
+    merged (``merge``; otherwise only overlapping ones), and the number of tasks drawn.
+    Labels are micro-batch numbers, ``micro-batch.chunk`` with model ``chunks``."""
     tol = makespan / MERGE_PIXELS if merge else -1e-300
     raw: dict[tuple[int, str], list] = {}
     for r in records:
@@ -58,15 +59,18 @@ def stage_bars(records, stage_size: int, stages: int, makespan: float, merge: bo
                 last[1] = max(last[1], e)
                 last[2] = None     # several tasks: no single micro-batch number
             else:
-                merged.append([s, e, _microbatch(name)])
+                merged.append([s, e, _microbatch(name, chunks)])
         out[key] = [(s, e - s, label) for s, e, label in merged]
     return out
 
 
-def _microbatch(name: str) -> str | None:
-    for part in name.split():
+def _microbatch(name: str, chunks: bool = False) -> str | None:
+    """``"F3 mb2"`` -> ``"2"``, or ``"2.3"`` (micro-batch 2 of chunk 3) with ``chunks``."""
+    words = name.split()
+    for part in words:
         if part.startswith("mb") and part[2:].isdigit():
-            return part[2:]
+            chunk = words[0].lstrip("FBAW")
+            return f"{part[2:]}.{chunk}" if chunks and chunk.isdigit() else part[2:]
     return None
 
 
@@ -100,7 +104,8 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
     top, bottom = subs[0], subs[-1]
     zoom = subs[1] if zoomed else None
     ax = top.subplots()
-    bars = stage_bars(records, stage_size, stages, T)
+    chunked = run.schedule.virtual > 1
+    bars = stage_bars(records, stage_size, stages, T, chunks=chunked)
     drawn = sum(len(v) for v in bars.values())
     labels = 0
     label_width = T / 60
@@ -133,7 +138,7 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
     ax.set_xlabel(f"time ({unit})")
     merged = (f"\n{len(records)} tasks drawn as {drawn} bars: bars of one kind closer than"
               f" {T / MERGE_PIXELS / scale:.3g} {unit} merged, one lane per kind" if split else
-              "; numbers on bars: micro-batch")
+              "; numbers on bars: micro-batch" + (".model chunk" if chunked else ""))
     ax.set_title(f"{title}: iteration {T / scale:.4g} {unit}{merged}", fontsize=8)
     # legends are placed by the layout engine inside the figure ("outside" the axes only)
     top.legend(handles=[Patch(color=c, label=k) for k, (c, _) in KINDS.items()], loc="outside right upper",

@@ -173,6 +173,9 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         raise OptionError(f"the plan moves its boundaries with {plan.cross_mesh}; run executes broadcast schedules"
                           " (plan with --cross-mesh broadcast)")
     part = plan.partition
+    if part.virtual > 1:
+        raise OptionError(f"the plan runs {part.virtual} model chunks per stage ({plan.schedule}); run executes one"
+                          " chunk per stage so far: plan, check and the pictures take such plans, run does not")
     S = part.costs.stages
     far = [(p, q) for (p, q) in part.channels if q != p + 1]
     if far:
@@ -201,7 +204,7 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
     lanes = all(_pairwise(job, stages) for job in boundaries.values())
     sched = plan.schedule
     if sched.kind in ("eager-1f1b", "zb-h1"):       # torch's action lists run either order
-        transfers = transfers_of(plan.boundaries, synchronous=not plan.overlap)
+        transfers = transfers_of(plan.boundaries, plan.partition.mesh, synchronous=not plan.overlap)
         orders = {p: [(ACTION_NAMES[op], m) for op, m in order]
                   for p, order in enumerate(stage_orders(part, sched, transfers))}
         kind = "actions"

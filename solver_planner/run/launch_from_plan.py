@@ -51,7 +51,8 @@ def main(path: Path) -> None:
         if int(total) != sum(me[key]):
             raise SystemExit(f"rank {rank}: its {dim} group sums to {int(total)}, the plan's {key} {me[key]}"
                              f" to {sum(me[key])}")
-    print(f"rank {rank}: stage {me['stage']} (layers {me['layers'][0]}-{me['layers'][1]}), data {me['data']},"
+    layers = ", ".join(f"{first}-{last}" for first, last in me["chunks"])
+    print(f"rank {rank}: stage {me['stage']} (layers {layers}), data {me['data']},"
           f" tensor {me['tensor']}; tensor group {me['tensor_group']}, data group {me['data_group']}: ok", flush=True)
     dist.destroy_process_group()
 

@@ -130,18 +130,18 @@ def static_split(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, shar
 
 
 def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
-    """Each stage's peak bytes per device (``peak_memory``, the simulated pipeline's) split into
-    ``weights``, ``gradients``, ``optimizer`` (its layers and tied copies, as ZeRO shards them)
-    and ``activations`` (the rest: the micro-batches in flight and one layer's transient
-    recomputation or gathered parameters)."""
+    """Each pipeline stage's peak bytes per device (``peak_memory``, the simulated pipeline's)
+    split into ``weights``, ``gradients``, ``optimizer`` (the layers and tied copies of its
+    model chunks, as ZeRO shards them) and ``activations`` (the rest: the micro-batches in
+    flight and one layer's transient recomputation or gathered parameters)."""
     costs = partition.costs
-    out = []
-    for p, st in enumerate(partition.stages):
+    out = [{"weights": 0.0, "gradients": 0.0, "optimizer": 0.0} for _ in range(costs.stages)]
+    for st, m in zip(partition.stages, partition.mesh):
         w, g, o = costs.static_split(st.config)
-        parts = {"weights": float(w[st.first, st.last]), "gradients": float(g[st.first, st.last]),
-                 "optimizer": float(o[st.first, st.last])}
-        parts["activations"] = max(0.0, float(peak_memory[p]) - sum(parts.values()))
-        out.append(parts)
+        for key, x in (("weights", w), ("gradients", g), ("optimizer", o)):
+            out[m][key] += float(x[st.first, st.last])
+    for m, parts in enumerate(out):
+        parts["activations"] = max(0.0, float(peak_memory[m]) - sum(parts.values()))
     return out
 
 

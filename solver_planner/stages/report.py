@@ -229,7 +229,7 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
 
 def _short(reason: str) -> str:
     """The shortfall part of an infeasibility message."""
-    if "needs" in reason:
+    if reason.startswith("no stage plan fits") and "needs" in reason:
         return "does not fit: needs" + reason.split("needs", 1)[1]
     return reason
 

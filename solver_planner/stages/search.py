@@ -55,7 +55,7 @@ from .fastsim import pipeline_run
 from .pipeline import PipelineRun
 from .problem import PairProblem, Subspace, cheap_bound
 from .schedule import SCHEDULES, VIRTUAL, Schedule, family
-from .uniform import search_uniform
+from .uniform import search_uniform, why_none
 
 __all__ = ["METHODS", "TOLERANCE", "StageSearch", "Candidate", "plan_partition", "evaluate", "BRUTE_FORCE_LIMIT",
            "CPSAT_MAX_CELLS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS", "DEFAULT_TOP_GAP"]
@@ -581,6 +581,8 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
         more = f" (and {len(why) - 1} other reason(s))" if len(why) > 1 else ""
         raise InfeasibleError(f"{search.space} runs none of the {sum(refused.values())} uniform plans: "
                               f"{why[0][0]}{more}")
+    if not priced:
+        raise InfeasibleError(f"no plan of the {search.space} space on these meshes: {why_none(pairs, search.uniform)}")
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 

@@ -27,7 +27,7 @@ from .partition import Partition, StagePlan
 from .problem import PairProblem
 from .schedule import Schedule, mesh_of, virtual_options, family
 
-__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform"]
+__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform", "why_none"]
 
 
 def block_range(layers) -> tuple[int, int]:
@@ -89,6 +89,29 @@ def uniform_plans(pair: PairProblem, kinds: list[str],
                         yield plan, s
                     elif refused is not None:
                         refused[why] = refused.get(why, 0) + 1
+
+
+def why_none(pairs: list[PairProblem], kinds: list[str]) -> str:
+    """Why the uniform space of ``pairs`` holds no plan at all (the rules of the schedules
+    that define it), for the refusal the search prints instead of a memory shortfall."""
+    layers = pairs[0].costs.model.layers
+    a, b = block_range(layers)
+    blocks = b - a + 1
+    stages = sorted({p.costs.stages for p in pairs})
+    counts = ", ".join(map(str, stages))
+    rules = []
+    for kind in kinds:
+        if kind == "zb-v":
+            rules.append(f"ZB-V cuts the {blocks} blocks into 2 chunks per stage of at least one block each"
+                         f" (2 x stages <= {blocks}; stage counts here: {counts})")
+        elif kind == "interleaved-1f1b":
+            rules.append(f"interleaved 1F1B needs at least 2 stages, at least 2 chunks per stage of at least one"
+                         f" of the {blocks} blocks, and micro-batches in whole rounds of the stages (stage counts"
+                         f" here: {counts})")
+        else:
+            rules.append(f"{kind} shares the {blocks} blocks out equally over the stages (stage counts here:"
+                         f" {counts})")
+    return "; ".join(rules)
 
 
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,

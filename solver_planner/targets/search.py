@@ -55,7 +55,9 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
     return TargetConfig(
         target=target, **_dims(model),
         tied_embeddings=bool(tr.tied_embeddings) if tr is not None else True,
-        global_batch=c.model.global_batch, micro_batch_size=int(c.micro_size),
+        # the stage planner's micro-batch is the whole pipeline's, split over the data-parallel
+        # replicas; a framework's micro-batch size is one replica's share
+        global_batch=c.model.global_batch, micro_batch_size=int(c.micro_size) // (c.shape.size // cfg.tensor),
         dtype=c.model.dtype, optimizer=tr.optimizer if tr is not None else "adam",
         data=c.shape.size // cfg.tensor, tensor=cfg.tensor, pipeline=c.stages, virtual_stages=schedule.virtual,
         schedule=schedule.kind if schedule.kind != "eager-1f1b" else "1f1b", layers_per_chunk=tuple(counts),
