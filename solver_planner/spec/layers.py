@@ -186,6 +186,9 @@ class TrainingSpec(SpecModel):
         default="flash", description="transformer: how attention runs: flash (one fused kernel, Dao et al. 2022;"
         " causal, so about half the score FLOPs run) or materialized (the scores written to memory, softmax and"
         " dropout over them, two batched products: Megatron-LM before FlashAttention)")
+    gradient_clipping: bool = Field(
+        default=True, description="clip gradients by their global norm (Megatron-LM's default, clip 1.0): the"
+        " optimizer step first reads every gradient for the norm")
     host_overhead: Duration = Field(
         default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
         " (data loading, logging); default 5 ms")

@@ -389,11 +389,12 @@ class StageCosts:
         if comp.is_peak:
             return np.zeros((m.num_layers, m.num_layers))
         d = self.shape.size // t
-        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
+        clip = opts.gradient_clipping
+        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding, clip)
         traffic = range_sums(per_layer)
         if m.ties():
             traffic = traffic + self._copy_bytes(
-                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding))
+                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding, clip))
         kernels = range_sums((m.column("params") + m.column("tied_params") > 0).astype(float))
         return np.triu(comp.time(0.0, traffic, kernels) + opts.host_overhead)
 
