@@ -21,6 +21,7 @@ correlation of our speedups with the measured ones; cells whose fit ('-' or not)
     python benchmarks/distir_grid.py --quick              # the smallest batch of each model
     python benchmarks/distir_grid.py --models mlp-1b --batches 128,4096 --json
     python benchmarks/distir_grid.py --compute peak       # FLOPs at the peak rate
+    python benchmarks/distir_grid.py --cluster specs/clusters/dgx2-datasheet.yaml   # datasheets + preset
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ TABLE2 = ROOT / "benchmarks" / "data" / "distir_table2.csv"
 DEVICES = 16
 MICROBATCHES = tuple(2**i for i in range(1, 8))        # seed 004 §5.1: 2 to 128
 BASELINES = {"data": Config(16, 1, 1, 1), "tensor": Config(1, 16, 1, 1), "pipeline": Config(1, 1, 16, 128)}
-COMPUTE_MODELS = ("efficiency", "peak")
+COMPUTE_MODELS = ("efficiency", "roofline", "peak")
 
 
 # -- the paper's table ---------------------------------------------------------------------
@@ -255,9 +256,9 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}x"
 
 
-def print_table(rows: list[Row], agree: dict, compute: str, seconds: float) -> None:
+def print_table(rows: list[Row], agree: dict, compute: str, seconds: float, cluster: Path = CLUSTER) -> None:
     used = sorted({r.compute_used for r in rows if r.compute_used}) or [compute]
-    print(f"seed 004 Table 2 on {CLUSTER.name}, 1F1B on uniform stages, compute model: {', '.join(used)}")
+    print(f"DistIR Table 2 on {cluster.name}, 1F1B on uniform stages, compute model: {', '.join(used)}")
     print("speedup of the best configuration over each pure strategy: ours / paper ('-': does not fit)")
     head = (f"{'model':<9}{'batch':>7}  {'best (ours)':<12}{'best (paper)':<13}{'vs D':>13}{'vs T':>13}{'vs P':>14}"
             f"  {'fit':>6}  {'paper best in ours':>18}")
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only the smallest Table 2 batch of each model")
     parser.add_argument("--compute", default="efficiency", choices=COMPUTE_MODELS,
                         help="compute model of the stage planner (default efficiency)")
+    parser.add_argument("--cluster", type=Path, default=CLUSTER, help=f"cluster spec (default {CLUSTER.name})")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     args = parser.parse_args(argv)
 
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         table = [r for r in table if r.batch == min(x.batch for x in table if x.model == r.model)]
 
     t0 = time.perf_counter()
-    topo = Topology(load_cluster_spec(CLUSTER))
+    topo = Topology(load_cluster_spec(args.cluster))
     specs = {m: load_model_spec(MODELS[m]) for m in models}
     rows = []
     for i, paper in enumerate(table, 1):
@@ -330,11 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     agree = agreement(rows)
     if args.json:
         used = sorted({r.compute_used for r in rows if r.compute_used}) or [args.compute]
-        json.dump({"cluster": CLUSTER.name, "compute": args.compute, "compute_used": used,
+        json.dump({"cluster": args.cluster.name, "compute": args.compute, "compute_used": used,
                    "rows": [r.as_dict() for r in rows], "agreement": agree, "seconds": seconds}, sys.stdout, indent=1)
         print()
     else:
-        print_table(rows, agree, args.compute, seconds)
+        print_table(rows, agree, args.compute, seconds, args.cluster)
     return 0
 
 

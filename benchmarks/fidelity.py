@@ -1,17 +1,24 @@
 """How well the planner's predictions rank what was measured, on every data set the project has.
 
-For each data set: how many (predicted, measured) pairs, the Spearman rank correlation
-between predicted and measured, the fraction of pairs ordered as measured (pairs measured
-at least 5% apart; a predicted tie counts half), and the median measured / predicted.
+For each data set: how many (predicted, measured) pairs, the median and worst relative error
+|predicted / measured - 1|, the Spearman rank correlation between predicted and measured,
+the fraction of pairs ordered as measured (pairs measured at least 5% apart; a predicted tie
+counts half), and the median measured / predicted.
+
+* **published training runs** (``benchmarks/published_runs.py``): Megatron-LM's Table 1
+  (Narayanan et al. 2021, GPT 1.7 B to 1 T on 32 to 3 072 A100s), each run's published
+  configuration fixed, throughput per GPU predicted on the shipped DGX A100 spec (device
+  preset, nothing fitted to these runs) against the measured;
 
 * **local gloo runs** (``benchmarks/execute.py``): every synthesized P² program of
   specs/models/local-2x4.yaml's reductions on two placements, and its resharding
   schedules, run on 8 local gloo processes and timed, against the prediction on a
   calibrated cluster spec (``specs/clusters/local-2x4.yaml``, or ``--calibrate`` to
   measure this machine first);
-* **seed 004 Table 2** (``benchmarks/distir_grid.py``): our predicted speedups of the best
+* **DistIR Table 2** (``benchmarks/distir_grid.py``): our predicted speedups of the best
   configuration over pure data, tensor and pipeline parallelism against DistIR's measured
-  ones on a DGX-2, and the rows with the same best configuration / pure winner;
+  ones on a DGX-2, and the rows with the same best configuration / pure winner; on the
+  shipped spec (hand-set compute block) and on a datasheet-only spec with the V100 preset;
 * **nccl-tests logs** (``benchmarks/data/nccl-tests/``, published measurements of real
   clusters): every row of each log against the shipped cluster spec's prediction
   (datasheet numbers) and against the spec ``calibrate --from-nccl-tests`` fits to the log
@@ -50,9 +57,23 @@ NCCL_LOGS = {
 
 def summary(name: str, predicted: list[float], measured: list[float], **extra) -> dict:
     ratios = [m / p for p, m in zip(predicted, measured) if p > 0]
+    errors = [abs(p / m - 1) for p, m in zip(predicted, measured) if m > 0]
     return {"data set": name, "pairs": len(predicted), "spearman": spearman(predicted, measured),
             "pairwise": pairwise_agreement(predicted, measured, 0.05),
+            "median_error": statistics.median(errors) if errors else None,
+            "worst_error": max(errors) if errors else None,
             "median_measured_over_predicted": statistics.median(ratios) if ratios else None, **extra}
+
+
+def published(say) -> list[dict]:
+    import published_runs as runs
+
+    rows = []
+    for r in runs.load_runs():
+        say(f"Megatron-LM Table 1: {r.parameters:g}B on {r.gpus} GPUs")
+        rows.append(runs.predict(r))
+    return [summary("Megatron-LM Table 1: TFLOP/s per GPU", [r["predicted_tflops"] for r in rows],
+                    [r["measured_tflops"] for r in rows])]
 
 
 def local_runs(calibrate_now: bool, repeat: int, say) -> list[dict]:
@@ -69,7 +90,15 @@ def local_runs(calibrate_now: bool, repeat: int, say) -> list[dict]:
     return out
 
 
+DISTIR_CLUSTERS = {"shipped dgx-v100-16": "dgx-v100-16.yaml", "datasheet + preset": "dgx2-datasheet.yaml"}
+
+
 def distir(quick: bool, say) -> list[dict]:
+    return [row for label, file in DISTIR_CLUSTERS.items()
+            for row in distir_on(ROOT / "specs" / "clusters" / file, label, quick, say)]
+
+
+def distir_on(cluster: Path, label: str, quick: bool, say) -> list[dict]:
     import distir_grid as grid
 
     from solver_planner.spec import load_cluster_spec
@@ -79,11 +108,11 @@ def distir(quick: bool, say) -> list[dict]:
     table = grid.load_table()
     if quick:
         table = [r for r in table if r.batch == min(x.batch for x in table if x.model == r.model)]
-    topo = Topology(load_cluster_spec(grid.CLUSTER))
+    topo = Topology(load_cluster_spec(cluster))
     specs = {m: load_model_spec(p) for m, p in grid.MODELS.items()}
     rows = []
     for i, paper in enumerate(table, 1):
-        say(f"seed 004 Table 2: row {i} of {len(table)} ({paper.model}, batch {paper.batch})")
+        say(f"DistIR Table 2 ({label}): row {i} of {len(table)} ({paper.model}, batch {paper.batch})")
         rows.append(grid.run_row(topo, specs[paper.model], paper, "efficiency"))
     agree = grid.agreement(rows)
     ours, paper = [], []
@@ -93,9 +122,12 @@ def distir(quick: bool, say) -> list[dict]:
                 ours.append(r.speedup(k))
                 paper.append(r.paper.speedup[k])
     # speedups are time ratios: compare them as such (a larger speedup = a slower baseline)
-    return [summary("seed 004 Table 2: speedups over pure D/T/P", ours, paper,
+    mlp1b = grid.agreement([r for r in rows if r.paper.model == "mlp-1b"])
+    return [summary(f"DistIR Table 2 ({label}): speedups over pure D/T/P", ours, paper,
                     same_best=f"{agree['same_best']}/{agree['rows']}",
-                    same_pure_winner=f"{agree['same_pure_winner']}/{agree['winner_rows']}")]
+                    same_pure_winner=f"{agree['same_pure_winner']}/{agree['winner_rows']}",
+                    mlp1b=f"{mlp1b['same_best']}/{mlp1b['rows']} and {mlp1b['same_pure_winner']}/"
+                          f"{mlp1b['winner_rows']}")]
 
 
 def nccl_logs(say) -> list[dict]:
@@ -115,10 +147,8 @@ def nccl_logs(say) -> list[dict]:
             measured += [float(t) for t in f.times]
             fitted += [float(p) for p in f.predicted]
             datasheet += [call_time(uncalibrated, f.collective, f.placement.group, float(s)) for s in f.sizes]
-        errors = lambda pred: statistics.median(abs(p / m - 1) for p, m in zip(pred, measured))  # noqa: E731
-        out.append(summary(f"nccl-tests {name}: shipped {base}", datasheet, measured,
-                           median_relative_error=errors(datasheet)))
-        out.append(summary(f"nccl-tests {name}: fitted to it", fitted, measured, median_relative_error=errors(fitted)))
+        out.append(summary(f"nccl-tests {name}: shipped {base}", datasheet, measured))
+        out.append(summary(f"nccl-tests {name}: fitted to it", fitted, measured))
     return out
 
 
@@ -140,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = distir(args.quick, say) + nccl_logs(say)
+    rows = published(say) + distir(args.quick, say) + nccl_logs(say)
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
     if args.json:
@@ -148,14 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     width = max(len(r["data set"]) for r in rows)
-    print(f"{'data set':<{width}}  {'pairs':>5}  {'Spearman':>8}  {'pairwise':>8}  {'meas/pred':>9}  notes")
+    print(f"{'data set':<{width}}  {'pairs':>5}  {'median err':>10}  {'worst err':>9}  {'Spearman':>8}  {'pairwise':>8}"
+          f"  {'meas/pred':>9}  notes")
     for r in rows:
         notes = []
-        if "median_relative_error" in r:
-            notes.append(f"median |pred/meas-1| {r['median_relative_error']:.3f}")
         if "same_best" in r:
-            notes.append(f"same best config {r['same_best']}, same pure winner {r['same_pure_winner']}")
-        print(f"{r['data set']:<{width}}  {r['pairs']:>5}  {_fmt(r['spearman'], '8.3f')}  {_fmt(r['pairwise'], '8.0%')}"
+            notes.append(f"same best config {r['same_best']}, same pure winner {r['same_pure_winner']}"
+                         f" (MLP 1B: {r['mlp1b']})")
+        print(f"{r['data set']:<{width}}  {r['pairs']:>5}  {_fmt(r['median_error'], '10.1%')}"
+              f"  {_fmt(r['worst_error'], '9.1%')}  {_fmt(r['spearman'], '8.3f')}  {_fmt(r['pairwise'], '8.0%')}"
               f"  {_fmt(r['median_measured_over_predicted'], '9.2f')}  {'; '.join(notes)}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0

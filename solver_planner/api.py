@@ -401,10 +401,11 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         plan's ``pair_bound`` proves it.  0 asks for exact ones.
     progress : callable, optional
         Called with a line of text as the search advances.
-    compute : {'efficiency', 'peak'}
+    compute : {'efficiency', 'roofline', 'peak'}
         How compute is timed: kernel efficiency, launch overhead and memory traffic from the
-        cluster spec's ``device.compute`` (peak when the spec has none), or FLOPs at peak
-        (:mod:`solver_planner.compute`).
+        cluster spec's ``device.compute`` or preset (the roofline when it has none, peak
+        without a memory bandwidth either), the roofline ``max(FLOPs / peak, bytes / memory
+        bandwidth)``, or FLOPs at peak (:mod:`solver_planner.compute`).
 
     Returns
     -------

@@ -16,8 +16,9 @@ RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allga
 # How a plan's stage boundaries move their tensors (the rows of seed 002's ablation).
 CROSS_MESH = ("broadcast", "send-recv", "free")
 SIZE_METRICS = ("instructions", "paper")
-# How compute is timed (solver_planner.compute): kernel efficiency and memory traffic, or FLOPs at peak.
-COMPUTE_MODELS = ("efficiency", "peak")
+# How compute is timed (solver_planner.compute): kernel efficiency and memory traffic (the
+# roofline when the device has no compute block), the bare roofline, or FLOPs at peak.
+COMPUTE_MODELS = ("efficiency", "roofline", "peak")
 DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it stops with a gap
 DEFAULT_SIMULATIONS = 300_000  # simulated tasks per listed plan before the stage search stops with a gap
 DEFAULT_TOP_GAP = 0.01         # relative: a listed plan after the first is its pair's best within this

@@ -1,28 +1,40 @@
 """How long a device takes for a layer's kernels: the compute half of the cost model.
 
-Two models, chosen per run (``--compute``):
+Three models, chosen per run (``--compute``):
 
 * ``peak``: ``FLOPs / peak``, the model of earlier versions.  It makes a kernel of one
   sample as efficient as one of thousands, so tiny micro-batches look free.
-* ``efficiency`` (the default; seed 004 §4: per-op costs are linear regressions on the op's
-  sizes, whose coefficients are kernel launch overhead, FLOP rate and DRAM bandwidth).  A
-  pass over a layer that runs ``k`` matrix-multiply kernels of ``F`` FLOPs in all and moves
-  ``M`` bytes through device memory takes::
+* ``roofline`` (the default when the device has a memory bandwidth but no ``compute`` block,
+  e.g. a spec written from datasheets): each kernel takes ``max(F / peak, M / memory_bandwidth)``
+  (Williams, Waterman & Patterson 2009), never pure peak when the bandwidth is known.
+* ``efficiency`` (the default with a ``compute`` block, which a device preset brings; seed 004
+  §4: per-op costs are linear regressions on the op's sizes, whose coefficients are kernel
+  launch overhead, FLOP rate and DRAM bandwidth).  A pass over a layer that runs ``k``
+  matrix-multiply kernels of ``F`` FLOPs in all and moves ``M`` bytes through device memory
+  takes::
 
-      k * overhead + max((F + k * x_half) / (peak * e_max),  M / memory_bandwidth)
+      k * overhead + max((F + k * x_half) / (peak * e_max),  M / (memory_bandwidth * e_mem))
 
   The first term of the max is ``F / (peak * e(x))`` with ``e(x) = e_max * x / (x + x_half)``
   the efficiency of a kernel of ``x = F / k`` FLOPs: it rises with the kernel's size and
   saturates at ``e_max``; written this way it is affine in ``F``, i.e. seed 004's
-  regression.  The second is the roofline's memory side (Williams, Waterman & Patterson
-  2009): a pass over one sample reads the whole weight matrix, so a pipeline of one-sample
-  micro-batches is bound by memory bandwidth, not by FLOPs (seed 004 Table 2: pure pipeline
-  parallelism 21.7x slower than pure tensor parallelism on MLP 1B at batch 128).  Element-wise
-  work (activation functions) is in ``M``: it moves bytes, its FLOPs are negligible.
+  regression.  The second is the roofline's memory side at the bandwidth a streaming kernel
+  reaches (``e_mem``, ``memory_efficiency``): a pass over one sample reads the whole weight
+  matrix, so a pipeline of one-sample micro-batches is bound by memory bandwidth, not by
+  FLOPs (seed 004 Table 2: pure pipeline parallelism 21.7x slower than pure tensor
+  parallelism on MLP 1B at batch 128).  Memory-bound passes (norms, activations, the
+  optimizer step) take ``k * overhead + M / (memory_bandwidth * e_mem)``
+  (:meth:`ComputeModel.memory_time`); fused attention ``k * overhead + max(F / (peak *
+  e_att), M / (memory_bandwidth * e_mem))`` (:meth:`ComputeModel.attention_time`).
 
   The parameters come from the cluster spec's ``device.compute`` block (with ``device.flops``,
-  or ``device.dtype_flops`` for the training dtype, and ``device.memory_bandwidth``).  A spec without that block gets the peak model (the
-  command says so), nothing is guessed.
+  or ``device.dtype_flops`` for the training dtype, and ``device.memory_bandwidth``); a
+  device ``preset`` fills them in from published microbenchmarks.  Without a block the
+  roofline runs (efficiency 1, no launch overhead); without a memory bandwidth either, the
+  peak model, and the spec is warned about.
+
+Transformer layers are priced operator by operator (:mod:`solver_planner.stages.operators`);
+other layers as one pass each, as follows.
 
 What each pass of a layer moves (per device, one micro-batch of ``n`` samples per replica,
 tensor degree ``t``, weights ``W`` bytes, output activations ``a`` bytes per sample): the
@@ -58,20 +70,26 @@ class ComputeModel:
     half_flops: float = 0.0         # x_half, FLOPs per kernel
     overhead: float = 0.0           # seconds per kernel
     memory_bandwidth: float = 0.0   # bytes/s; 0: memory traffic is free
+    memory_efficiency: float = 1.0  # e_mem: the fraction of memory_bandwidth streaming kernels reach
+    attention_efficiency: float | None = None   # e_att (None: e_max)
 
     @classmethod
     def of(cls, device, mode: str = "efficiency", dtype: str | None = None) -> ComputeModel:
         """The model ``mode`` asks for on ``device`` (a :class:`~solver_planner.topology.Device`)
-        for a job in ``dtype`` (the peak the spec gives for it); ``efficiency`` without a
-        ``compute`` block in the spec falls back to ``peak``."""
+        for a job in ``dtype`` (the peak the spec gives for it): ``efficiency`` without a
+        ``compute`` block is the ``roofline``, and the roofline without a memory bandwidth is
+        ``peak`` (``mode`` of the result says which ran)."""
         if mode not in COMPUTE_MODELS:
             raise OptionError(unknown_choice("compute model", mode, COMPUTE_MODELS))
         peak = device.peak(dtype) if hasattr(device, "peak") else device.flops
         spec = getattr(device, "compute", None)
-        if mode == "peak" or spec is None:
-            return cls("peak", peak)
-        return cls("efficiency", peak, spec.matmul_efficiency, spec.half_efficiency_flops,
-                   spec.kernel_overhead, device.memory_bandwidth or 0.0)
+        bandwidth = getattr(device, "memory_bandwidth", None) or 0.0
+        if mode == "efficiency" and spec is not None:
+            return cls("efficiency", peak, spec.matmul_efficiency, spec.half_efficiency_flops,
+                       spec.kernel_overhead, bandwidth, spec.memory_efficiency, spec.attention_efficiency)
+        if mode != "peak" and bandwidth > 0:
+            return cls("roofline", peak, memory_bandwidth=bandwidth)
+        return cls("peak", peak)
 
     @property
     def is_peak(self) -> bool:
@@ -88,14 +106,51 @@ class ComputeModel:
         k = np.asarray(kernels, dtype=float)
         m = np.asarray(nbytes, dtype=float)
         arith = np.where(f > 0, (f + k * self.half_flops) / (self.peak * self.efficiency), 0.0)
-        mem = m / self.memory_bandwidth if self.memory_bandwidth > 0 else np.zeros_like(m)
-        busy = np.maximum(arith, mem)
+        busy = np.maximum(arith, self._memory(m))
         return np.where(busy > 0, k * self.overhead + busy, 0.0)
+
+    @property
+    def streaming_bandwidth(self) -> float:
+        """Bytes/s a memory-bound kernel moves (0: memory traffic is free)."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def _memory(self, m):
+        import numpy as np
+
+        bw = self.streaming_bandwidth
+        return m / bw if bw > 0 else np.zeros_like(m)
+
+    def memory_time(self, nbytes, kernels=1.0) -> "np.ndarray":
+        """Seconds of memory-bound passes (no FLOPs to speak of) moving ``nbytes`` bytes in
+        ``kernels`` kernels; 0 under the peak model, which prices FLOPs only."""
+        import numpy as np
+
+        m = np.asarray(nbytes, dtype=float)
+        if self.is_peak:
+            return np.zeros_like(m)
+        busy = self._memory(m)
+        return np.where(busy > 0, np.asarray(kernels, dtype=float) * self.overhead + busy, 0.0)
+
+    def attention_time(self, flops, nbytes, kernels=1.0) -> "np.ndarray":
+        """Seconds of fused (flash) attention kernels: their FLOPs at the attention efficiency,
+        or their bytes, whichever takes longer."""
+        import numpy as np
+
+        f = np.asarray(flops, dtype=float)
+        if self.is_peak:
+            return f / self.peak
+        eff = self.efficiency if self.attention_efficiency is None else self.attention_efficiency
+        busy = np.maximum(f / (self.peak * eff), self._memory(np.asarray(nbytes, dtype=float)))
+        return np.where(busy > 0, np.asarray(kernels, dtype=float) * self.overhead + busy, 0.0)
 
     def describe(self) -> str:
         if self.is_peak:
             return f"peak rate ({self.peak / 1e12:g} TFLOP/s)"
-        bw = f", memory {self.memory_bandwidth / 1e9:g} GB/s" if self.memory_bandwidth else ""
+        if self.mode == "roofline":
+            return (f"roofline: max(FLOPs / {self.peak / 1e12:g} TFLOP/s, bytes / "
+                    f"{self.memory_bandwidth / 1e9:g} GB/s)")
+        bw = (f", memory {self.memory_bandwidth / 1e9:g} GB/s at {self.memory_efficiency:g}"
+              if self.memory_bandwidth else "")
         return (f"efficiency {self.efficiency:g} of {self.peak / 1e12:g} TFLOP/s, half at "
                 f"{self.half_flops / 1e9:g} GFLOP per kernel, {self.overhead * 1e6:g} us per kernel{bw}")
 

@@ -50,6 +50,7 @@ class Device:
     memory_bandwidth: float | None = None
     compute: ComputeSpec | None = None     # the efficiency model's parameters (solver_planner.compute)
     dtype_flops: tuple[tuple[str, float], ...] = ()   # peak FLOP/s per dtype where it differs
+    preset: str | None = None                         # the preset the spec named (solver_planner/data/devices.yaml)
 
     def peak(self, dtype: str | None = None) -> float:
         """Peak FLOP/s for ``dtype`` (the spec's ``dtype_flops``, else ``flops``)."""
@@ -119,7 +120,7 @@ class Topology:
         self.levels = tuple(Level(lv.name, lv.count) for lv in spec.levels)
         self.level_names = tuple(lv.name for lv in self.levels)
         self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth,
-                             spec.device.compute, tuple(sorted(spec.device.dtype_flops.items())))
+                             spec.device.compute, tuple(sorted(spec.device.dtype_flops.items())), spec.device.preset)
         self.collective_overlap = spec.collective_overlap
         self.num_devices = prod(lv.count for lv in self.levels)
         self.interconnects: dict[str, Interconnect] = {}
@@ -307,6 +308,16 @@ class Topology:
                         g.add_edge(end, nchain_end, interconnect=ic.name, bandwidth=ic.bandwidth)
         return g
 
+    def _device_summary(self) -> dict:
+        dev = self.device
+        out = {"name": dev.name, "flops": dev.flops, "memory": dev.memory, "memory_bandwidth": dev.memory_bandwidth,
+               "dtype_flops": dict(dev.dtype_flops),
+               "compute": dev.compute.model_dump() if dev.compute is not None else None}
+        if dev.preset is not None:
+            out["preset"] = dev.preset
+            out["preset_filled"] = self.spec.preset_filled
+        return out
+
     def summary(self) -> dict:
         """A JSON-ready description (used by ``solver-planner show``)."""
         return {
@@ -315,7 +326,7 @@ class Topology:
             "devices": self.num_devices,
             "host_level": self.level_names[self.host_level],
             "hosts": self.num_hosts,
-            "device": {"name": self.device.name, "flops": self.device.flops, "memory": self.device.memory},
+            "device": self._device_summary(),
             "interconnects": [
                 {
                     "name": ic.name,

@@ -31,7 +31,7 @@ def test_the_spec_parameters_are_read(v100):
         125e12, 0.70, 1e9, 5e-6, 900e9)
 
 
-def test_a_spec_without_compute_block_falls_back_to_peak():
+def test_a_spec_without_compute_block_or_memory_bandwidth_falls_back_to_peak():
     topo = load_topology("specs/clusters/local-2x2.yaml")
     model = ComputeModel.of(topo.device, "efficiency")
     assert model.is_peak and float(model.time(1e9, 1e12, 3)) == pytest.approx(1e9 / topo.device.flops)
@@ -182,3 +182,38 @@ def test_the_peak_is_the_training_dtypes():
     compute = [sum(r.duration for r in rep.run.timeline.records if r.category in ("forward", "backward"))
                for rep in (a, b)]
     assert compute[1] == pytest.approx(compute[0] * 125 / 15.7)
+
+
+def _device(**kw):
+    from solver_planner.topology import Device
+    return Device("x", kw.pop("flops", 100e12), 80e9, **kw)
+
+
+def test_without_a_compute_block_the_roofline_runs_when_the_memory_bandwidth_is_known():
+    m = ComputeModel.of(_device(memory_bandwidth=2e12))
+    assert m.mode == "roofline" and not m.is_peak
+    # hand-computed: 1 TFLOP at 100 TFLOP/s = 10 ms; 10 GB at 2 TB/s = 5 ms -> 10 ms
+    assert float(m.time(1e12, 10e9, 4)) == pytest.approx(0.010)
+    # 1 GFLOP = 10 us; 1 GB = 0.5 ms -> memory-bound: 0.5 ms, never pure peak
+    assert float(m.time(1e9, 1e9, 4)) == pytest.approx(0.0005)
+    assert float(m.memory_time(4e9)) == pytest.approx(0.002)
+    assert float(m.attention_time(1e12, 1e9)) == pytest.approx(0.010)
+    assert ComputeModel.of(_device(memory_bandwidth=2e12), "roofline").mode == "roofline"
+
+
+def test_without_a_memory_bandwidth_either_it_is_the_peak_model():
+    m = ComputeModel.of(_device())
+    assert m.is_peak and float(m.time(1e9, 1e12)) == pytest.approx(1e-5)
+    assert float(m.memory_time(1e12)) == 0.0
+
+
+def test_the_efficiency_model_reaches_memory_efficiency_of_the_bandwidth():
+    from solver_planner.spec.cluster import ComputeSpec
+    spec = ComputeSpec(matmul_efficiency=0.8, half_efficiency_flops=0, kernel_overhead=5e-6, memory_efficiency=0.5,
+                       attention_efficiency=0.4)
+    m = ComputeModel.of(_device(memory_bandwidth=2e12, compute=spec))
+    assert m.mode == "efficiency"
+    assert float(m.memory_time(1e9, 2)) == pytest.approx(1e-5 + 1e9 / 1e12)          # 2 launches + 1 GB at 1 TB/s
+    assert float(m.time(1e9, 1e9)) == pytest.approx(5e-6 + 1e-3)                    # memory side: 1 ms
+    assert float(m.time(1e12, 0.0)) == pytest.approx(5e-6 + 1e12 / 80e12)           # 1 TFLOP at 0.8 x 100
+    assert float(m.attention_time(1e12, 0.0)) == pytest.approx(5e-6 + 1e12 / 40e12)  # at 0.4 x 100

@@ -45,7 +45,8 @@ def cluster_text(values, levels=(("node", 4), ("gpu", 8)), collective=None, name
             ic["bandwidth"] = f"{bw * eff.get(collective, 1.0) / 1e9:g} GB/s"
         ics.append(ic)
     return yaml.safe_dump({"name": name, "levels": [{"name": n, "count": c} for n, c in levels],
-                           "device": {"name": "GPU", "flops": "100 TFLOP/s", "memory": "80 GiB"},
+                           "device": {"name": "GPU", "flops": "100 TFLOP/s", "memory": "80 GiB",
+                                      "memory_bandwidth": "2 TB/s"},
                            "interconnects": ics}, sort_keys=False)
 
 

@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from solver_planner.spec.layers import HOST_OVERHEAD
+
 from solver_planner.errors import SpecError
 from solver_planner.spec import load_model_spec
 from solver_planner.spec.cluster import load_cluster_spec
@@ -111,7 +113,7 @@ def test_generic_layers_read_every_new_field(tmp_path):
     a, b = m.layers
     assert (a.checkpoint, a.selective_saved, a.selective_flops, a.weight_flops) == (2 * 2**20, 3 * 2**20, 4e9, 5e8)
     assert b.tied_to == 0 and b.tied_params == 2**20
-    assert m.options == MemoryOptions(("none", "selective", "full"), "zero-2", True, True, 4 * 2**20)
+    assert m.options == MemoryOptions(("none", "selective", "full"), "zero-2", True, True, 4 * 2**20, HOST_OVERHEAD, True)
 
 
 # -- memory formulas (ZeRO §5.1, Korthikanti et al. 2022) ------------------------------------

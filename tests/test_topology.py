@@ -15,6 +15,7 @@ EXPECTED = {  # file: (devices, hosts, levels)
     "aws-p3.8xlarge-4.yaml": (16, 4, ("host", "gpu")),
     "aws-p3.8xlarge-5.yaml": (20, 5, ("host", "gpu")),
     "dgx-v100-16.yaml": (16, 1, ("node", "gpu")),
+    "dgx2-datasheet.yaml": (16, 1, ("node", "gpu")),
     "dgx-h100-4x8.yaml": (32, 4, ("node", "gpu")),
     "dgx-a100-8x8.yaml": (64, 8, ("node", "gpu")),
     "dgx-a100-128x8.yaml": (1024, 128, ("node", "gpu")),

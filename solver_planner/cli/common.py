@@ -17,7 +17,8 @@ from ..topology import Topology
 JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
 COMPUTE_OPT = typer.Option(
     "efficiency", "--compute", help="How compute is timed: efficiency (kernel efficiency, launch overhead and memory"
-    " traffic from the cluster's device.compute; the peak rate when it has none) or peak (FLOPs at peak).")
+    " traffic from the cluster's device.compute or device preset; the roofline when it has none), roofline"
+    " (max(FLOPs / peak, bytes / memory bandwidth) per operator) or peak (FLOPs at peak).")
 
 
 def console() -> Console:

@@ -98,6 +98,8 @@ def _show_cluster(cluster: Path, as_json: bool) -> None:
     con.print(f"[bold]{info['name']}[/bold]: {info['devices']} x {dev['name']} "
               f"({units.format_flop_rate(dev['flops'])}, {units.format_bytes(dev['memory'])})")
     con.print(f"levels (outermost first): {levels}; hosts: {info['hosts']} x {info['host_level']}")
+    for line in _device_lines(dev):
+        con.print(line)
     table = Table(title="interconnects")
     for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via"):
         table.add_column(col)
@@ -107,3 +109,36 @@ def _show_cluster(cluster: Path, as_json: bool) -> None:
                       f"{ic['sharing']} ({ic['devices_per_port']} device{'s' * (ic['devices_per_port'] > 1)} each)",
                       str(ic["ports"]), ", ".join(ic["via"]) or "-")
     con.print(table)
+
+
+def _device_lines(dev: dict) -> list[str]:
+    """The device's rates, its compute block and, for a preset, which keys it filled in."""
+    filled = set(dev.get("preset_filled", ()))
+
+    def mark(key: str) -> str:
+        return " (preset)" if key in filled or key.split(".")[0] in filled else ""
+
+    out = []
+    if "preset" in dev:
+        out.append(f"device preset {dev['preset']} (solver_planner/data/devices.yaml); filled in: "
+                   f"{', '.join(sorted(filled)) or 'nothing (the spec writes every key)'}")
+    bw = dev.get("memory_bandwidth")
+    rates = [f"peak {units.format_flop_rate(dev['flops'])}{mark('flops')}"]
+    rates += [f"{k} {units.format_flop_rate(v)}{mark('dtype_flops.' + k)}" for k, v in dev.get("dtype_flops", {}).items()]
+    rates.append(f"memory {units.format_bytes(dev['memory'])}{mark('memory')}")
+    rates.append(f"memory bandwidth {units.format_bandwidth(bw)}{mark('memory_bandwidth')}" if bw else
+                 "memory bandwidth not given")
+    out.append("device: " + ", ".join(rates))
+    comp = dev.get("compute")
+    if comp:
+        parts = [f"matmul efficiency {comp['matmul_efficiency']:g}{mark('compute.matmul_efficiency')}",
+                 f"half at {units.format_flops(comp['half_efficiency_flops'])}{mark('compute.half_efficiency_flops')}",
+                 f"{units.format_time(comp['kernel_overhead'])} per kernel{mark('compute.kernel_overhead')}",
+                 f"memory efficiency {comp['memory_efficiency']:g}{mark('compute.memory_efficiency')}"]
+        if comp.get("attention_efficiency") is not None:
+            parts.append(f"attention efficiency {comp['attention_efficiency']:g}{mark('compute.attention_efficiency')}")
+        out.append("compute: " + ", ".join(parts))
+    else:
+        out.append("compute: no compute block: " + ("the roofline max(FLOPs / peak, bytes / memory bandwidth)" if bw
+                                                    else "FLOPs at the peak rate (memory traffic free)"))
+    return out

@@ -32,6 +32,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from ..errors import SpecError
 from .base import (MAX_DEVICES, MAX_LEVELS, MAX_LIST, NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, Flops,
                    Integer, Number, SpecModel, first_issues, validate)
+from .presets import apply_preset
 from .source import Source, load_yaml
 
 __all__ = ["LevelSpec", "ComputeSpec", "COLLECTIVE_KEYS", "DeviceSpec", "InterconnectSpec", "ClusterSpec", "load_cluster_spec", "parse_sharing"]
@@ -55,6 +56,12 @@ class ComputeSpec(SpecModel):
         "matmul_efficiency (efficiency x / (x + this) rises with size and saturates)")
     kernel_overhead: Duration = Field(
         default=0.0, ge=0, le=1.0, description="fixed time per kernel launch (per layer pass and micro-batch)")
+    memory_efficiency: Number = Field(
+        default=1.0, gt=0, le=1, description="fraction of memory_bandwidth a streaming kernel reaches (a STREAM"
+        " copy or triad); prices memory-bound passes (norms, activations, the optimizer step)")
+    attention_efficiency: Number | None = Field(
+        default=None, gt=0, le=1, description="fraction of the peak fused (flash) attention reaches, forward and"
+        " backward (default: matmul_efficiency)")
 
 
 COLLECTIVE_KEYS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv")
@@ -63,6 +70,9 @@ COLLECTIVE_KEYS = ("allreduce", "allgather", "reducescatter", "broadcast", "redu
 class DeviceSpec(SpecModel):
     """The accelerator every leaf of the hierarchy is."""
 
+    preset: str | None = Field(
+        default=None, description="a device preset (solver_planner/data/devices.yaml, e.g. 'A100-SXM4-80GB'): its"
+        " datasheet peaks, memory, memory bandwidth and compute block; keys written here override it")
     name: str = Field(description="device model, e.g. 'A100-SXM4-40GB'")
     flops: FlopRate = Field(gt=0, description="peak FLOP/s used for compute times")
     memory: Bytes = Field(gt=0, description="device memory")
@@ -132,6 +142,12 @@ class ClusterSpec(SpecModel):
         "pipelined ring), 0 = each interconnect's part adds up (a hierarchical collective run level by level)")
 
     _source: Source = PrivateAttr(default=Source("<memory>", None))
+    _preset_filled: list = PrivateAttr(default_factory=list)
+
+    @property
+    def preset_filled(self) -> list[str]:
+        """The device keys ``device.preset`` filled in (the spec wrote the others)."""
+        return list(self._preset_filled)
 
     @property
     def source(self) -> Source:
@@ -213,7 +229,9 @@ def _check(spec: ClusterSpec, source: Source) -> None:
 def load_cluster_spec(path: str | Path, text: str | None = None) -> ClusterSpec:
     """Read and check a cluster spec; raise :class:`SpecError` with file:line:key on any problem."""
     data, source = load_yaml(path, text)
+    filled = apply_preset(data, source)
     spec = validate(ClusterSpec, data, source)
     spec._source = source
+    spec._preset_filled = filled
     _check(spec, source)
     return spec

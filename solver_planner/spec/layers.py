@@ -20,15 +20,22 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Bytes, Flops, Integer, SpecModel
+from .base import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Bytes, Duration, Flops, Integer,
+                   SpecModel)
 
 __all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS", "RECOMPUTE",
-           "OPTIMIZER_SHARDING"]
+           "OPTIMIZER_SHARDING", "ATTENTION", "HOST_OVERHEAD"]
 
 FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTE = ("none", "selective", "full", "auto")
 OPTIMIZER_SHARDING = ("none", "zero-1", "zero-2", "zero-3", "distributed")
+ATTENTION = ("flash", "materialized")
+# Per iteration on the host, besides the GPU work: handing over the prefetched batch (and
+# broadcasting it over the tensor group), the loss reduction and logging, the Python of the
+# training loop that the GPU does not hide.  A few milliseconds in PyTorch training loops;
+# 5 ms is our assumption (DistIR's Table 2 times steps without a data loader: its specs say 0).
+HOST_OVERHEAD = 0.005
 
 
 class LayerSpec(SpecModel):
@@ -175,6 +182,16 @@ class TrainingSpec(SpecModel):
     gradient_overlap: bool = Field(
         default=True, description="reduce each layer's gradients while backward goes on (DDP buckets); false: "
         "after the stage's last backward")
+    attention: Literal[ATTENTION] = Field(  # type: ignore[valid-type]
+        default="flash", description="transformer: how attention runs: flash (one fused kernel, Dao et al. 2022;"
+        " causal, so about half the score FLOPs run) or materialized (the scores written to memory, softmax and"
+        " dropout over them, two batched products: Megatron-LM before FlashAttention)")
+    gradient_clipping: bool = Field(
+        default=True, description="clip gradients by their global norm (Megatron-LM's default, clip 1.0): the"
+        " optimizer step first reads every gradient for the norm")
+    host_overhead: Duration = Field(
+        default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
+        " (data loading, logging); default 5 ms")
     gradient_bucket: Bytes = Field(
         default=25 * 2**20, gt=0, description="largest gradient bucket reduced at once (PyTorch DDP's default "
         "bucket_cap_mb, 25 MiB); a layer's gradients are cut into buckets of this size")

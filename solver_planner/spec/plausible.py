@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["implausible", "MIN_BANDWIDTH", "MAX_LATENCY", "MIN_REDUCTION", "MIN_MEMORY"]
+__all__ = ["implausible", "MIN_BANDWIDTH", "MAX_LATENCY", "MIN_REDUCTION", "MIN_MEMORY", "MIN_FLOPS"]
 
 # Below these, a bare number is almost certainly a unit slip ("400" read as 400 B/s where
 # 400 Gbps was meant); above them, a latency is seconds where microseconds were meant.
@@ -10,6 +10,7 @@ MIN_BANDWIDTH = 1e6          # bytes/s
 MAX_LATENCY = 1.0            # s
 MIN_REDUCTION = 64           # bytes per device
 MIN_MEMORY = 2**20           # bytes per device
+MIN_FLOPS = 1e8              # FLOP/s: below one 1990s CPU core (a calibrated gloo process is about 1e9)
 
 
 def implausible(spec) -> list[str]:
@@ -24,11 +25,31 @@ def implausible(spec) -> list[str]:
             out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
                        " a bare number is seconds (write e.g. '5us')")
     device = getattr(spec, "device", None)
-    if device is not None and device.memory < MIN_MEMORY:
-        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: a bare"
-                   " number is bytes (write e.g. '80 GiB')")
+    if device is not None:
+        out += _device_warnings(device, src)
     for i, red in enumerate(getattr(spec, "reductions", ()) or ()):
         if red.bytes < MIN_REDUCTION:
             out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
                        " a bare number is bytes (write e.g. '8 MiB')")
+    return out
+
+
+def _device_warnings(device, src) -> list[str]:
+    out = []
+    if device.memory < MIN_MEMORY:
+        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: a bare"
+                   " number is bytes (write e.g. '80 GiB')")
+    rates = [(("device", "flops"), device.flops)]
+    rates += [(("device", "dtype_flops", k), v) for k, v in device.dtype_flops.items()]
+    for path, rate in rates:
+        if rate < MIN_FLOPS:
+            out.append(f"{src.issue(path, '')}{rate:g} FLOP/s is below 100 MFLOP/s: a bare number is FLOP/s"
+                       " (write e.g. '312 TFLOP/s')")
+    if device.memory_bandwidth is not None and device.memory_bandwidth < MIN_BANDWIDTH:
+        out.append(f"{src.issue(('device', 'memory_bandwidth'), '')}memory bandwidth {device.memory_bandwidth:g}"
+                   " B/s is below 1 MB/s: a bare number is bytes per second (write e.g. '2039 GB/s')")
+    if device.preset is None and device.memory_bandwidth is None and device.compute is None:
+        out.append(f"{src.issue(('device',), '')}the device has neither a 'preset' nor a 'memory_bandwidth': compute"
+                   " is timed at the peak FLOP/s and memory traffic is free, which flatters small kernels (add e.g."
+                   " 'preset: A100-SXM4-80GB', or 'memory_bandwidth: 2039 GB/s' for the roofline model)")
     return out

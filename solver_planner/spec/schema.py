@@ -21,6 +21,13 @@ _MODEL_KEYS = ("parallelism", "reductions", "resharding", "layers", "transformer
 def json_schema(kind: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the ``cluster`` or ``model`` spec."""
     schema = SCHEMAS[kind].model_json_schema()
+    device = schema.get("$defs", {}).get("DeviceSpec")
+    if device is not None:
+        # a preset fills in the keys a device otherwise needs (spec/presets.py)
+        from .presets import preset_names
+        device["anyOf"] = [{"required": ["preset"]}, {"required": device.pop("required", [])}]
+        device["properties"]["preset"] = {"anyOf": [{"enum": preset_names()}, {"type": "null"}], "default": None,
+                                          "description": device["properties"]["preset"].get("description", "")}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = f"solver_planner {kind} spec"
     return schema

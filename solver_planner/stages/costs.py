@@ -52,8 +52,9 @@ from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel, range_sums
-from .memory import (gathered_bytes, optimizer_traffic, recompute_flops, saved_per_sample, static_bytes, static_split,
+from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample)
+from .operators import layer_pass_times
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
@@ -372,42 +373,30 @@ class StageCosts:
 
     def compute_times(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per layer, seconds of compute per micro-batch: forward, activation gradients (with
-        the recomputed forward), weight gradients (:mod:`solver_planner.compute`)."""
-        m, t = self.model, c.tensor
-        comp = self.tables[t].cost.compute
-        per_device = self.samples(t) / t                       # FLOPs per sample -> per device
-        fwd_f = m.column("forward") * per_device
-        weight_f = m.column("weight_flops") * per_device
-        again = recompute_flops(m.layers, c.recompute)
-        act_f = (m.column("backward") - m.column("weight_flops") + again) * per_device
-        if comp.is_peak:
-            return comp.time(fwd_f), comp.time(act_f), comp.time(weight_f)
-        k = m.column("kernels")
-        forward = m.column("forward")
-        # bytes one pass moves: the weight matrix (matrix-multiply layers) and the activations
-        moved = np.where(forward > 0, m.column("params") / t, 0.0) + self.samples(t) * m.column("activations") * (
-            1 + 1 / t)
-        # the recomputed forward runs its share of the forward's kernels and traffic again
-        share = np.divide(again, forward, out=np.zeros_like(again), where=forward > 0)
-        k_again = np.ceil(k * share)
-        return (comp.time(fwd_f, moved, k), comp.time(act_f, moved * (1 + share), k + k_again),
-                comp.time(weight_f, moved, k))
+        the recomputed forward), weight gradients (:func:`.operators.layer_pass_times`:
+        operator by operator where a layer lists its operators, :mod:`solver_planner.compute`)."""
+        comp = self.tables[c.tensor].cost.compute
+        return layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
+                                self.model.options.sequence_parallel)
 
     def optimizer_time(self, c: StageConfig) -> np.ndarray:
-        """``[k, i]``: seconds of the optimizer step of a stage of layers k..i (0 under the
-        peak model, which prices FLOPs only)."""
+        """``[k, i]``: seconds of the optimizer step of a stage of layers k..i, gradient
+        clipping's norm included, then the host's per-iteration work (``host_overhead``:
+        data loading, logging), which every stage waits for, so the iteration once (0 under
+        the peak model, which prices FLOPs only)."""
         m, opts, t = self.model, self.model.options, c.tensor
         comp = self.tables[t].cost.compute
         if comp.is_peak:
             return np.zeros((m.num_layers, m.num_layers))
         d = self.shape.size // t
-        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
+        clip = opts.gradient_clipping
+        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding, clip)
         traffic = range_sums(per_layer)
         if m.ties():
             traffic = traffic + self._copy_bytes(
-                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding))
+                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding, clip))
         kernels = range_sums((m.column("params") + m.column("tied_params") > 0).astype(float))
-        return np.triu(comp.time(0.0, traffic, kernels))
+        return np.triu(comp.time(0.0, traffic, kernels) + opts.host_overhead)
 
     def _costs(self, c: StageConfig) -> ConfigCosts:
         m, opts, t = self.model, self.model.options, c.tensor

@@ -22,8 +22,10 @@ from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
 from ..spec.model import ModelSpec
 from .memory import MemoryOptions
+from .operators import Operator
 
-__all__ = ["Layer", "LayerModel", "transformer_layers", "layer_model", "optimizer_bytes_per_param", "range_sums"]
+__all__ = ["Layer", "LayerModel", "transformer_layers", "transformer_operators", "layer_model",
+           "optimizer_bytes_per_param", "range_sums"]
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
@@ -64,14 +66,97 @@ class Layer:
     tied_params: float = 0.0
     tied_optimizer: float = 0.0
     kernels: float = 1.0            # matrix-multiply kernels of the forward pass (solver_planner.compute)
+    ops: tuple = ()                 # its operators (.operators.Operator): priced one by one when given
 
     @property
     def weight_flops(self) -> float:
         return self.backward / 2 if self.weight is None else self.weight
 
 
+# Bytes a fp32 cross-entropy over the logits moves per element: the cast to fp32 (read e,
+# write 4), the max, the exponentials, the sum and the normalisation (4 + 8 + 4 + 8), as
+# Megatron-LM's vocab-parallel cross-entropy runs it; backward writes softmax minus the
+# one-hot and casts it back (4 + 4 + 4 + e).
+_CE_FORWARD = 28.0
+_CE_BACKWARD = 12.0
+
+
+def transformer_operators(spec: TransformerSpec, dtype: str = "bfloat16", attention: str = "flash"
+                          ) -> dict[str, tuple[Operator, ...]]:
+    """The kernels of the embedding, a block and the logits layer, per sample (Megatron-LM's
+    layout, Shoeybi et al. 2019 §3: column-parallel QKV and first MLP matrix, row-parallel
+    projection and second MLP matrix; norms, dropout and residual adds on every tensor device).
+
+    With ``s`` tokens, hidden ``h``, ``a`` heads of ``d = h / a``, ``g`` key/value heads, MLP
+    width ``f`` (``f_in = 2 f`` for SwiGLU's fused gate and up), vocabulary ``V``, ``e`` bytes
+    per element:
+
+    * GEMMs: QKV ``2 s h (h + 2 g d)`` FLOPs, projection ``2 s h^2``, MLP ``2 s h f_in`` and
+      ``2 s f h``, each reading its weights, its input (whole on every tensor device) and
+      writing its output (split), or the reverse for the row-parallel ones; the logits
+      ``2 s h V``.  Their FLOPs add up to :func:`~solver_planner.spec.counts.transformer_counts`'
+      ``2 s`` x the block's weights.
+    * attention: ``flash``: one fused kernel of ``2 s^2 h`` FLOPs (causal: half of the
+      ``4 s^2 h`` of scores and context run) reading q, k, v and writing the output;
+      ``materialized``: the scores product (``2 s^2 h``, writes ``a s^2`` scores), the fused
+      scale-mask-softmax (reads and writes them), dropout (reads them, writes them and a
+      one-byte mask) and the context product (``2 s^2 h``, reads them and v): the ``4 s^2 h``
+      of Narayanan et al. 2021 §5.1.  Either is the attention core selective recomputation
+      re-runs.
+    * memory-bound passes: two norms (read and write ``s h``), two fused bias-dropout-adds
+      (read the output and the residual, write the sum and a one-byte mask), the activation
+      (GELU reads and writes ``s f``; SwiGLU reads ``2 s f``, writes ``s f``), rotary
+      positions (read and write q and k); the embedding lookup (read and write ``s h``), the
+      position table's add and dropout; the final norm and the fp32 cross-entropy over ``s V``
+      logits (``_CE_FORWARD`` bytes per element forward, ``_CE_BACKWARD`` backward).  Left
+      out: the embedding table's dense gradient and the biases (fused into their neighbours).
+    """
+    s, h, a, f, v = spec.sequence, spec.hidden, spec.heads, spec.ffn, spec.vocab
+    e = float(FLOAT_DTYPES[dtype])
+    kv_width = spec.kv * h // a
+    qkv_out = h + 2 * kv_width
+    f_in = 2 * f if spec.activation == "swiglu" else f
+    sh = float(s * h)
+    norm = Operator("norm", "memory", replicated=2 * sh * e)
+    bda = Operator("bias-dropout-add", "memory", replicated=3 * sh * e + sh)
+    block = [norm, Operator("qkv", "gemm", flops=2.0 * s * h * qkv_out, weights=float(h * qkv_out) * e,
+                            whole=sh * e, split=float(s * qkv_out) * e)]
+    if spec.position == "rotary":
+        block.append(Operator("rotary", "memory", split=2.0 * s * (h + kv_width) * e))
+    if attention == "flash":
+        block.append(Operator("flash-attention", "attention", flops=2.0 * s * s * h,
+                              split=float(s * (qkv_out + h)) * e, core=True))
+    else:
+        scores = float(a) * s * s
+        block += [Operator("scores", "gemm", flops=2.0 * s * s * h, split=float(s * (h + kv_width)) * e + scores * e,
+                           core=True),
+                  Operator("softmax", "memory", split=2 * scores * e, core=True),
+                  Operator("attention-dropout", "memory", split=scores * (2 * e + 1), core=True),
+                  Operator("context", "gemm", flops=2.0 * s * s * h, split=scores * e + float(s * (kv_width + h)) * e,
+                           core=True)]
+    act = 3.0 if spec.activation == "swiglu" else 2.0
+    block += [Operator("projection", "gemm", flops=2.0 * s * h * h, weights=float(h * h) * e, split=sh * e,
+                       whole=sh * e),
+              bda, norm,
+              Operator("mlp-in", "gemm", flops=2.0 * s * h * f_in, weights=float(h * f_in) * e, whole=sh * e,
+                       split=float(s * f_in) * e),
+              Operator(spec.activation, "memory", split=act * s * f * e),
+              Operator("mlp-out", "gemm", flops=2.0 * s * f * h, weights=float(f * h) * e, split=float(s * f) * e,
+                       whole=sh * e),
+              bda]
+    embed = [Operator("embedding", "memory", whole=2 * sh * e)]
+    if spec.position_rows:
+        embed.append(Operator("positions-dropout", "memory", whole=3 * sh * e + sh))
+    logits = (norm,
+              Operator("logits", "gemm", flops=2.0 * s * h * v, weights=float(v * h) * e, whole=sh * e,
+                       split=float(s * v) * e),
+              Operator("cross-entropy", "memory", split=float(s * v) * (e + _CE_FORWARD),
+                       backward=(_CE_BACKWARD + e) / (_CE_FORWARD + e)))
+    return {"embed": tuple(embed), "block": tuple(block), "logits": logits}
+
+
 def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer: str = "adam",
-                       tied: bool = True) -> list[Layer]:
+                       tied: bool = True, attention: str = "flash") -> list[Layer]:
     """Embedding, ``spec.layers`` decoder blocks and the logits layer of a GPT-style model.
 
     Per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary ``V``, ``e``
@@ -106,7 +191,9 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
       (``h`` or ``2 h`` parameters) is left out;
     * a block runs six matrix-multiply kernels per pass (QKV, scores, context, projection and
       the two MLP products; Megatron fuses the query, key and value projections into one,
-      and SwiGLU's gate and up matrices into one), the logits layer one.
+      and SwiGLU's gate and up matrices into one), the logits layer one;
+    * each layer lists its operators (:func:`transformer_operators`), which the compute
+      model prices one by one (:mod:`.operators`); ``attention`` says how attention runs.
     """
     s, h, a, v = spec.sequence, spec.hidden, spec.heads, spec.vocab
     e = FLOAT_DTYPES[dtype]
@@ -123,20 +210,22 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     mlp_saved = (6.0 if spec.activation == "swiglu" else 4.0) * s * spec.ffn
     split = attention_saved + mlp_saved
     embed = float(counts.embedding)      # V h + s h for GPT
-    layers = [Layer("embed", 0.0, 0.0, embed * e, embed * opt, out, out, 0.0, 1, kernels=0.0)]
+    ops = transformer_operators(spec, dtype, attention)
+    layers = [Layer("embed", 0.0, 0.0, embed * e, embed * opt, out, out, 0.0, 1, kernels=0.0, ops=ops["embed"])]
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
                   s * h * (split / (s * h) + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
                   weight=weight, checkpoint=out, selective_saved=split * scale,
-                  selective_flops=4.0 * s * s * h, kernels=6.0)
+                  selective_flops=4.0 * s * s * h, kernels=6.0, ops=ops["block"])
     layers += [block] * spec.layers
     logits = counts.logits_flops
     table = float(v * h)
     if tied:
         layers.append(Layer("logits", logits, 2 * logits, 0.0, 0.0, 0.0, float(s * v * e), 0.0, 1,
-                            checkpoint=out, tied_to=0, tied_params=table * e, tied_optimizer=table * opt))
+                            checkpoint=out, tied_to=0, tied_params=table * e, tied_optimizer=table * opt,
+                            ops=ops["logits"]))
     else:
         layers.append(Layer("logits", logits, 2 * logits, table * e, table * opt, 0.0, float(s * v * e), 0.0, 1,
-                            checkpoint=out))
+                            checkpoint=out, ops=ops["logits"]))
     return layers
 
 
@@ -238,7 +327,7 @@ def layer_model(model: ModelSpec) -> LayerModel:
         raise model.source.error((), "stage partitioning needs 'layers' (or 'transformer') and 'training' sections")
     t = model.training
     if model.transformer is not None:
-        layers = transformer_layers(model.transformer, t.dtype, t.optimizer, t.tied_embeddings)
+        layers = transformer_layers(model.transformer, t.dtype, t.optimizer, t.tied_embeddings, t.attention)
     else:
         layers = _from_specs(model.layers, t)
     micro = None if t.microbatches == "auto" else int(t.microbatches)

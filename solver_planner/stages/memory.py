@@ -55,6 +55,8 @@ class MemoryOptions:
     sequence_parallel: bool = False
     gradient_overlap: bool = True
     gradient_bucket: float = 25 * 2**20
+    host_overhead: float = 0.0          # seconds per iteration on the host (the spec's default: TrainingSpec)
+    gradient_clipping: bool = False     # the optimizer step reads the gradients once more for their norm
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -68,7 +70,7 @@ class MemoryOptions:
         """From a :class:`~solver_planner.spec.layers.TrainingSpec`."""
         modes = RECOMPUTE_MODES if training.recompute == "auto" else (training.recompute,)
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
-                   training.gradient_bucket)
+                   training.gradient_bucket, training.host_overhead, training.gradient_clipping)
 
 
 def _column(layers, key: str) -> np.ndarray:
@@ -145,12 +147,15 @@ def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
     return out
 
 
-def optimizer_traffic(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
+def optimizer_traffic(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str,
+                      clipping: bool = False) -> np.ndarray:
     """Bytes per device the optimizer step moves through memory: it reads and writes the
     parameters and optimizer state it updates and reads their gradients, ``2 (P + O) + G``
-    (:mod:`solver_planner.compute`); with a sharded optimizer each replica updates its 1/d."""
+    with ``G = P`` (:mod:`solver_planner.compute`); gradient clipping (Megatron-LM clips at
+    norm 1 by default) first reads the gradients for their norm, ``+ G``; with a sharded
+    optimizer each replica updates its 1/d."""
     share = t * d if sharding != "none" else t
-    return (3 * params + 2 * optimizer) / share
+    return ((4 if clipping else 3) * params + 2 * optimizer) / share
 
 
 def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:

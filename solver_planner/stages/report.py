@@ -146,7 +146,7 @@ class StagesReport:
     baselines: dict = field(default_factory=dict)
     one_f_one_b: SolveResult[Candidate] | None = None
     config: Config | None = None
-    compute: str = "efficiency"          # the compute model used (peak when the spec has no device.compute)
+    compute: str = "efficiency"          # the compute model used (solver_planner.compute.ComputeModel.of)
 
     @property
     def best(self) -> Candidate:

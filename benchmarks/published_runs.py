@@ -1,0 +1,151 @@
+"""Predicted against measured: published end-to-end GPT training runs on A100 clusters.
+
+Each run of Narayanan et al. 2021 (Megatron-LM, Table 1: 1.7 B to 1 T parameters on 32 to
+3 072 A100s; ``benchmarks/data/megatron_table1.csv``) is planned with its published
+configuration fixed (``api.stages(config=(d, t, p, k), split=...)``: tensor and pipeline
+sizes, micro-batch 1, blocks split evenly, the embedding on the first stage and the logits
+on the last) on the shipped DGX A100 nodes (``specs/clusters/dgx-a100-8x8.yaml``'s node,
+preset A100-SXM4-80GB, with as many nodes as the run used).  Nothing is fitted to these runs:
+the device numbers come from datasheets and microbenchmarks.
+
+Per run: measured and predicted teraFLOP/s per GPU (the paper's FLOP count over the
+iteration time), and predicted / measured - 1.  At the end: median and worst absolute error
+and the Spearman rank correlation of predicted with measured throughput per GPU.
+
+    python benchmarks/published_runs.py                 # all ten runs (about a minute)
+    python benchmarks/published_runs.py --runs 1.7,39.1 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from solver_planner import api  # noqa: E402
+from solver_planner.agreement import spearman  # noqa: E402
+from solver_planner.spec import load_cluster_spec  # noqa: E402
+from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
+from solver_planner.spec.model import ModelSpec  # noqa: E402
+from solver_planner.stages.report import Config  # noqa: E402
+from solver_planner.topology import Topology  # noqa: E402
+
+TABLE = ROOT / "benchmarks" / "data" / "megatron_table1.csv"
+NODE = ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml"
+SEQUENCE, VOCAB, MICRO_BATCH = 2048, 51200, 1
+
+
+@dataclass(frozen=True)
+class Run:
+    parameters: float
+    heads: int
+    hidden: int
+    layers: int
+    tensor: int
+    pipeline: int
+    gpus: int
+    batch: int
+    tflops_per_gpu: float
+
+    @property
+    def data(self) -> int:
+        return self.gpus // (self.tensor * self.pipeline)
+
+    @property
+    def flops(self) -> float:
+        """FLOPs per iteration as the paper counts them (§5.1, recomputation included)."""
+        s, h, l, v = SEQUENCE, self.hidden, self.layers, VOCAB
+        return 96.0 * self.batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+    @property
+    def measured_time(self) -> float:
+        return self.flops / (self.tflops_per_gpu * 1e12 * self.gpus)
+
+
+def load_runs(path: Path = TABLE) -> list[Run]:
+    with open(path, encoding="utf-8") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [Run(float(r["parameters"]), int(r["heads"]), int(r["hidden"]), int(r["layers"]), int(r["tensor"]),
+                    int(r["pipeline"]), int(r["gpus"]), int(r["batch"]), float(r["tflops_per_gpu"])) for r in rows]
+
+
+def cluster(gpus: int) -> Topology:
+    """The shipped DGX A100 node, as many as the run used (8 GPUs each)."""
+    spec = load_cluster_spec(NODE)
+    levels = [lv.model_copy(update={"count": gpus // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
+    return Topology(spec.model_copy(update={"levels": levels, "name": f"dgx-a100-{gpus // 8}x8"}))
+
+
+def model(run: Run) -> ModelSpec:
+    """The run's GPT with its published training settings (see the data file)."""
+    t = TransformerSpec(layers=run.layers, hidden=run.hidden, heads=run.heads, sequence=SEQUENCE, vocab=VOCAB)
+    training = TrainingSpec(global_batch=run.batch, microbatches=run.batch // (run.data * MICRO_BATCH),
+                            dtype="float16", optimizer="adam", recompute="full", attention="materialized",
+                            gradient_overlap=False)
+    return ModelSpec(name=f"gpt-{run.parameters:g}b", transformer=t, training=training)
+
+
+def split(run: Run) -> list[int]:
+    per = [run.layers // run.pipeline] * run.pipeline
+    per[0] += 1                      # the embedding
+    per[-1] += 1                     # the logits
+    return per
+
+
+def predict(run: Run) -> dict:
+    t0 = time.perf_counter()
+    k = run.batch // (run.data * MICRO_BATCH)
+    rep = api.stages(cluster(run.gpus), model(run), schedule="1f1b",
+                     config=Config(run.data, run.tensor, run.pipeline, k), split=split(run))
+    predicted = run.flops / (rep.run.iteration_time * run.gpus) / 1e12
+    return {"parameters": run.parameters, "gpus": run.gpus, "config": f"{run.data},{run.tensor},{run.pipeline},{k}",
+            "measured_tflops": run.tflops_per_gpu, "predicted_tflops": predicted,
+            "measured_time": run.measured_time, "predicted_time": rep.run.iteration_time,
+            "error": predicted / run.tflops_per_gpu - 1, "compute": rep.compute, "seconds": time.perf_counter() - t0}
+
+
+def summary(rows: list[dict]) -> dict:
+    errors = [abs(r["error"]) for r in rows]
+    return {"runs": len(rows), "median_error": statistics.median(errors), "worst_error": max(errors),
+            "spearman": spearman([r["predicted_tflops"] for r in rows], [r["measured_tflops"] for r in rows])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", default=None, help="comma-separated parameter counts (billions) of the runs to check")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    runs = load_runs()
+    if args.runs:
+        wanted = {float(x) for x in args.runs.split(",")}
+        runs = [r for r in runs if r.parameters in wanted]
+    rows = []
+    for r in runs:
+        rows.append(predict(r))
+        print(f"{r.parameters:g}B: {rows[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+    summ = summary(rows)
+    if args.json:
+        json.dump({"rows": rows, "summary": summ}, sys.stdout, indent=1)
+        print()
+        return 0
+    print("Megatron-LM (Narayanan et al. 2021) Table 1 on DGX A100 (preset A100-SXM4-80GB), configurations fixed")
+    print(f"{'params':>8} {'GPUs':>5} {'d,t,p,k':>14} {'measured TF/GPU':>16} {'predicted':>10} {'error':>7}")
+    for r in rows:
+        print(f"{r['parameters']:>7g}B {r['gpus']:>5} {r['config']:>14} {r['measured_tflops']:>16.0f}"
+              f" {r['predicted_tflops']:>10.1f} {r['error']:>+7.1%}")
+    print(f"median |error| {summ['median_error']:.1%}, worst {summ['worst_error']:.1%}, Spearman {'n/a' if summ['spearman'] is None else format(summ['spearman'], '.2f')}"
+          f" ({summ['runs']} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The README's compute-model figures are what the command next to them prints."""
+
+import re
+
+import pytest
+
+from solver_planner import api, units
+
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+SECTION = README[README.index("## The compute model"):README.index("## The simulator")]
+COLUMNS = [("dgx-v100-16", "peak"), ("dgx-v100-16", "roofline"), ("dgx-v100-16", "efficiency"),
+           ("dgx2-datasheet", "efficiency")]
+
+
+def table_rows():
+    rows = re.findall(r"^\| pure \w+ ([\d,]+) \| (.*) \|$", SECTION, re.M)
+    assert len(rows) == 3
+    return [(config, [cell.strip() for cell in cells.split("|")][:len(COLUMNS)]) for config, cells in rows]
+
+
+@pytest.mark.parametrize("config, cells", table_rows())
+def test_the_compute_model_table_is_what_stages_prints(config, cells):
+    # `solver-planner stages CLUSTER specs/models/mlp-1b.yaml --config D,T,P,K -s 1f1b --compute MODEL`
+    for (cluster, compute), cell in zip(COLUMNS, cells):
+        rep = api.stages(ROOT / "specs" / "clusters" / f"{cluster}.yaml", ROOT / "specs" / "models" / "mlp-1b.yaml",
+                         schedule="1f1b", config=config, compute=compute)
+        assert rep.compute == compute
+        assert units.format_time(rep.run.iteration_time) == cell, (config, cluster, compute)
+
+
+def test_the_gpt3_39b_walk_through_is_what_plan_prints():
+    # `solver-planner plan specs/clusters/dgx-a100-8x8.yaml specs/models/gpt3-39b.yaml -s 1f1b -o plan.yaml`
+    text = README[README.index("**A walk through one plan.**"):README.index("### From a plan to a running job")]
+    seconds, samples, mfu, bubble = re.search(
+        r"simulates at ([\d.]+) s \(([\d.]+) samples/s, MFU ([\d.]+)%, bubble ([\d.]+)%", text).groups()
+    plan = api.plan(ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml", ROOT / "specs" / "models" / "gpt3-39b.yaml",
+                    schedule="1f1b")
+    assert f"{plan.iteration_time:.1f}" == seconds and f"{plan.throughput:.1f}" == samples
+    assert f"{plan.mfu * 100:.1f}" == mfu and f"{plan.run.bubble_ratio * 100:.1f}" == bubble
+
+
+def test_distir_table_2_every_pure_strategy_winner_on_the_shipped_and_the_datasheet_preset_spec():
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import distir_grid as grid
+
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.spec.model import load_model_spec
+    from solver_planner.topology import Topology
+
+    spec = load_model_spec(grid.MODELS["mlp-1b"])
+    table = [r for r in grid.load_table() if r.model == "mlp-1b"]
+    for cluster in ("dgx-v100-16.yaml", "dgx2-datasheet.yaml"):
+        topo = Topology(load_cluster_spec(ROOT / "specs" / "clusters" / cluster))
+        agree = grid.agreement([grid.run_row(topo, spec, row, "efficiency") for row in table])
+        assert agree["same_pure_winner"] == agree["winner_rows"] == 12, cluster
+        # the best configuration: 6 of 12 rows (the issue asks for 80%; not reached, see the README)
+        assert agree["same_best"] >= 6, cluster
