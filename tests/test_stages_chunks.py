@@ -18,6 +18,7 @@ from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, me
 from solver_planner.stages.objective import bounds, fits
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.schedule import mesh_of, rounds
+from solver_planner.stages.uniform import work_bound
 
 from conftest import ROOT
 from test_stages_objective import topology
@@ -128,6 +129,8 @@ def test_every_bound_is_below_the_simulated_time_with_chunks(case):
     b = bounds(plan, s)
     for value in (b.stage, b.cycle, b.port, b.phase):
         assert value <= run.iteration_time * (1 + REL), (s, b, run.iteration_time)
+    # the uniform search's bound of a whole pair, before any plan is priced
+    assert work_bound(plan.costs) <= run.iteration_time * (1 + REL)
     assert not run.timeline.overlaps()
     assert len(run.peak_memory) == len(run.busy) == plan.costs.stages
     # every mesh holds its chunks' weights at least, and fits says what the memory says

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 import pytest
+
+from solver_planner.stages.uniform import work_bound
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -146,6 +148,7 @@ def test_every_bound_is_below_the_simulated_time(case):
         assert b.cycle <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.port <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.phase <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
+        assert work_bound(plan.costs) <= run.iteration_time * (1 + REL)
         assert R1 <= b.value * (1 + REL) and R <= b.value * (1 + REL), (R1, R, b)
         assert not run.timeline.overlaps()
         # the search prices plans it will drop at a level without the port bound: still a

@@ -22,12 +22,15 @@ import heapq
 import math
 from typing import Callable
 
+import numpy as np
+
 from .objective import bounds, fits
 from .partition import Partition, StagePlan
+from .costs import StageCosts
 from .problem import PairProblem
 from .schedule import Schedule, mesh_of, virtual_options, family
 
-__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform", "why_none"]
+__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform", "why_none", "work_bound"]
 
 
 def block_range(layers) -> tuple[int, int]:
@@ -114,24 +117,30 @@ def why_none(pairs: list[PairProblem], kinds: list[str]) -> str:
     return "; ".join(rules)
 
 
+def work_bound(c: StageCosts) -> float:
+    """A lower bound of the simulated iteration of every plan on ``c``'s pair, under any
+    schedule, from the layer times alone (no plan, no gradient programs): every micro-batch
+    passes every layer forward and backward on some stage, so the ``S`` stages' exec
+    resources hold at least ``B W`` seconds, ``W`` the least work of one micro-batch over the
+    configurations; the busiest holds at least ``B W / S``."""
+    if not c.configs:
+        return math.inf
+    work = np.min([f + a + w for f, a, w in (c.layer_times(cfg) for cfg in c.configs)], axis=0)
+    return c.microbatches * float(work.sum()) / c.stages
+
+
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
                    splits=None, allows=None,
                    refused: dict[str, int] | None = None) -> tuple[int, int, bool]:
     """Simulate the uniform plans of ``pairs`` by increasing lower bound until the next bound
     reaches ``board``'s cutoff (:class:`.search._Board`); ``evaluate_one(plan, schedule,
     bounds)`` simulates one and adds it.  Returns (plans priced, plans simulated, none fits)."""
-    heap: list = []
-    n = 0
-    for i, pair in enumerate(pairs):
-        if progress:
-            progress(f"{pair.label()}: pricing uniform plans, pair {i + 1}/{len(pairs)}")
-        for plan, s in uniform_plans(pair, kinds, splits, allows, refused):
-            # priced without the port bound (the costly part): still a lower bound; the
-            # port bound is added when the plan reaches the top of the heap (lazily re-keyed)
-            bd = bounds(plan, s, enough=0.0)
-            heap.append((bd.value, n, i, plan, s, bd))
-            n += 1
+    # pairs enter the heap with a bound of all their plans (work_bound), and are priced plan
+    # by plan only when that bound comes to the top: pairs that cannot reach the board
+    # build no gradient-program tables and bound no plans
+    heap: list = [(work_bound(pair.costs), -1, i, None, None, None) for i, pair in enumerate(pairs)]
     heapq.heapify(heap)
+    n = 0
     sims = 0
     empty = True
     while heap:
@@ -139,6 +148,17 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
         if value >= board.threshold() * (1 - 1e-9):
             break
         if value >= board.cutoff(pairs[i]) * (1 - 1e-9):
+            continue
+        if plan is None:
+            pair = pairs[i]
+            if progress:
+                progress(f"{pair.label()}: pricing uniform plans")
+            for plan, s in uniform_plans(pair, kinds, splits, allows, refused):
+                # priced without the port bound (the costly part): still a lower bound; the
+                # port bound is added when the plan reaches the top of the heap (lazily re-keyed)
+                bd = bounds(plan, s, enough=0.0)
+                heapq.heappush(heap, (max(bd.value, value), n, i, plan, s, bd))
+                n += 1
             continue
         if bd.partial:
             bd = bounds(plan, s)
