@@ -72,6 +72,17 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
     listed = [",".join(str(c["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
               for c in data["top"]]
     assert [r[1] for r in rows] == listed[:5]
+    times = re.findall(r"^ \d +\S+ +\S+ +\S+ +[\d.]+ \w+ +([\d.]+) s", block, flags=re.M)
+    assert times == [f"{c['iteration_time']:.3g}" for c in data["top"][:5]]
+    # the paragraph after it: the native searches of interleaved 1F1B and of 1F1B
+    after = text[text.index(line):].split("```")[1]
+    base = [a for a in argv if a not in ("--target", "megatron", "--top", "5")]
+    for schedule, config in (("interleaved-1f1b", "64,4,4,24"), ("1f1b", "32,4,8,48")):
+        res = CliRunner().invoke(app, base + ["-s", schedule, "--json", "--no-baselines"])
+        native = json.loads(res.output)
+        got = ",".join(str(native["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
+        assert got == config and f"{config} " in after and f"{native['iteration_time']:.3g} s" in after
+    assert "64,4,4,24" == listed[0]
 
 
 def test_plan_target_export_is_written_recorded_and_checked(tmp_path):
