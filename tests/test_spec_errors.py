@@ -14,7 +14,7 @@ CLUSTER = textwrap.dedent("""\
     levels:
       - {name: node, count: 2}
       - {name: gpu, count: 16}
-    device: {name: A100, flops: 312 TFLOP/s, memory: 40 GiB}
+    device: {name: A100, flops: 312 TFLOP/s, memory: 40 GiB, memory_bandwidth: 1555 GB/s}
     interconnects:
       - {name: nvswitch, level: gpu, bandwidth: 270 GB/s, latency: 2us}
       - {name: nic, level: node, bandwidth: 8 GB/s, latency: 10us, sharing: node}

@@ -118,12 +118,12 @@ def test_the_lazy_timeline_is_the_engines():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
-def test_every_plan_a_search_simulates_equals_the_engine(monkeypatch, schedule):
+def test_every_plan_a_search_simulates_equals_the_engine(monkeypatch, tmp_path, schedule):
     """GPT-3-shaped blocks on 4 DGX A100 nodes, as benchmarks/stages.py runs them: every plan
     the search simulates (many plans of one pair, so the memoised orders are reused)."""
     import yaml
 
-    from solver_planner.spec.cluster import ClusterSpec
+    from solver_planner.spec import load_cluster_spec
     from solver_planner.spec.layers import TransformerSpec
     from solver_planner.stages import StageSearch, plan_partition, transformer_layers
     from solver_planner.stages import search as search_module
@@ -133,7 +133,9 @@ def test_every_plan_a_search_simulates_equals_the_engine(monkeypatch, schedule):
 
     data = yaml.safe_load((CLUSTERS / "dgx-a100-128x8.yaml").read_text())
     data["levels"][0]["count"] = 4
-    topo = Topology(ClusterSpec.model_validate(data))
+    path = tmp_path / "c.yaml"           # read as a spec file: its device preset is applied
+    path.write_text(yaml.safe_dump(data))
+    topo = Topology(load_cluster_spec(path))
     spec = TransformerSpec(layers=16, hidden=12288, heads=96, sequence=2048, vocab=51200)
     model = LayerModel("gpt-18", transformer_layers(spec), 1536, None)
     checked = []
