@@ -61,7 +61,13 @@ class SpecError(PlannerError):
 
 
 class InfeasibleError(PlannerError):
-    """The problem as posed has no solution; the message says why."""
+    """The problem as posed has no solution; the message says why.  ``shortfall``: when the
+    reason is memory, the least a plan needs and how much is missing, as a phrase
+    (``"needs 81.2 GiB per device, 1.2 GiB short"``) a summary can quote."""
+
+    def __init__(self, message: str, shortfall: str | None = None):
+        super().__init__(message)
+        self.shortfall = shortfall
 
 
 class LoweringError(PlannerError):

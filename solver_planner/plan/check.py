@@ -52,7 +52,7 @@ from ..topology import Topology
 from .boundaries import Boundary, boundary_problem, directions, solve_boundaries, transfers_of
 from .compose import SearchOptions, TrainingPlan, compose_candidates, members, search_stages, simulate_plan
 from .fields import FieldError, differences, field, path_text, show
-from .launch import launch_problems
+from .launch import held_chunks, launch_problems
 from .parts import StagePart, prove_program, stage_parts
 from .planfile import plan_document
 
@@ -383,11 +383,8 @@ class _Checker:
         return derived
 
     def launch(self, parts: list[StagePart]) -> None:
-        held: dict[int, list[StagePart]] = {}
-        for s in parts:
-            held.setdefault(s.stage, []).append(s)
         stages = [{"chunks": [[s.first, s.last] for s in chunks], "devices": list(chunks[0].devices)}
-                  for _, chunks in sorted(held.items())]
+                  for chunks in held_chunks(parts)]
         problems = launch_problems(self.doc.get("launch"), self.topology, stages)
         for path, message in problems:
             self.fail("launch", path, message)

@@ -16,9 +16,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .compose import TrainingPlan
 
-__all__ = ["launch_layout", "MESH_DIM_NAMES"]
+__all__ = ["launch_layout", "launch_problems", "held_chunks", "MESH_DIM_NAMES"]
 
 MESH_DIM_NAMES = ("dp", "tp")
+
+
+def held_chunks(parts) -> list[list]:
+    """The parts (:class:`.parts.StagePart`, one per model chunk) each pipeline stage holds,
+    stage by stage, in model order."""
+    held: dict[int, list] = {}
+    for s in parts:
+        held.setdefault(s.stage, []).append(s)
+    return [held[p] for p in sorted(held)]
 
 
 def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
@@ -28,10 +37,8 @@ def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
     order (one chunk, or ``v`` with interleaved 1F1B and ZB-V)."""
     stages_out = []
     ranks: dict[int, dict[str, Any]] = {}
-    held: dict[int, list] = {}
-    for s in plan.parts:
-        held.setdefault(s.stage, []).append(s)
-    for stage, chunks in sorted(held.items()):
+    for chunks in held_chunks(plan.parts):
+        stage = chunks[0].stage
         grid = chunks[0].grid()            # a stage's chunks share its configuration, so its grid
         layers = [[s.first, s.last] for s in chunks]
         stages_out.append({"stage": stage, "mesh": grid, "mesh_dim_names": list(MESH_DIM_NAMES), "chunks": layers})

@@ -218,20 +218,15 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
             res = plan_partition(search, method if method != "brute-force" else "dp", time_limit, seed,
                                  budget=budget, simulations=simulations)
         except PlannerError as exc:
-            out[name] = {"possible": False, "config": label, "reason": _short(str(exc))}
+            shortfall = getattr(exc, "shortfall", None)
+            out[name] = {"possible": False, "config": label,
+                         "reason": f"does not fit: {shortfall}" if shortfall else str(exc)}
             continue
         cand = res.solution
         out[name] = {"possible": True, "config": plan_config(cand), "iteration_time": cand.time,
                      "status": res.status.value, "best_speedup": cand.time / best,
                      "memory": max(cand.run.peak_memory)}
     return out
-
-
-def _short(reason: str) -> str:
-    """The shortfall part of an infeasibility message."""
-    if reason.startswith("no stage plan fits") and "needs" in reason:
-        return "does not fit: needs" + reason.split("needs", 1)[1]
-    return reason
 
 
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",

@@ -343,7 +343,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
     ranked = board.ranked()
     if not ranked:
         if empty:
-            raise InfeasibleError(_shortfall_message(search, pairs))
+            raise _shortfall(search, pairs)
         raise UnknownError(f"no plan found within the limits ({_limits(chosen, time_limit, budget)}) and none was"
                            f" proven impossible; raise --time-limit / --budget or use --method dp")
     best = ranked[0]
@@ -605,8 +605,8 @@ def _greedy(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tu
     return bound, False, empty
 
 
-def _shortfall_message(search: StageSearch, pairs: list[PairProblem]) -> str:
-    """The least memory any plan needs, over every pair (exact)."""
+def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError:
+    """No plan fits: the least memory any plan needs, over every pair (exact)."""
     best, where = math.inf, None
     for pair in pairs:
         peak, stages = pair.least_memory()
@@ -614,8 +614,9 @@ def _shortfall_message(search: StageSearch, pairs: list[PairProblem]) -> str:
             best, where = peak, (pair, stages)
     mem = search.topology.device.memory
     if where is None:
-        return f"no stage plan fits in {mem / 2**30:.2f} GiB per device"
+        return InfeasibleError(f"no stage plan fits in {mem / 2**30:.2f} GiB per device")
     pair, _ = where
-    return (f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
-            f" ({pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches) needs"
-            f" {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short")
+    short = f"needs {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short"
+    return InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
+                           f" ({pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches) {short}",
+                           shortfall=short)
