@@ -18,6 +18,7 @@ from solver_planner.stages.costs import StageCosts, cost_tables, mesh_shapes
 from solver_planner.stages.fastsim import iteration, pipeline_run
 from solver_planner.stages.partition import Partition, StagePlan
 
+from test_stages_chunks import chunked
 from test_stages_objective import instances, topology
 
 
@@ -151,3 +152,17 @@ def test_every_plan_a_search_simulates_equals_the_engine(monkeypatch, tmp_path, 
     monkeypatch.setattr(search_module, "pipeline_run", checking)
     res = plan_partition(StageSearch(model, topo, schedule=schedule), "dp", top=4, simulations=100_000)
     assert len(checked) >= 8 and res.solutions
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(chunked())
+def test_fast_simulation_equals_the_engine_with_model_chunks(case):
+    """Interleaved 1F1B and ZB-V: a mesh's chain holds several chunks' ops, chunks of one
+    mesh share its reduction ports, and ZB-V's turn is a transfer that holds no port."""
+    if case is None:
+        return
+    plan, sch = case
+    same(plan, sch)
+    run, tasks = pipeline_run(plan, sch)
+    ref = simulate_schedule(plan, sch)
+    assert (run.peak_memory, run.in_flight, tasks) == (ref.peak_memory, ref.in_flight, len(ref.timeline))

@@ -182,7 +182,7 @@ class _Checker:
     def run(self) -> None:
         self.inputs()
         options = self.options()
-        part = self.partition()
+        part = self.partition(options)
         parts = self.stages(part)
         self.launch(parts)
         bounds = self.boundaries(part, parts, options)
@@ -248,7 +248,7 @@ class _Checker:
             return None
         return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target)
 
-    def partition(self) -> Partition:
+    def partition(self, options: SearchOptions | None) -> Partition:
         topo, part_name = self.topology, "stages"
         lm = layer_model(self.model)
         hosts = self.get(part_name, ("mesh", 0), int)
@@ -271,7 +271,10 @@ class _Checker:
         if compute not in COMPUTE_MODELS:
             self.fail(part_name, "compute", f"{show(compute)} is not a compute model ({', '.join(COMPUTE_MODELS)})")
             raise _Stop
-        pairs = StageSearch(lm, topo, "1f1b", shapes=[shape], microbatches=[B], compute=compute).pairs()
+        # a framework target's plans price its flat gradient collective (targets/search.py)
+        native = options is None or options.target == "native"
+        pairs = StageSearch(lm, topo, "1f1b", shapes=[shape], microbatches=[B], compute=compute,
+                            synthesize=native).pairs()
         if not pairs:
             self.fail(part_name, "mesh", f"no plan has {shape} meshes and {B} micro-batches on {show(topo.name)}")
             raise _Stop

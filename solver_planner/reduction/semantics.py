@@ -79,6 +79,7 @@ class Semantics:
         self.strict_broadcast = strict_broadcast
         self.full_row = (1 << m) - 1
         self.row_mask = [self.full_row << (r * m) for r in range(k)]
+        self._repeat = sum(1 << (r * m) for r in range(k))      # a 1 in the first column of every row
         self._rows_cache: dict[int, int] = {}
 
     # -- states ------------------------------------------------------------------------
@@ -90,11 +91,11 @@ class Semantics:
         return v
 
     def every_row(self, row: int) -> int:
-        """The same row pattern in every chunk."""
-        v = 0
-        for r in range(self.k):
-            v |= row << (r * self.m)
-        return v
+        """The same row pattern in every chunk: ``row`` times a 1 every ``m`` bits (one
+        multiplication; ``row`` has at most ``m`` bits, so the copies never carry)."""
+        if not 0 <= row <= self.full_row:
+            raise ValueError(f"row {row:#x} has more than {self.m} columns")
+        return row * self._repeat
 
     def initial(self, columns: Sequence[int]) -> State:
         """Device ``d`` holds its own contribution (column ``columns[d]``) in every chunk."""

@@ -548,14 +548,16 @@ class StageCosts:
         own = plan.owner
         sa, sb = plan.mesh[own[a]], plan.mesh[own[b]]      # the meshes of the two chunks
         tb = plan.stages[own[b]].tensor
-        key = ("tie", sa, sb, tb, b)
-        if key not in self._transfers:
+        nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
+        # in the mesh shape's tables: every micro-batch count of the shape shares it
+        memo = self.tables[tb].memo
+        key = ("tie", sa, sb, nbytes, self.comm)
+        if key not in memo:
             size = self.shape.size
             groups = [[sa * size + j, sb * size + j] for j in range(size)]
-            nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
             c = self.tables[tb].cost.collective("allreduce", groups, nbytes)
-            self._transfers[key] = (c.time if self.comm else 0.0, port_names(c.resources))
-        return self._transfers[key]
+            memo[key] = (c.time if self.comm else 0.0, port_names(c.resources))
+        return memo[key]
 
 
 _PORT_NAMES: dict = {}

@@ -33,7 +33,7 @@ from typing import Callable
 from ..errors import PlannerError
 from ..simulate.timeline import Record, Timeline
 from .partition import Partition
-from .pipeline import PipelineRun, _transfer, simulate_schedule, stage_orders, weight_delays
+from .pipeline import PipelineRun, _transfer, mesh_orders, simulate_schedule, stage_orders, weight_delays
 from .schedule import Schedule, live_peak
 
 __all__ = ["pipeline_run", "iteration", "Iteration"]
@@ -83,15 +83,14 @@ def iteration(plan: Partition, schedule: Schedule) -> Iteration:
 def pipeline_run(plan: Partition, schedule: Schedule) -> tuple[PipelineRun, int]:
     """``simulate_schedule(plan, schedule)`` with its timeline built on first use, and the
     number of tasks of the graph."""
-    if plan.virtual > 1:
-        # chunks share their mesh's exec resource, which this bookkeeping does not model
-        run = simulate_schedule(plan, schedule)
-        return run, len(run.timeline)
     it = iteration(plan, schedule)
-    orders = stage_orders(plan, schedule)
-    live = [live_peak(o) for o in orders]
+    if plan.virtual > 1:
+        memory, live = plan.mesh_memory(mesh_orders(plan, schedule))
+    else:
+        live = [live_peak(o) for o in stage_orders(plan, schedule)]
+        memory = plan.memory(live)
     timeline = _LazyTimeline(lambda: simulate_schedule(plan, schedule).timeline, it.time, it.tasks, plan)
-    return PipelineRun(schedule, timeline, it.time, it.busy, plan.memory(live), live), it.tasks
+    return PipelineRun(schedule, timeline, it.time, it.busy, memory, live), it.tasks
 
 
 class _LazyTimeline(Timeline):
@@ -120,22 +119,29 @@ class _LazyTimeline(Timeline):
 
 
 def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
-    if plan.virtual > 1:
-        raise _Fallback
+    """With model chunks, a mesh's chain holds the ops of all its chunks in the mesh's order;
+    transfers, buckets and tied all-reduces belong to chunks (``K`` of them)."""
     c = plan.costs
     model, S, B = c.model, c.stages, c.microbatches
+    K = len(plan.stages)
+    mesh = plan.mesh
     delays = weight_delays(plan, schedule)
-    orders = stage_orders(plan, schedule)
+    orders = mesh_orders(plan, schedule)
     chans = list(plan.channels)
     nch = len(chans)
+    # each chunk's last op: its position in its mesh's order
+    final_pos = [0] * K
+    for r, order in enumerate(orders):
+        for i, (_, k, _) in enumerate(order):
+            final_pos[k] = i
     # channels: act j carries chans[j] = (q, r) forward, grad nch + j carries it back
-    inputs = [[q for (q, r) in chans if r == p] for p in range(S)]
-    outputs = [[r for (q, r) in chans if q == p] for p in range(S)]
-    in_act = [[j for j, (q, r) in enumerate(chans) if r == p] for p in range(S)]
-    in_grad = [[nch + j for j, (q, r) in enumerate(chans) if q == p] for p in range(S)]
-    out_act = [[j for j, (q, r) in enumerate(chans) if q == p] for p in range(S)]
-    out_grad = [[nch + j for j, (q, r) in enumerate(chans) if r == p] for p in range(S)]
-    ch_dst = [r for (q, r) in chans] + [q for (q, r) in chans]
+    inputs = [[q for (q, r) in chans if r == p] for p in range(K)]
+    outputs = [[r for (q, r) in chans if q == p] for p in range(K)]
+    in_act = [[j for j, (q, r) in enumerate(chans) if r == p] for p in range(K)]
+    in_grad = [[nch + j for j, (q, r) in enumerate(chans) if q == p] for p in range(K)]
+    out_act = [[j for j, (q, r) in enumerate(chans) if q == p] for p in range(K)]
+    out_grad = [[nch + j for j, (q, r) in enumerate(chans) if r == p] for p in range(K)]
+    ch_dst = [mesh[r] for (q, r) in chans] + [mesh[q] for (q, r) in chans]     # the mesh to advance
     ch_dur: list[float] = []
     sigs: list[tuple] = []                      # resources of each port-task type
     for q, r in chans:
@@ -147,17 +153,17 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         ch_dur.append(float(d))
         sigs.append(tuple(dict.fromkeys(ports)))
 
-    # each stage's last op: pieces (one, or one per layer, last layer first) and the buckets
-    # reduced behind each piece; the stage's buckets are port-task type 2 nch + p
+    # each chunk's last op: pieces (one, or one per layer, last layer first) and the buckets
+    # reduced behind each piece; the chunk's buckets are port-task type 2 nch + k
     f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
-    op_dur = [{"F": f[p], "B": b[p], "BA": ba[p], "BW": bw[p]} for p in range(S)]
+    op_dur = [{"F": f[p], "B": b[p], "BA": ba[p], "BW": bw[p]} for p in range(K)]
     pieces: list[list[float]] = []
     piece_buckets: list[list[list[float]]] = []
     for p, st in enumerate(plan.stages):
         cc = c[st.config]
         reduces = c.comm and cc.data > 1
         overlap = model.options.gradient_overlap and reduces
-        last_op = orders[p][-1][0]
+        last_op = orders[mesh[p]][final_pos[p]][0]
         if not overlap:
             pieces.append([float(op_dur[p][last_op])])
             piece_buckets.append([cc.stage_buckets(st.first, st.last) if reduces else []])
@@ -167,7 +173,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
             layers = range(st.last, st.first - 1, -1)
             pieces.append([float(arr[layer]) for layer in layers])
             piece_buckets.append([cc.layer_buckets(layer, layer in copy_layers) for layer in layers])
-        sigs.append(tuple(dict.fromkeys(c.reduction_resources(st.tensor, p))) if reduces else ())
+        sigs.append(tuple(dict.fromkeys(c.reduction_resources(st.tensor, mesh[p]))) if reduces else ())
     copies = plan.copies
     tie_dur: list[float] = []
     tie_stages: list[tuple[int, int]] = []
@@ -177,6 +183,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         tie_stages.append((plan.owner[a], q))
         sigs.append(tuple(dict.fromkeys(res)))
     opt_dur = [float(c[st.config].optimizer[st.first, st.last]) for st in plan.stages]
+    mesh_chunks = [[k for k in range(K) if mesh[k] == r] for r in range(S)]
 
     # ports as classes (resources exactly the same types hold are busy and free together);
     # a type none of whose ports another type holds never waits (its own tasks are a chain)
@@ -193,23 +200,25 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     busy_until = [0.0] * nclass
     nbuckets = [sum(len(x) for x in pb) for pb in piece_buckets]
     BIG = max([B] + nbuckets) + 1
-    TIE0 = 2 * nch + S
+    TIE0 = 2 * nch + K
 
     # state
     UNK = -1.0
     send_end = [[UNK] * B for _ in range(2 * nch)]
     trig = [[UNK] * B for _ in range(2 * nch)]
-    bucket_dur = [[x for pb in piece_buckets[p] for x in pb] for p in range(S)]
+    bucket_dur = [[x for pb in piece_buckets[p] for x in pb] for p in range(K)]
     bucket_trig = [[UNK] * n for n in nbuckets]
     bucket_end = [[UNK] * n for n in nbuckets]
     pos = [0] * S
     prev_end = [0.0] * S
     busy = [0.0] * S
-    final_end = [UNK] * S              # the last piece
-    red_end = [UNK if n else 0.0 for n in nbuckets]   # the last bucket
+    mesh_end = [UNK] * S               # the mesh's last op
+    final_end = [UNK] * K              # the chunk's last piece
+    red_end = [UNK if n else 0.0 for n in nbuckets]   # the chunk's last bucket
     tie_end = [UNK] * len(copies)
-    stage_ties = [[k for k, (p, q) in enumerate(tie_stages) if s in (p, q)] for s in range(S)]
-    done = [False] * S                 # optimizer step placed
+    stage_ties = [[k for k, (p, q) in enumerate(tie_stages) if s in (p, q)] for s in range(K)]
+    mesh_ties = [sorted({j for k in mesh_chunks[r] for j in stage_ties[k]}) for r in range(S)]
+    done = [False] * S                 # optimizer steps placed
     heap: list[tuple[float, int]] = []
     heappush, heappop = heapq.heappush, heapq.heappop
     work: list[int] = []
@@ -231,8 +240,8 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                 e = t + bucket_dur[typ - 2 * nch][k]
             else:
                 e = t + tie_dur[typ - TIE0]
-            if e <= t and contended:
-                raise _Fallback
+            if e <= t and contended and classes[typ]:
+                raise _Fallback      # (a task holding no port competes with nothing)
             for cl in classes[typ]:
                 busy_until[cl] = e
             if e > end_max:
@@ -267,11 +276,11 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
             j = typ - TIE0
             tie_end[j] = e
             for s in tie_stages[j]:
-                optimizer(s)
+                optimizer(mesh[s])
             return
 
     def stage_done(p: int) -> None:
-        """The stage's last piece and last bucket are placed: its tied all-reduces may go."""
+        """Chunk ``p``'s last piece and last bucket are placed: its tied all-reduces may go."""
         if final_end[p] < 0.0 or red_end[p] < 0.0:
             return
         for j in stage_ties[p]:
@@ -281,29 +290,38 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                 at = max(final_end[s], red_end[s], final_end[q], red_end[q])
                 tie_end[j] = -2.0          # queued
                 ready(TIE0 + j, 0, at)
-        optimizer(p)
+        optimizer(mesh[p])
 
-    def optimizer(p: int) -> None:
+    def optimizer(r: int) -> None:
+        """Mesh ``r``'s optimizer steps, one after another once everything they wait for is
+        placed (pipeline.simulate_schedule adds them last, as a chain)."""
         nonlocal end_max
-        if done[p] or final_end[p] < 0.0 or red_end[p] < 0.0 or any(tie_end[j] < 0.0 for j in stage_ties[p]):
+        if done[r] or mesh_end[r] < 0.0 or any(tie_end[j] < 0.0 for j in mesh_ties[r]):
             return
-        done[p] = True
-        if opt_dur[p] > 0:
-            at = max([final_end[p], red_end[p]] + [tie_end[j] for j in stage_ties[p]])
-            e = at + opt_dur[p]
-            if e > end_max:
-                end_max = e
+        at = mesh_end[r]
+        for k in mesh_chunks[r]:
+            if final_end[k] < 0.0 or red_end[k] < 0.0:
+                return
+            at = max(at, final_end[k], red_end[k])
+        done[r] = True
+        for j in mesh_ties[r]:
+            at = max(at, tie_end[j])
+        e = at
+        for k in mesh_chunks[r]:
+            if opt_dur[k] > 0:
+                e = e + opt_dur[k]
+        if e > end_max:
+            end_max = e
 
-    def advance(p: int) -> None:
-        """Place stage ``p``'s ops in order while their inputs are known."""
+    def advance(r: int) -> None:
+        """Place mesh ``r``'s ops in order while their inputs are known."""
         nonlocal end_max
-        order = orders[p]
-        i, n = pos[p], len(order)
-        t_prev = prev_end[p]
-        durs = op_dur[p]
-        acc = busy[p]
+        order = orders[r]
+        i, n = pos[r], len(order)
+        t_prev = prev_end[r]
+        acc = busy[r]
         while i < n:
-            op, m = order[i]
+            op, p, m = order[i]
             st = t_prev
             if op == "F":
                 for ch in in_act[p]:
@@ -327,14 +345,15 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                     e = None
                 if e is not None:
                     break
-            if i < n - 1:
-                d = durs[op]
+            final = i == final_pos[p]
+            if not final:
+                d = op_dur[p][op]
                 end = st + d
                 acc += d
                 if end <= st and contended:
                     raise _Fallback
             else:
-                # the last op: its pieces, each followed by its buckets
+                # the chunk's last op: its pieces, each followed by its buckets
                 end = st
                 typ = 2 * nch + p
                 kb = 0
@@ -372,12 +391,18 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                         if pe >= 0.0:
                             ready(ch, m, end if end > pe else pe)
             i += 1
-            if i == n:
+            if final:
                 final_end[p] = end
-                pos[p], prev_end[p], busy[p] = i, t_prev, acc
+                pos[r], prev_end[r], busy[r] = i, t_prev, acc
+                if i == n:
+                    mesh_end[r] = end
                 stage_done(p)
-                return
-        pos[p], prev_end[p], busy[p] = i, t_prev, acc
+                if i == n:
+                    optimizer(r)
+                    return
+                i, t_prev, acc = pos[r], prev_end[r], busy[r]
+                continue
+        pos[r], prev_end[r], busy[r] = i, t_prev, acc
 
     ranks: tuple | None = None
     nsends = 2 * nch * B
@@ -388,16 +413,16 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         nonlocal ranks
         if ranks is None:
             memo = _ORDERS.setdefault(c, {})
-            key = (schedule, tuple(delays), tuple(chans))
+            key = (schedule, tuple(delays), tuple(chans), mesh)
             if key not in memo:
-                memo[key] = _creation_order(S, B, orders, inputs, outputs, in_act, in_grad)
+                memo[key] = _creation_order(K, B, orders, inputs, outputs, in_act, in_grad)
             ranks = memo[key]
         typ, k = divmod(code, BIG)
         if typ < 2 * nch:
             return ranks[0][typ][k]
         if typ < TIE0:
             return nsends + ranks[1][typ - 2 * nch] * BIG + k
-        return nsends + S * BIG + typ - TIE0
+        return nsends + K * BIG + typ - TIE0
 
     work.extend(range(S - 1, -1, -1))
     while True:
@@ -434,64 +459,66 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
                 start(typ, code % BIG, t)
     if any(i < len(o) for i, o in zip(pos, orders)) or not all(done):
         raise RuntimeError("pipeline order deadlocks")     # an order bug, never a user error
-    n_tasks = (sum(len(o) - 1 + len(pc) for o, pc in zip(orders, pieces)) + 2 * nch * B + sum(nbuckets)
+    n_tasks = (sum(len(o) for o in orders) - K + sum(len(pc) for pc in pieces) + 2 * nch * B + sum(nbuckets)
                + len(copies) + sum(1 for x in opt_dur if x > 0))
     return end_max, busy, n_tasks
 
 
-def _creation_order(S, B, orders, inputs, outputs, in_act, in_grad) -> tuple[list[list[int]], list[int]]:
+def _creation_order(K, B, orders, inputs, outputs, in_act, in_grad) -> tuple[list[list[int]], list[int]]:
     """The order in which simulate_schedule adds the transfers (replaying its rounds over the
-    stages: a transfer is added just before the op that waits for it): ``[channel][m]``, and
-    the order in which it adds the stages' last ops (whose buckets follow them).  It depends
+    meshes: a transfer is added just before the op that waits for it): ``[channel][m]``, and
+    the order in which it adds the chunks' last ops (whose buckets follow them).  It depends
     on the op orders and the channels only."""
     send_rank = [[0] * B for _ in range(sum(len(x) for x in in_act) + sum(len(x) for x in in_grad))]
-    final_rank = [0] * S
+    final_pos = [0] * K
+    for order in orders:
+        for i, (_, k, _) in enumerate(order):
+            final_pos[k] = i
+    final_rank = [0] * K
     sends = finals = 0
-    pos = [0] * S
-    fcnt = [0] * S                     # forwards added per stage (they are added in micro-batch order)
-    gcnt = [0] * S                     # backwards (B or BA) added per stage
+    pos = [0] * len(orders)
+    fcnt = [0] * K                     # forwards added per chunk (they are added in micro-batch order)
+    gcnt = [0] * K                     # backwards (B or BA) added per chunk
     pending = sum(len(o) for o in orders)
     while pending:
         progressed = False
-        for p in range(S):
-            order = orders[p]
-            i, n = pos[p], len(order)
-            ins, outs, ia, ig = inputs[p], outputs[p], in_act[p], in_grad[p]
+        for r, order in enumerate(orders):
+            i, n = pos[r], len(order)
             first = i
             while i < n:
-                op, m = order[i]
+                op, p, m = order[i]
                 if op == "F":
                     blocked = False
-                    for q in ins:
+                    for q in inputs[p]:
                         if fcnt[q] <= m:
                             blocked = True
                             break
                     if blocked:
                         break
-                    for ch in ia:
+                    for ch in in_act[p]:
                         send_rank[ch][m] = sends
                         sends += 1
                     fcnt[p] += 1
                 elif op != "BW":
                     blocked = False
-                    for r in outs:
-                        if gcnt[r] <= m:
+                    for q in outputs[p]:
+                        if gcnt[q] <= m:
                             blocked = True
                             break
                     if blocked:
                         break
-                    for ch in ig:
+                    for ch in in_grad[p]:
                         send_rank[ch][m] = sends
                         sends += 1
                     gcnt[p] += 1
-                i += 1
-                if i == n:
+                if i == final_pos[p]:
                     final_rank[p] = finals
                     finals += 1
+                i += 1
             if i > first:
                 pending -= i - first
                 progressed = True
-                pos[p] = i
+                pos[r] = i
         if not progressed:
             raise RuntimeError("pipeline order deadlocks")
     return send_rank, final_rank

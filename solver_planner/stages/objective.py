@@ -240,22 +240,38 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
         duration, res = c.tie_sync(plan, a, bb)
         add(res, duration, 0.0, 0.0)
     # the tasks holding exactly the same ports form one class (as in the simulator's engine):
-    # the bound per class equals the bound per port, with far fewer sums
+    # the bound per class equals the bound per port, with far fewer sums.  Calls share their
+    # port lists (the cost tables hand out one list per route), so classes are found over
+    # the distinct lists, and remembered per pair while those very lists come back.
+    lists: list = []
+    calls_of: list[list[int]] = []
+    index: dict[int, int] = {}
+    for k, x in enumerate(calls):
+        if x[0]:
+            i = index.setdefault(id(x[0]), len(lists))
+            if i == len(lists):
+                lists.append(x[0])
+                calls_of.append([])
+            calls_of[i].append(k)
     memo = _CLASSES.setdefault(c, {})
-    key = tuple(id(x[0]) for x in calls)
-    groups = memo.get(key)
-    if groups is None:
+    key = tuple(index)
+    hit = memo.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
+        groups = hit[1]
+    else:
         users: dict = {}
-        for k, x in enumerate(calls):
-            for r in x[0]:
-                users.setdefault(r, []).append(k)
-        groups = memo[key] = list({tuple(u) for u in users.values()})
+        for i, res in enumerate(lists):
+            for r in res:
+                users.setdefault(r, []).append(i)
+        groups = list({tuple(u) for u in users.values()})
+        memo[key] = (lists, groups)
     best = -math.inf
     for g in groups:
         tot, s0, t0 = 0.0, math.inf, math.inf
-        for k in g:
-            _, duration, start, tail = calls[k]
-            tot, s0, t0 = tot + duration, min(s0, start), min(t0, tail)
+        for i in g:
+            for k in calls_of[i]:
+                _, duration, start, tail = calls[k]
+                tot, s0, t0 = tot + duration, min(s0, start), min(t0, tail)
         v = tot + s0 + t0
         if v > best:
             best = v

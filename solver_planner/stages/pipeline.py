@@ -16,7 +16,8 @@ Tasks, all with the cost model's times of :mod:`.costs` (``Partition`` reads the
 * a tied copy (GPT's logits sharing the embedding) is all-reduced with the shared layer's
   gradient after both stages have reduced theirs;
 * the optimizer step of each stage follows its reductions and tied all-reduces, on its exec
-  resource (:mod:`solver_planner.compute`; none under the peak compute model).
+  resource (:mod:`solver_planner.compute`; none under the peak compute model); with model
+  chunks, one step per mesh after the mesh's last op and all its chunks' reductions.
 
 The iteration ends with the last task.  The objective (:mod:`.objective`) is a proven lower
 bound of this time; tests compare the two on random plans.
@@ -247,12 +248,17 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                       priority=_LATE + len(sim))
         ties[p].append(tid)
         ties[q].append(tid)
-    for p, st in enumerate(plan.stages):
-        # the optimizer step: after the stage's gradients are reduced (its tied copies too)
-        duration = float(c[st.config].optimizer[st.first, st.last])
-        if duration > 0:
-            sim.add(f"optimizer {p}", duration, exec_of[p], last_task[p] + ties[p], stream="compute",
-                    category="optimizer", devices=device_of[p])
+    for r in range(S):
+        # the optimizer step: once per iteration and mesh, after the mesh's last op and after
+        # every gradient of its chunks is reduced (tied copies too): a framework steps the
+        # optimizer over all its model chunks together (Megatron-LM reduces every chunk's
+        # gradients, then calls one optimizer step); one task per chunk, one after another
+        after = [prev[r]] + [t for p in range(K) if mesh[p] == r for t in last_task[p] + ties[p]]
+        for p, st in enumerate(plan.stages):
+            duration = float(c[st.config].optimizer[st.first, st.last])
+            if mesh[p] == r and duration > 0:
+                after = [sim.add(f"optimizer {p}", duration, exec_of[p], after, stream="compute",
+                                 category="optimizer", devices=device_of[p])]
     timeline = sim.run()
     busy = [0.0] * S
     stage_of = {name: p for p, name in enumerate(exec_res)}

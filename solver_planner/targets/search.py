@@ -91,4 +91,7 @@ def restriction(target: str, model, schedule: str | None) -> dict:
                     out.append(x)
         return out
 
-    return dict(uniform=kinds, allows=allows, splits=splits, space=target)
+    # A framework reduces gradients with its own collective over the data-parallel group (one
+    # NCCL all-reduce, or reduce-scatter with a sharded optimizer); P²'s synthesized programs
+    # are this planner's, so a target's plans are priced with the flat collective only.
+    return dict(uniform=kinds, allows=allows, splits=splits, space=target, synthesize=False)
