@@ -1,13 +1,17 @@
 """Search time of the framework targets and of the chunked schedules against the native search.
 
 For each instance, the whole ``solver-planner stages ... --no-baselines --json`` command (start-up,
-spec loading and output included, this checkout's package): the native search
-(1F1B), ``--target megatron`` and ``--target torchtitan`` (every schedule they run), and the
-native search of interleaved 1F1B and ZB-V; each timed as the median of ``--runs`` runs, with
-its iteration time, status and the ratio to the native search.  Goals (issue 25): a target
-search no slower than the native one; searching virtual stages at most doubles it.
+spec loading and output included, this checkout's package), each timed as the median of
+``--runs`` runs, with its iteration time and status, and two ratios:
+
+* ``x native``: against the native default (1F1B with per-stage configurations);
+* ``x ref``: against the search it extends: a target's 1F1B search against the native 1F1B one
+  (same schedule; goal: at most 1, a target search is no slower than a native one), a target's
+  search of every schedule it runs against its 1F1B search, the native interleaved 1F1B and ZB-V
+  searches against the native 1F1B one (goal: at most 2, virtual stages at most double it).
 
     python benchmarks/targets.py            # a few minutes
+    python benchmarks/targets.py --runs 1   # one run each
 """
 
 from __future__ import annotations
@@ -24,8 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # this checkout's package, not an installed one
 CASES = [("gpt3-39b", "dgx-a100-8x8"), ("llama-3-8b", "dgx-a100-8x8"), ("gpt3-175b-megatron", "dgx-a100-128x8")]
-RUNS = [("native 1f1b", "native", "1f1b"), ("megatron", "megatron", None), ("torchtitan", "torchtitan", None),
-        ("native interleaved-1f1b", "native", "interleaved-1f1b"), ("native zb-v", "native", "zb-v")]
+# (label, target, schedule, the label of its reference, goal of the ratio to it)
+RUNS = [("native 1f1b", "native", "1f1b", None, None),
+        ("megatron 1f1b", "megatron", "1f1b", "native 1f1b", 1.0),
+        ("megatron (all)", "megatron", None, "megatron 1f1b", 2.0),
+        ("torchtitan 1f1b", "torchtitan", "1f1b", "native 1f1b", 1.0),
+        ("torchtitan (all)", "torchtitan", None, "torchtitan 1f1b", 2.0),
+        ("native interleaved-1f1b", "native", "interleaved-1f1b", "native 1f1b", 2.0),
+        ("native zb-v", "native", "zb-v", "native 1f1b", 2.0)]
 
 
 def _command(cluster: Path, model: Path, target: str, schedule: str | None) -> tuple[float, dict | None, str]:
@@ -45,20 +55,23 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
 
-    print(f"{'model':20} {'cluster':16} {'search':24} {'median s':>9} {'x native':>9} {'iteration s':>12}  status")
+    print(f"{'model':20} {'cluster':16} {'search':24} {'median s':>9} {'x native':>9} {'x ref':>6} {'goal':>5}"
+          f" {'iteration s':>12}  status")
     for model, cluster in CASES:
         path = (ROOT / "examples" / "hf" / "llama-3-8b.json" if model == "llama-3-8b"
                 else ROOT / "specs" / "models" / f"{model}.yaml")
         cpath = ROOT / "specs" / "clusters" / f"{cluster}.yaml"
-        native = None
-        for label, target, schedule in RUNS:
+        medians: dict[str, float] = {}
+        for label, target, schedule, ref, goal in RUNS:
             runs = [_command(cpath, path, target, schedule) for _ in range(args.runs)]
-            med = statistics.median(t for t, _, _ in runs)
-            native = med if native is None else native
+            med = medians[label] = statistics.median(t for t, _, _ in runs)
             _, data, why = runs[-1]
             it = f"{data['iteration_time']:.3f}" if data else "-"
             status = data["status"] if data else f"no plan ({why})"
-            print(f"{model:20} {cluster:16} {label:24} {med:9.2f} {med / native:9.2f} {it:>12}  {status}")
+            ratio = f"{med / medians[ref]:6.2f}" if ref else f"{'':6}"
+            bar = f"{goal:5.0f}" if goal else f"{'':5}"
+            print(f"{model:20} {cluster:16} {label:24} {med:9.2f} {med / medians['native 1f1b']:9.2f} {ratio}"
+                  f" {bar} {it:>12}  {status}", flush=True)
 
 
 if __name__ == "__main__":

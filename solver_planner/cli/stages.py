@@ -30,7 +30,9 @@ def _work(search: dict) -> str:
 
 
 def _plan_table(row: dict, memory: float) -> Table:
-    table = Table("stage", "layers", "devices", "d", "t", "recompute", "fwd+bwd / micro-batch", "memory / device",
+    pipeline = row["config"]["pipeline"]
+    chunked = isinstance(pipeline, int) and len(row["stages"]) > pipeline
+    table = Table("chunk" if chunked else "stage", "layers", "devices", "d", "t", "recompute", "fwd+bwd / micro-batch", "memory / device",
                   "grad sync", "tail")
     for i, st in enumerate(row["stages"]):
         first, last = st["layers"]
@@ -159,10 +161,11 @@ def _print(data: dict, model: str, cluster: str) -> None:
                    else "the 1F1B order is the fastest of the family")
         out.print(f"  best 1F1B plan {units.format_time(b['iteration_time'])} ({b['status']}): {verdict}")
     if len(data.get("top", [])) > 1:
-        table = Table("#", "d,t,p,k", "mesh", "layers per stage", "memory", "iteration (simulated)", "objective",
+        table = Table("#", "d,t,p,k", "mesh", "layers per stage (chunk)", "memory", "iteration (simulated)", "objective",
                       "schedule", "gap in its pair")
         for n, row in enumerate(data["top"], 1):
-            counts = ",".join(str(st["layers"][1] - st["layers"][0] + 1) for st in row["stages"])
+            counts = [str(st["layers"][1] - st["layers"][0] + 1) for st in row["stages"]]
+            counts = ",".join(counts if len(counts) <= 6 else counts[:3] + ["..."] + counts[-2:])
             gap = "?" if row["pair_gap"] is None else f"{row['pair_gap']:.2%}"
             table.add_row(str(n), _config(row), "x".join(map(str, row["mesh"])), counts,
                           units.format_bytes(row["memory"]), units.format_time(row["iteration_time"]),
