@@ -85,6 +85,30 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
     assert "64,4,4,24" == listed[0]
 
 
+@pytest.mark.slow
+def test_plan_target_without_a_schedule_takes_the_target_searchs_fastest_schedule(tmp_path):
+    """GPT-3 2.6B on two p3.8xlarge hosts: Megatron-LM's fastest plan is interleaved 1F1B, so
+    `plan --target megatron` without -s composes interleaved 1F1B (not 1F1B), and check
+    accepts the plan file it writes."""
+    cluster, model = str(CLUSTERS / "aws-p3.8xlarge-2.yaml"), str(MODELS / "gpt3-2.6b.yaml")
+    res = CliRunner().invoke(app, ["stages", cluster, model, "--target", "megatron", "--json", "--no-baselines"])
+    best = json.loads(res.output)["schedule"].split("(")[0]
+    assert best == "interleaved-1f1b"
+    plan = tmp_path / "p.yaml"
+    res = CliRunner().invoke(app, ["plan", cluster, model, "--target", "megatron", "-o", str(plan)])
+    assert res.exit_code == 0, res.output
+    import yaml
+    assert yaml.safe_load(plan.read_text())["schedule"]["family"] == best
+    assert CliRunner().invoke(app, ["check", cluster, model, str(plan)]).exit_code == 0
+    # native plans keep their default (eager-1F1B), and the library refuses a native plan without one
+    from solver_planner.errors import OptionError
+    from solver_planner.plan.compose import make_plan
+    from solver_planner.spec import load_cluster_spec, load_model_spec
+    from solver_planner.topology import Topology
+    with pytest.raises(OptionError, match="give a schedule"):
+        make_plan(Topology(load_cluster_spec(cluster)), load_model_spec(model), None)
+
+
 def test_plan_target_export_is_written_recorded_and_checked(tmp_path):
     """plan --target megatron --export: the file is the plan's recorded export; check derives
     it again, so an edited export, config or framework name is refused."""

@@ -29,7 +29,8 @@ def plan(
                                  help="Model spec with 'layers' (or 'transformer') and 'training'."),
     schedule: Optional[str] = typer.Option(None, "--schedule", "-s", show_default=False,
                                            help=f"Pipeline schedule family: {', '.join(SCHEDULES)} (default eager-1f1b;"
-                                           " with --target, 1f1b)."),
+                                           " with --target, the schedule of the fastest plan among those the"
+                                           " framework runs)."),
     target: str = typer.Option("native", "--target", help="Plan only what this framework runs: native, megatron,"
                                " torchtitan, deepspeed; the plan file then records the framework's configuration."),
     export: Optional[Path] = typer.Option(None, "--export", help="With --target: write the framework's own"
@@ -92,7 +93,8 @@ def plan(
     check_output(export, "--export")
     if export is not None and target == "native":
         fail("--export writes a framework's configuration: give --target megatron, torchtitan or deepspeed", 2)
-    schedule = schedule or ("eager-1f1b" if target == "native" else "1f1b")
+    if schedule is None and target == "native":
+        schedule = "eager-1f1b"
     topo = topology_of(cluster)
     spec = model_of(model)
     try:

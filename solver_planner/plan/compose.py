@@ -218,7 +218,7 @@ def compose_candidates(topology: Topology, model: ModelSpec, rep, search: dict, 
     return best
 
 
-def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
+def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b", method: str = "auto",
               cross_mesh: str = "broadcast", overlap: bool = True, stages: int | None = None,
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
@@ -232,8 +232,19 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str = "1f1b", meth
     schedules (:func:`compose`), and the fastest simulated one is the plan: the stage
     planner prices a boundary as point-to-point lanes, the plan as the broadcast schedule
     the resharding scheduler finds, and the two can rank plans differently.
+
+    With a framework ``target`` and ``schedule`` None: the schedule of the fastest plan of a
+    search over every schedule the target runs, then planned as above (the plan file records
+    that schedule, so ``check`` searches it again the same way).
     """
     say = progress or (lambda _t: None)
+    if schedule is None:
+        if target == "native":
+            raise OptionError("give a schedule: only a framework target picks one of its own")
+        say("searching every schedule the target runs")
+        first = plan_stages(topology, model, None, method, time_limit, seed, stages=stages, config=config,
+                            layer_counts=layer_counts, compute=compute, target=target)
+        schedule = first.best.schedule.kind
     if cross_mesh == "free" and not overlap:
         # a free transfer takes no time: synchronous or not, the iteration is the same
         raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
