@@ -39,6 +39,7 @@ one reduction of all the stage's gradients follows the last backward.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -110,6 +111,9 @@ def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
 RANK_HOSTS = 4         # hosts on which P² programs are ranked
 KEEP_PROGRAMS = 3      # best programs then costed on the stage's real mesh
 _SYNTH: dict = {}      # synthesis hierarchy -> programs (synthesis depends on nothing else)
+# cost model -> {(hosts, devices per host, tensor): the programs costed on that small mesh}:
+# every mesh shape ranked on the same RANK_HOSTS hosts shares one ranking
+_RANKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _split(costed) -> tuple[float, float]:
@@ -205,6 +209,13 @@ class CostTables:
         return Lowering(matrix, [hosts, levels[1]], self.topology.level_names, [0])
 
     def _programs(self, hosts: int) -> list[tuple[float, float, str, object]]:
+        memo = _RANKED.setdefault(self.cost, {})
+        key = (hosts, self.topology.levels[1].count, self.tensor)
+        if key not in memo:
+            memo[key] = self._cost_programs(hosts)
+        return memo[key]
+
+    def _cost_programs(self, hosts: int) -> list[tuple[float, float, str, object]]:
         lowering = self._lowering(hosts)
         key = (lowering.hierarchy,)
         if key not in _SYNTH:
