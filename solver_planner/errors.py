@@ -98,4 +98,9 @@ class RefusedError(OptionError):
 
 
 class UnknownError(PlannerError):
-    """Nothing was found within the limits and nothing was proven impossible (exit 3)."""
+    """Nothing was found within the limits and nothing was proven impossible (exit 3).
+    ``bound``: the best lower bound proven on the answer, when the search has one."""
+
+    def __init__(self, message: str, bound: float | None = None):
+        super().__init__(message)
+        self.bound = bound

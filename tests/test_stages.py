@@ -276,3 +276,23 @@ def test_option_errors_and_unknown_map_to_their_exit_codes_in_the_shared_handler
     assert message in res.output and "Traceback" not in res.output
     if res.exit_code == 3:
         assert "unknown:" in res.output
+
+
+def test_unknown_under_json_carries_its_status_and_bound():
+    """An undecided search (the dynamic program with one subspace) reports status UNKNOWN
+    and the lower bound it proved, beside the error object; its advice fits the method."""
+    from typer.testing import CliRunner
+
+    from solver_planner.cli import app
+    res = CliRunner().invoke(app, ["stages", str(CLUSTERS / "dgx-a100-8x8.yaml"),
+                                                   str(SPECS / "models" / "gpt3-39b.yaml"), "--no-baselines",
+                                                   "--method", "dp", "--budget", "1", "--sim-budget", "1", "--json"])
+    assert res.exit_code == 3, res.output
+    data = json.loads(res.stdout)
+    assert data["status"] == "UNKNOWN" and data["error"]["code"] == 3
+    assert "--method dp" not in data["error"]["message"] and "--budget" in data["error"]["message"]
+    # the bound is a lower bound: the search run to the end finds nothing faster than it
+    full = CliRunner().invoke(app, ["stages", str(CLUSTERS / "dgx-a100-8x8.yaml"),
+                                                    str(SPECS / "models" / "gpt3-39b.yaml"), "--no-baselines",
+                                                    "--method", "dp", "--json"])
+    assert 0 < data["bound"] <= json.loads(full.stdout)["iteration_time"] * (1 + 1e-9)

@@ -54,7 +54,12 @@ def error_object(message: str, code: int, exc: Exception | None = None) -> dict:
     if isinstance(exc, SpecError):
         first = exc.issues[0]
         file, line, key = first.file, first.line, first.path or None
-    return {"error": {"code": code, "file": file, "line": line, "key": key, "message": message}}
+    out = {"error": {"code": code, "file": file, "line": line, "key": key, "message": message}}
+    if isinstance(exc, UnknownError):
+        # an undecided search says so like a decided one, with what it proved
+        bound = exc.bound
+        out = {"status": "UNKNOWN", "bound": bound if bound is not None and math.isfinite(bound) else None, **out}
+    return out
 
 
 def fail(message: str, code: int, exc: Exception | None = None) -> None:

@@ -344,8 +344,10 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
     if not ranked:
         if empty:
             raise _shortfall(search, pairs)
+        advice = ("raise --time-limit / --budget / --sim-budget or use --method dp" if chosen == "cp-sat"
+                  else "raise --budget / --sim-budget")
         raise UnknownError(f"no plan found within the limits ({_limits(chosen, time_limit, budget)}) and none was"
-                           f" proven impossible; raise --time-limit / --budget or use --method dp")
+                           f" proven impossible; {advice}", bound=bound)
     best = ranked[0]
     bound = min(bound, best.time)
     # OPTIMAL: no plan left unsimulated can beat the best (the list of ``top`` may be unproven)
