@@ -296,3 +296,22 @@ def test_unknown_under_json_carries_its_status_and_bound():
                                                     str(SPECS / "models" / "gpt3-39b.yaml"), "--no-baselines",
                                                     "--method", "dp", "--json"])
     assert 0 < data["bound"] <= json.loads(full.stdout)["iteration_time"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("config,reason", [
+    ("3,1,2,8", "a micro-batch of 128 samples (8 micro-batches) does not split over d = 3 replicas of a 1x3 mesh"),
+    ("6,1,1,8", "does not split over d = 6 replicas of a 1x6 mesh"),
+])
+def test_an_impossible_config_is_refused_with_its_real_reason(tmp_path, config, reason):
+    """Was: '--config 3,1,2,k' on a 6-GPU host refused as 'stage counts of its mesh shapes: 2',
+    though 2 stages is what it asked; the micro-batch not splitting over d=3 is why."""
+    cluster = tmp_path / "host6.yaml"
+    cluster.write_text("name: host6\nlevels:\n  - {name: node, count: 1}\n  - {name: gpu, count: 6}\n"
+                       "device: {preset: A100-SXM4-80GB}\ninterconnects:\n"
+                       "  - {name: nvswitch, level: gpu, bandwidth: 300 GB/s, latency: 2us, sharing: device}\n")
+    res = run_cli("stages", cluster, SPECS / "models" / "gpt3-2.6b.yaml", "--config", config, "--no-baselines")
+    assert res.returncode == 2 and reason in res.stderr, res.stderr
+    assert "stage counts" not in res.stderr
+    # a count that does split is planned
+    ok = run_cli("stages", cluster, SPECS / "models" / "gpt3-2.6b.yaml", "--config", "2,1,3,64", "--no-baselines")
+    assert ok.returncode in (0, 1), ok.stderr

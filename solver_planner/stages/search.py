@@ -139,9 +139,15 @@ class StageSearch:
 
     def pairs(self) -> list[PairProblem]:
         out = []
+        why: dict[str, str] = {}          # why (shape, micro-batch count) pairs were left out
+        self._why = why
+        L = self.model.num_layers
         for shape in self.all_shapes():
             S = self.topology.num_devices // shape.size
-            if S > self.model.num_layers or (self.stages is not None and S != self.stages):
+            if S > L:
+                why.setdefault("layers", f"{S} stages of {shape} meshes need at least {S} layers")
+                continue
+            if self.stages is not None and S != self.stages:
                 continue
             if self.layer_counts is not None and len(self.layer_counts) != S:
                 continue
@@ -151,6 +157,12 @@ class StageSearch:
                 costs = StageCosts(self.model, self.topology, shape, B, self.tables(shape), self.comm)
                 if self.tensor is not None:
                     costs.configs = [c for c in costs.configs if c.tensor == self.tensor]
+                if not costs.configs:
+                    degrees = sorted({shape.size // t for t in divisors(shape.devices_per_host)
+                                      if self.tensor in (None, t)})
+                    why.setdefault(f"split {shape} {B}", f"a micro-batch of {costs.micro_size} samples"
+                                   f" ({B} micro-batches) does not split over d = {'/'.join(map(str, degrees))}"
+                                   f" replicas of a {shape} mesh")
                 # chunked schedules are searched by stages/uniform.py; 1F1B stands in for the
                 # least-memory message when nothing fits
                 pair = PairProblem(costs, family(self.schedule if self.schedule not in VIRTUAL else "1f1b", S))
@@ -161,10 +173,14 @@ class StageSearch:
         return out
 
     def impossible_message(self) -> str:
+        """Why no (mesh, micro-batch count) pair is left: the reasons :meth:`pairs` met."""
         sizes = sorted({self.topology.num_devices // s.size for s in self.all_shapes()})
         what = f"{self.stages} stages" if self.stages is not None else "no plan"
+        reasons = list(getattr(self, "_why", {}).values())
+        shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         return (f"{what}: not possible on '{self.topology.name}' with {self.model.num_layers} layers and a global"
-                f" batch of {self.model.global_batch}; stage counts of its mesh shapes: {', '.join(map(str, sizes))}")
+                f" batch of {self.model.global_batch}" + (f": {shown}" if reasons else
+                                                         f"; stage counts of its mesh shapes: {', '.join(map(str, sizes))}"))
 
 
 def evaluate(plan: Partition, members: list[tuple[Bounds, Schedule]], relax: float, cutoff: float = math.inf,
