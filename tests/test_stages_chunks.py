@@ -18,7 +18,7 @@ from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, me
 from solver_planner.stages.objective import bounds, fits
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.schedule import mesh_of, rounds
-from solver_planner.stages.uniform import work_bound
+from solver_planner.stages.uniform import config_bound, work_bound
 
 from conftest import ROOT
 from test_stages_objective import topology
@@ -131,6 +131,10 @@ def test_every_bound_is_below_the_simulated_time_with_chunks(case):
         assert value <= run.iteration_time * (1 + REL), (s, b, run.iteration_time)
     # the uniform search's bound of a whole pair, before any plan is priced
     assert work_bound(plan.costs) <= run.iteration_time * (1 + REL)
+    # and of every plan of one configuration (a uniform plan's), which it only tightens
+    if len({st.config for st in plan.stages}) == 1:
+        cb = config_bound(plan.costs, plan.stages[0].config)
+        assert work_bound(plan.costs) <= cb * (1 + REL) and cb <= run.iteration_time * (1 + REL)
     assert not run.timeline.overlaps()
     assert len(run.peak_memory) == len(run.busy) == plan.costs.stages
     # every mesh holds its chunks' weights at least, and fits says what the memory says

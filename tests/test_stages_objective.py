@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from solver_planner.stages.uniform import work_bound
+from solver_planner.stages.uniform import config_bound, work_bound
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -149,6 +149,8 @@ def test_every_bound_is_below_the_simulated_time(case):
         assert b.port <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.phase <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert work_bound(plan.costs) <= run.iteration_time * (1 + REL)
+        if len({st.config for st in plan.stages}) == 1:
+            assert config_bound(plan.costs, plan.stages[0].config) <= run.iteration_time * (1 + REL)
         assert R1 <= b.value * (1 + REL) and R <= b.value * (1 + REL), (R1, R, b)
         assert not run.timeline.overlaps()
         # the search prices plans it will drop at a level without the port bound: still a

@@ -69,9 +69,10 @@ def _schedules(kind: str, S: int, blocks: int, B: int) -> list[Schedule]:
 def uniform_plans(pair: PairProblem, kinds: list[str],
                   splits: Callable[[list, int], list[list[int]]] | None = None,
                   allows: Callable[[Partition, Schedule], str | None] | None = None,
-                  refused: dict[str, int] | None = None):
+                  refused: dict[str, int] | None = None, configs: list | None = None):
     """Every uniform plan of ``pair`` under the schedules ``kinds`` stand for: (plan, schedule).
-    ``allows`` returns why a plan is not run (None: it is); ``refused`` counts the reasons."""
+    ``allows`` returns why a plan is not run (None: it is); ``refused`` counts the reasons;
+    ``configs``: only plans of these configurations (default: every one of the pair)."""
     c = pair.costs
     layers = c.model.layers
     a, b = block_range(layers)
@@ -85,7 +86,7 @@ def uniform_plans(pair: PairProblem, kinds: list[str],
                 edges = [0]
                 for n in counts:
                     edges.append(edges[-1] + n)
-                for cfg in c.configs:
+                for cfg in c.configs if configs is None else configs:
                     plan = Partition(c, [StagePlan(edges[k], edges[k + 1] - 1, cfg) for k in range(K)], mesh)
                     why = allows(plan, s) if allows is not None else None
                     if why is None:
@@ -129,6 +130,13 @@ def work_bound(c: StageCosts) -> float:
     return c.microbatches * float(work.sum()) / c.stages
 
 
+def config_bound(c: StageCosts, cfg) -> float:
+    """:func:`work_bound` of the plans whose every stage runs ``cfg`` (a uniform plan's one
+    configuration): ``B W / S`` with ``W`` that configuration's work of one micro-batch."""
+    f, a, w = c.layer_times(cfg)
+    return c.microbatches * float((f + a + w).sum()) / c.stages
+
+
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
                    splits=None, allows=None,
                    refused: dict[str, int] | None = None) -> tuple[int, int, bool]:
@@ -138,32 +146,41 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
     # pairs enter the heap with a bound of all their plans (work_bound), and are priced plan
     # by plan only when that bound comes to the top: pairs that cannot reach the board
     # build no gradient-program tables and bound no plans
-    heap: list = [(work_bound(pair.costs), -1, i, None, None, None) for i, pair in enumerate(pairs)]
+    # pairs enter the heap with a bound of all their plans (work_bound); when it comes to the
+    # top, a pair is split into its configurations, each with the same bound of its own plans
+    # (config_bound), and a configuration's plans are priced only when that comes to the top:
+    # pairs and configurations that cannot reach the board bound no plans and build no
+    # gradient-program tables.  Entries: (bound, order, pair, configuration, plan, schedule, bounds).
+    heap: list = [(work_bound(pair.costs), -1, i, None, None, None, None) for i, pair in enumerate(pairs)]
     heapq.heapify(heap)
     n = 0
     sims = 0
     empty = True
     while heap:
-        value, k, i, plan, s, bd = heapq.heappop(heap)
+        value, k, i, cfg, plan, s, bd = heapq.heappop(heap)
         if value >= board.threshold() * (1 - 1e-9):
             break
         if value >= board.cutoff(pairs[i]) * (1 - 1e-9):
+            continue
+        if cfg is None:
+            for j, c in enumerate(pairs[i].costs.configs):
+                heapq.heappush(heap, (max(config_bound(pairs[i].costs, c), value), -1, i, (j, c), None, None, None))
             continue
         if plan is None:
             pair = pairs[i]
             if progress:
                 progress(f"{pair.label()}: pricing uniform plans")
-            for plan, s in uniform_plans(pair, kinds, splits, allows, refused):
+            for plan, s in uniform_plans(pair, kinds, splits, allows, refused, configs=[cfg[1]]):
                 # priced without the port bound (the costly part): still a lower bound; the
                 # port bound is added when the plan reaches the top of the heap (lazily re-keyed)
                 bd = bounds(plan, s, enough=0.0)
-                heapq.heappush(heap, (max(bd.value, value), n, i, plan, s, bd))
+                heapq.heappush(heap, (max(bd.value, value), n, i, cfg, plan, s, bd))
                 n += 1
             continue
         if bd.partial:
             bd = bounds(plan, s)
             if bd.value > value:
-                heapq.heappush(heap, (bd.value, k, i, plan, s, bd))
+                heapq.heappush(heap, (bd.value, k, i, cfg, plan, s, bd))
                 continue
         if not fits(plan, s):
             continue
