@@ -381,7 +381,9 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         others = min((v for k, v in board.loose.items() if k not in keys), default=math.inf)
         full = len(ranked) >= max(1, top)
         info["top_gap"] = worst
-        info["unlisted_bound"] = others
+        # reported as what it bounds on its own: with a full list, the plans dropped exactly
+        # are only known not to beat the last listed plan
+        info["unlisted_bound"] = min(others, listed[-1].time) if full else others
         info["top_proven"] = (proven and worst <= TOLERANCE
                               and (others == math.inf or (full and others >= listed[-1].time * (1 - TOLERANCE))))
     else:
