@@ -45,6 +45,7 @@ two chunks (:func:`virtual_options`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..choices import SCHEDULES
@@ -201,11 +202,17 @@ def mesh_order(schedule: Schedule, stages: int, p: int, microbatches: int,
                delay: bool = False) -> list[tuple[str, int, int]]:
     """The (op, chunk, micro-batch) sequence stage ``p`` runs, for every schedule (chunk
     ``p`` when a stage holds one)."""
+    return list(_mesh_order(schedule, stages, p, microbatches, delay))
+
+
+@functools.lru_cache(maxsize=1024)
+def _mesh_order(schedule: Schedule, stages: int, p: int, microbatches: int, delay: bool) -> tuple:
+    # every plan of a pair asks for the same orders (the search reads them per plan)
     if schedule.kind == "interleaved-1f1b":
-        return _interleaved(stages, p, microbatches, schedule.virtual)
+        return tuple(_interleaved(stages, p, microbatches, schedule.virtual))
     if schedule.kind == "zb-v":
-        return _zero_bubble_v(stages, p, microbatches)
-    return [(op, p, m) for op, m in stage_order(schedule, stages, p, microbatches, delay)]
+        return tuple(_zero_bubble_v(stages, p, microbatches))
+    return tuple((op, p, m) for op, m in stage_order(schedule, stages, p, microbatches, delay))
 
 
 def _zero_bubble_h1(S: int, p: int, B: int) -> list[tuple[str, int, int]]:
