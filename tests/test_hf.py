@@ -322,3 +322,13 @@ def test_random_yaml_transformers_load_or_give_a_spec_error(heads, hidden, seque
     assert sum(x.params for x in model.layers) / 2 + counts.final_norm == counts.parameters
     assert sum(x.forward for x in model.layers) == pytest.approx(counts.flops_per_sample)
     assert all(x.saved >= 0 and (x.selective_saved is None or x.selective_saved <= x.saved) for x in model.layers)
+
+
+def test_a_one_token_context_gets_the_largest_accepted_batch(tmp_path):
+    """Was (found by the random configs above): max_position_embeddings 1 asked for 2**22
+    sequences, above the spec limit, and ended in a pydantic traceback."""
+    data = dict(_BASES["llama-3-8b"], max_position_embeddings=1)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    spec = load_model_spec(path)
+    assert spec.training.global_batch == 2**20

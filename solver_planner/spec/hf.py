@@ -55,7 +55,7 @@ different job.
 Default training settings of a bare config (:func:`default_training`): bfloat16, Adam,
 ``recompute: auto`` (each stage chooses), ``microbatches: auto``, and a global batch of
 about 4M tokens, ``max(1, 2**22 // sequence)`` sequences (the batch of Llama 2, Touvron et
-al. 2023 §2.2: 1024 sequences of 4096).
+al. 2023 §2.2: 1024 sequences of 4096), at most the spec limit of 2**20 sequences.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import SpecError, SpecIssue
-from .base import _message, first_issues
+from .base import MAX_GLOBAL_BATCH, _message, first_issues
 from .layers import TrainingSpec, TransformerSpec
 from .source import Source, load_yaml
 
@@ -143,7 +143,8 @@ def default_sequence(max_positions: int) -> int:
 
 def default_training(sequence: int, tied: bool) -> TrainingSpec:
     """Training settings of a bare ``config.json`` (see the module docstring)."""
-    return TrainingSpec(global_batch=max(1, TOKENS_PER_BATCH // sequence), recompute="auto",
+    # a tiny sequence would ask for more sequences than a spec accepts: the limit caps it
+    return TrainingSpec(global_batch=min(MAX_GLOBAL_BATCH, max(1, TOKENS_PER_BATCH // sequence)), recompute="auto",
                         tied_embeddings=tied)
 
 
