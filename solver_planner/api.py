@@ -122,7 +122,8 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     cluster, model : path or loaded object
         As for :func:`load`; the model needs ``parallelism.axes`` that fill the cluster.
     method : {'auto', 'cp-sat', 'enumerate'}
-        How placements are found; ``auto`` picks CP-SAT for small models.
+        How placements are found; ``auto`` enumerates when there are few matrices (at most
+        1 000 by a quick bound) and otherwise picks CP-SAT for small models.
     max_size : int
         Largest program size synthesized for each reduction.
     algorithm : {'ring', 'tree'}
@@ -154,7 +155,7 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     >>> from solver_planner import api as sp
     >>> reports, found = sp.place("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/local-2x4.yaml")
     >>> len(reports), found.method
-    (2, 'cp-sat')
+    (2, 'enumerate')
     >>> best = reports[0]
     >>> str(best.matrix), best.reductions[0].name, best.reductions[0].best.text
     ('[[1,2],[2,2]]', 'grads', 'ReduceScatter(host, InsideGroup); AllReduce(host, Parallel(root)); AllGather(host, InsideGroup)')
@@ -189,7 +190,9 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         file of explicit steps (a path, or a string naming an existing file or ending in
         ``.yaml``/``.yml``; see ``examples/*.yaml``).
     matrix : str, list of lists or ParallelismMatrix, optional
-        The placement; default: the best-ranked one (``place(...)[0][0].matrix``).
+        The placement; default: the best under the placement solver's proxy objective
+        (:func:`solver_planner.reduction.ranking.proxy_placement`; no program is
+        synthesized, so this may differ from ``place(...)[0][0].matrix``).
     reduction : str, optional
         Which of the model's reductions; default: the first.
     timeout : float
@@ -230,17 +233,16 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         raise OptionError(f"unknown engine {engine!r}; expected z3 or semantics")
     from .errors import InfeasibleError
     from .reduction.dsl import parse_program
-    from .reduction.ranking import check_placeable, lowering_for, rank_placements, reduction_named
+    from .reduction.ranking import check_placeable, lowering_for, proxy_placement, reduction_named
     from .reduction.verify import system_steps, verify_steps
 
     topo, spec = load(cluster, model)
     check_placeable(topo, spec)
     red = reduction_named(spec, reduction)
     if matrix is None:
-        reports, _ = rank_placements(topo, spec)
-        if not reports:
+        chosen, _ = proxy_placement(topo, spec)
+        if chosen is None:
             raise InfeasibleError("no placement satisfies the model's constraints")
-        chosen = reports[0].matrix
     else:
         chosen = _matrix(topo, spec, matrix)
     lowering = lowering_for(topo, spec, chosen, red)

@@ -389,6 +389,10 @@ class CostModel:
                 if d in seen:
                     raise ValueError(f"device {d} is in two concurrent groups; groups of one step must be disjoint")
                 seen.add(d)
+        from . import collective_arrays as arrays
+        if len(seen) >= arrays.ARRAY_THRESHOLD and arrays.covers(self.topology, kind, algorithm):
+            # the same formula over arrays (to the last bit), for steps over many devices
+            return arrays.collective_arrays(self, kind, algorithm, groups, sizes)
         per_group = [self.edges(kind, g, algorithm) for g in groups]
         load = self._loads(e for edges in per_group for e in edges)
         times, lat_terms, bw_terms, busbws, where = [], [], [], [], []

@@ -37,6 +37,7 @@ __all__ = [
     "format_time",
     "format_flops",
     "format_flop_rate",
+    "format_rows",
 ]
 
 _PREFIX = {
@@ -203,3 +204,20 @@ def format_flop_rate(n: float) -> str:
     """``3.12e14`` -> ``'312 TFLOP/s'``."""
     return format_flops(n) + "/s"
 
+
+def format_rows(rows: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``[0-2,5]``: runs of consecutive chunks shortened.
+
+    >>> format_rows((0, 1, 2, 5))
+    '[0-2,5]'
+    >>> format_rows(())
+    '[]'
+    """
+    parts, i = [], 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
+            j += 1
+        parts.append(str(rows[i]) if i == j else f"{rows[i]}-{rows[j]}")
+        i = j + 1
+    return "[" + ",".join(parts) + "]"

@@ -166,13 +166,24 @@ def test_verify_reads_explicit_steps_and_agrees_with_the_rules():
         sp.verify(P3, LOCAL, "AllReduce(host)", matrix=[[1, 2], [2, 2]])
 
 
-def test_verify_defaults_to_the_best_ranked_placement():
-    reports, _ = sp.place(P3, LOCAL)
-    best = reports[0].reductions[1]                       # 'data-grads'
-    verdict = sp.verify(P3, LOCAL, best.best.text, reduction="data-grads")
-    assert verdict.valid
-    same = sp.verify(P3, LOCAL, best.best.text, matrix=reports[0].matrix, reduction="data-grads")
-    assert same.status == verdict.status
+def test_verify_defaults_to_the_proxy_objectives_placement():
+    from solver_planner.placement import log_objective, traffic_weights
+    from solver_planner.reduction.ranking import proxy_placement
+
+    topo, spec = sp.load(P3, LOCAL)
+    chosen, found = proxy_placement(topo, spec)
+    every = sp.place(P3, LOCAL, method="enumerate")[1].solutions
+    weights = traffic_weights(spec, topo)
+    assert log_objective(chosen, weights) == pytest.approx(min(log_objective(m, weights) for m in every))
+    # The default's verdict is the pick's, and some program is valid on one placement but not
+    # on another (else the first check could not fail).
+    told_apart = False
+    for program in ("AllReduce(root, InsideGroup)", "AllReduce(host, InsideGroup)", "AllReduce(host, Parallel(root))"):
+        verdicts = {str(m): sp.verify(P3, LOCAL, program, matrix=m, reduction="data-grads").status
+                    for m in every}
+        assert sp.verify(P3, LOCAL, program, reduction="data-grads").status == verdicts[str(chosen)]
+        told_apart |= len(set(verdicts.values())) > 1
+    assert told_apart
 
 
 def test_reshard_takes_problems_built_in_code():

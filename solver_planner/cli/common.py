@@ -88,6 +88,8 @@ def handles_errors(fn):
             fail(f"infeasible: {exc}", 1, exc)
         except PlannerError as exc:
             fail(str(exc), 1, exc)
+        except MemoryError:      # a command without a memory bound (memory.bounded) ran out
+            fail("out of memory", 2)
         finally:
             _JSON_ERRORS[0] = before
 

@@ -12,6 +12,8 @@ from rich.table import Table
 from .. import units
 from ..choices import SIZE_METRICS as METRICS
 from ..errors import unknown_choice
+from ..memory import MEMORY_BOUND, bounded, verify_estimate
+from ..memory import check as check_memory
 from .common import JSON_OPT, check_plot, console, fail, handles_errors, model_of, print_json, topology_of
 
 reduce_app = typer.Typer(help="Synthesize and verify reduction programs (P²).", no_args_is_help=True,
@@ -24,6 +26,9 @@ METRIC_OPT = typer.Option("instructions", "--size-metric",
 ALGO_OPT = typer.Option("ring", "--algorithm", "-a", help="NCCL algorithm the cost model assumes: ring or tree.")
 MATRIX_OPT = typer.Option(None, "--matrix",
                           help="Placement as [[...],...] (rows = axes, columns = levels); default: the best-ranked one.")
+VERIFY_MATRIX_OPT = typer.Option(None, "--matrix",
+                                 help="Placement as [[...],...] (rows = axes, columns = levels); default: the best"
+                                      " under the placement solver's proxy objective (no program is synthesized).")
 REDUCTION_OPT = typer.Option(None, "--reduction", "-r", help="Which reduction of the model spec; default: the first.")
 PLOT_HELP = " (.svg or .png, by the extension; needs solver-planner[plot])."
 
@@ -66,20 +71,39 @@ def _load(cluster: Path, model: Path):
     return topo, spec
 
 
+def _ranked(topo, spec, algorithm):
+    """Every placement ranked (for the best-ranked default of --matrix), best first."""
+    from ..reduction.ranking import rank_placements
+    reports, _ = rank_placements(topo, spec, algorithm=algorithm, progress=_progress("ranking placements"),
+                                 memory_bound=MEMORY_BOUND)
+    if not reports:
+        fail("no placement satisfies the model's constraints", 1)
+    return reports
+
+
 def _matrix(topo, spec, text, algorithm):
     from ..placement import ParallelismMatrix
-    from ..reduction.ranking import rank_placements
     if text is None:
-        reports, _ = rank_placements(topo, spec, algorithm=algorithm, progress=_progress("ranking placements"))
-        if not reports:
-            fail("no placement satisfies the model's constraints", 1)
-        return reports[0].matrix
+        return _ranked(topo, spec, algorithm)[0].matrix
     try:
         matrix = ParallelismMatrix.parse(text)
         matrix.check(spec.axis_sizes, [lv.count for lv in topo.levels])
     except ValueError as exc:
         fail(str(exc), 2)
     return matrix
+
+
+def _verify_matrix(topo, spec, text) -> tuple:
+    """The placement to prove on and how it was chosen: ``--matrix``, else the solver's best
+    under the proxy objective (a proof is about one placement; ranking them all by their
+    synthesized programs would cost far more than the proof)."""
+    from ..reduction.ranking import proxy_placement
+    if text is not None:
+        return _matrix(topo, spec, text, "ring"), "given"
+    chosen, result = proxy_placement(topo, spec)
+    if chosen is None:
+        fail("no placement satisfies the model's constraints", 1)
+    return chosen, f"the best under the placement solver's proxy objective ({result.method}; give --matrix to choose)"
 
 
 def read_program(topo, lowering, program: str):
@@ -116,6 +140,8 @@ def place(
 
     For each placement and reduction: the time of a single AllReduce, the best
     synthesized program and its time, and how many valid programs were synthesized.
+    Memory: at most 2 GiB; a ranking estimated to need more is refused before it starts
+    (exit 2).
     """
     from ..reduction.ranking import rank_placements
 
@@ -124,8 +150,10 @@ def place(
     _check_choices(algorithm, size_metric)
     check_plot(plot)
     topo, spec = _load(cluster, model)
-    reports, result = rank_placements(topo, spec, method, max_size, algorithm, progress=_progress("ranking placements"),
-                                      metric=size_metric)
+    with bounded():
+        reports, result = rank_placements(topo, spec, method, max_size, algorithm,
+                                          progress=_progress("ranking placements"), metric=size_metric,
+                                          memory_bound=MEMORY_BOUND)
     if not reports:
         fail("no placement satisfies the model's constraints (the matrices' rows must multiply to the axis sizes"
              " and columns to the level counts)", 1)
@@ -170,17 +198,29 @@ def synth(
                                         " groups and the bytes each device holds" + PLOT_HELP),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """The valid reduction programs of one placement, fastest first, with their times."""
+    """The valid reduction programs of one placement, fastest first, with their times.
+
+    Memory: at most 2 GiB; a synthesis estimated to need more is refused before it starts
+    (exit 2).
+    """
     from ..cost import CostModel
     from ..reduction.ranking import lowering_for, reduce_on_placement, reduction_named
+    from ..reduction.synthesis import DEFAULT_MAX_SIZE
     from ..reduction.verify import system_steps
 
     _check_choices(algorithm, size_metric)
     check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
-    chosen = _matrix(topo, spec, matrix, algorithm)
-    rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo), metric=size_metric)
+    with bounded():
+        if matrix is None and (max_size, size_metric) == (DEFAULT_MAX_SIZE, "instructions"):
+            # the ranking synthesized exactly these programs on its best placement: reuse them
+            best = _ranked(topo, spec, algorithm)[0]
+            chosen, rep = best.matrix, best.reductions[spec.reductions.index(red)]
+        else:
+            chosen = _matrix(topo, spec, matrix, algorithm)
+            rep = reduce_on_placement(topo, spec, chosen, red, max_size, algorithm, CostModel(topo),
+                                      metric=size_metric, memory_bound=MEMORY_BOUND)
     shown = rep.programs[:top] if top else rep.programs
     if plot is not None:
         from ..report.program import plot_program
@@ -216,7 +256,7 @@ def verify(
     model: Path = typer.Argument(..., help="Model spec (YAML).", show_default=False),
     program: str = typer.Argument(..., help="DSL text, e.g. 'Reduce(node, InsideGroup); ...', or a YAML file of"
                                              " explicit steps.", show_default=False),
-    matrix: Optional[str] = MATRIX_OPT,
+    matrix: Optional[str] = VERIFY_MATRIX_OPT,
     reduction: Optional[str] = REDUCTION_OPT,
     engine: str = typer.Option("z3", "--engine", help="z3 (a proof over symbolic data) or semantics (the rules)."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds z3 may take before answering unknown (> 0)."),
@@ -229,9 +269,9 @@ def verify(
     Valid: every device ends with the exact sum over its reduction group, whatever the
     data, the way the collective library computes it (README: "What a program means").
     Exit 0 and 'valid' when proved; 1 with the step, group, device and chunk where it
-    goes wrong when invalid; 3 when z3 could not decide within --timeout.
+    goes wrong when invalid; 3 when z3 could not decide within --timeout.  Memory: at most
+    2 GiB; a program estimated to need more is refused before it is decided (exit 2).
     """
-    from ..distributed.plan import format_rows
     from ..reduction import format_program, parse_program
     from ..reduction.ranking import lowering_for, reduction_named
     from ..reduction.verify import verify_steps
@@ -243,16 +283,18 @@ def verify(
     check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)
-    chosen = _matrix(topo, spec, matrix, "ring")
-    lowering = lowering_for(topo, spec, chosen, red)
-    steps, labels, _ = read_program(topo, lowering, program)
-    form = "DSL program" if labels is not None else f"explicit steps from {program}"
-    if engine == "z3":
-        from ..reduction.proof import verify_z3
+    check_memory(verify_estimate(topo.num_devices), "verifying on this cluster")
+    chosen, how = _verify_matrix(topo, spec, matrix)
+    with bounded(z3=engine == "z3"):
+        lowering = lowering_for(topo, spec, chosen, red)
+        steps, labels, _ = read_program(topo, lowering, program)
+        form = "DSL program" if labels is not None else f"explicit steps from {program}"
+        if engine == "z3":
+            from ..reduction.proof import verify_z3
 
-        verdict = verify_z3(lowering, steps, timeout)
-    else:
-        verdict = verify_steps(lowering, steps)
+            verdict = verify_z3(lowering, steps, timeout, MEMORY_BOUND)
+        else:
+            verdict = verify_steps(lowering, steps, MEMORY_BOUND)
     if plot is not None:
         from ..report.program import plot_program
 
@@ -260,10 +302,13 @@ def verify(
                             f"{form if labels is None else format_program(parse_program(program))}"
                             f" on placement {chosen}", labels, verdict=verdict))
     if as_json:
-        print_json({"matrix": chosen.as_lists(), "reduction": red.name, "program": form, **verdict.as_dict()})
+        print_json({"matrix": chosen.as_lists(), "matrix_chosen": how, "reduction": red.name, "program": form,
+                    **verdict.as_dict()})
     else:
         status = {"valid": "valid: every device ends with its group's exact sum, for any data",
                   "invalid": "invalid", "unknown": "unknown: not decided within the time limit (nothing proved)"}
+        if how != "given":
+            typer.echo(f"placement {chosen}: {how}")
         typer.echo(f"placement {chosen}, reduction '{red.name}', {form}: {status[verdict.status]}"
                    f" ({verdict.engine}, {units.format_time(verdict.wall_time)}"
                    f"{', ' + verdict.detail if verdict.detail else ''})")
@@ -275,7 +320,7 @@ def verify(
             typer.echo(f"note: {w} (P²'s Fig. 8 rejects this step, but it does not change the result: a wasted"
                        " step)")
         for c in verdict.local_copies:
-            who = ", ".join(f"{what} on devices {format_rows(tuple(c[what]))}" for what in ("pack", "unpack")
+            who = ", ".join(f"{what} on devices {units.format_rows(tuple(c[what]))}" for what in ("pack", "unpack")
                             if c[what])
             typer.echo(f"local copies on torch.distributed (ranks ordered ascending, chunks at their own offsets):"
                        f" step {c['step']} group {c['group']}: {who}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec.model import DTYPE_BYTES
+from ..units import format_rows
 
 __all__ = ["Call", "PlanStep", "DistributedPlan", "format_rows"]
 
@@ -153,21 +154,3 @@ class DistributedPlan:
             for rank, c in sorted(by_step.get(s, []), key=lambda rc: rc[0]):
                 lines.append(f"  rank {rank}: {self.describe_call(c)}")
         return "\n".join(lines)
-
-
-def format_rows(rows: tuple[int, ...]) -> str:
-    """``(0, 1, 2, 5)`` -> ``[0-2,5]``: runs of consecutive chunks shortened.
-
-    >>> format_rows((0, 1, 2, 5))
-    '[0-2,5]'
-    >>> format_rows(())
-    '[]'
-    """
-    parts, i = [], 0
-    while i < len(rows):
-        j = i
-        while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
-            j += 1
-        parts.append(str(rows[i]) if i == j else f"{rows[i]}-{rows[j]}")
-        i = j + 1
-    return "[" + ",".join(parts) + "]"

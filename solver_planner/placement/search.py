@@ -14,11 +14,11 @@ from ..errors import PlannerError
 from ..solve import SolveResult, Status, Stopwatch
 from ..spec.model import ModelSpec
 from ..topology import Topology
-from .cpsat import cpsat_matrices, log_objective, model_size
+from .cpsat import cpsat_matrices, log_objective, model_size, prime_exponents
 from .enumerate import enumerate_matrices
 from .matrix import ParallelismMatrix, PlacementRule
 
-__all__ = ["find_placements", "resolve_rules", "traffic_weights", "AUTO_THRESHOLD"]
+__all__ = ["find_placements", "resolve_rules", "traffic_weights", "AUTO_THRESHOLD", "count_bound"]
 
 # Above this many exponent variables, method='auto' enumerates instead of building a model.
 AUTO_THRESHOLD = 200
@@ -56,18 +56,35 @@ def traffic_weights(model: ModelSpec, topology: Topology) -> list[list[float]]:
     return weights
 
 
+def count_bound(axis_sizes: Sequence[int], level_counts: Sequence[int]) -> int:
+    """An upper bound on the number of matrices: per prime, every row's exponent spread over
+    the levels independently (Eq. 2 alone; Eq. 1 only removes some)."""
+    from math import comb
+
+    primes = {q for n in list(axis_sizes) + list(level_counts) for q in prime_exponents(n)}
+    bound = 1
+    for q in primes:
+        for p in axis_sizes:
+            e = prime_exponents(p).get(q, 0)
+            bound *= comb(e + len(level_counts) - 1, e)
+    return bound
+
+
 def find_placements(axis_sizes: Sequence[int], level_counts: Sequence[int], rules: Sequence[PlacementRule] = (),
                     weights: Sequence[Sequence[float]] | None = None, method: str = "auto",
-                    time_limit: float = 30.0) -> SolveResult[ParallelismMatrix]:
+                    time_limit: float = 30.0, every: bool = True) -> SolveResult[ParallelismMatrix]:
     """Every parallelism matrix (``.solutions``, in lexicographic order) and the best under
     ``weights`` (``.solution``).  ``method``: 'cp-sat', 'enumerate' or 'auto' (the model
-    below :data:`AUTO_THRESHOLD` variables, enumeration above); ``.method`` says which ran."""
+    below :data:`AUTO_THRESHOLD` variables, enumeration above); ``.method`` says which ran.
+    ``every=False`` asks CP-SAT for the best only (``.solutions`` is then empty), for a
+    caller that needs one placement; enumeration lists them all regardless."""
     if method not in ("auto", "cp-sat", "enumerate"):
         raise ValueError(f"unknown placement method {method!r}; expected auto, cp-sat or enumerate")
     if method == "auto":
         method = "cp-sat" if model_size(axis_sizes, level_counts) <= AUTO_THRESHOLD else "enumerate"
     if method == "cp-sat":
-        result = cpsat_matrices(axis_sizes, level_counts, rules, weights, time_limit)
+        result = cpsat_matrices(axis_sizes, level_counts, rules, weights, time_limit,
+                                enumerate_all=every or weights is None)
         for m in result.solutions + ([result.solution] if result.solution else []):
             try:  # every solver output is checked (DESIGN.md): Eq. 1-2 and the rules
                 m.check(axis_sizes, level_counts)

@@ -77,22 +77,26 @@ class SynthesisHierarchy:
         return tuple((p // s) % c for s, c in zip(self._strides, self.counts))
 
     def groups(self, slice_level: str, form: Form) -> list[tuple[int, ...]]:
-        """Position groups of ``(slice, form)``; raises ``ValueError`` for a form that is not an ancestor."""
+        """Position groups of ``(slice, form)``; raises ``ValueError`` for a form that is not an ancestor.
+
+        Positions are mixed-radix numbers over the levels, so a group is an arithmetic
+        progression: the positions before the varied levels fix its start, the ones after
+        them its stride (built from ranges, not position by position: a hierarchy may have
+        100 000 positions).
+        """
         i = self.index(slice_level)
         if form.kind == "InsideGroup":
-            key = lambda c: c[: i + 1]  # noqa: E731
+            lo = i + 1  # vary every level below the slice (same c_0..c_i)
         else:
             j = self.index(form.level)  # type: ignore[arg-type]
             if not j < i:
                 raise ValueError(f"{form} needs a level above the slice '{slice_level}' (seed 000 §3.3)")
-            key = lambda c: c[: j + 1] + c[i + 1:]  # noqa: E731
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for p in range(self.size):
-            c = self.coords(p)
-            if form.kind == "Master" and any(c[i + 1:]):
-                continue
-            groups.setdefault(key(c), []).append(p)
-        return [tuple(g) for g in groups.values()]
+            lo = j + 1  # vary c_{j+1}..c_i (same c_0..c_j and c_{i+1}..c_K)
+        hi = len(self.counts) if form.kind == "InsideGroup" else i + 1
+        outer, inner = prod(self.counts[:lo]), prod(self.counts[hi:])
+        span = prod(self.counts[lo:hi]) * inner
+        starts = range(1) if form.kind == "Master" else range(inner)  # Master: c_{i+1..K} all 0
+        return [tuple(range(a * span + b, (a + 1) * span + b, inner)) for a in range(outer) for b in starts]
 
     def instructions(self) -> list[tuple[str, Form]]:
         """Every (slice, form) pair, outer slices first: InsideGroup, then Parallel, then Master."""
@@ -108,7 +112,13 @@ class SynthesisHierarchy:
 
 
 class Lowering:
-    """Maps positions of the synthesis hierarchy to devices, per non-reduction coordinate."""
+    """Maps positions of the synthesis hierarchy to devices, per non-reduction coordinate.
+
+    A device id is a sum of one term per (axis, level) digit (:meth:`ParallelismMatrix.device_at`:
+    mixed radix over the levels, each level's coordinate mixed radix over the axes), so the
+    device of (key, position) is the key's offset plus the position's: two lists, built
+    digit by digit, instead of a table over every device.
+    """
 
     def __init__(self, matrix: ParallelismMatrix, level_counts: Sequence[int], level_names: Sequence[str],
                  reduction_axes: Sequence[int]):
@@ -117,33 +127,49 @@ class Lowering:
         self.reduction_axes = tuple(sorted(set(reduction_axes)))
         self.hierarchy = SynthesisHierarchy.of(matrix, level_names, self.reduction_axes)
         others = [i for i in range(matrix.num_axes) if i not in self.reduction_axes]
-        self._device: dict[tuple[tuple[int, ...], int], int] = {}
         self.num_devices = prod(level_counts)
-        keys: set[tuple[int, ...]] = set()
-        for d in range(self.num_devices):
-            digits = matrix.digits(level_counts, d)
-            pos = 0
-            for j in range(matrix.num_levels):
-                r = 0
-                for i in self.reduction_axes:  # collapsed factor: axis order, first most significant
-                    r = r * matrix.rows[i][j] + digits[i][j]
-                pos = pos * self.hierarchy.counts[j + 1] + r
-            key = tuple(digits[i][j] for i in others for j in range(matrix.num_levels))
-            self._device[(key, pos)] = d
-            keys.add(key)
-        self.keys = sorted(keys)
+        levels = range(matrix.num_levels)
+        # weight[i][j]: what digit i of level j's coordinate adds to the device id
+        weight = [[prod(matrix.rows[a][j] for a in range(i + 1, matrix.num_axes)) * prod(self.level_counts[j + 1:])
+                   for j in levels] for i in range(matrix.num_axes)]
+        # Positions in order: levels outermost first, each level's reduction digits with the
+        # first axis most significant (SynthesisHierarchy.of collapses them that way).
+        self._position = _offsets([(matrix.rows[i][j], weight[i][j]) for j in levels for i in self.reduction_axes])
+        # Keys in sorted order: axis by axis, level by level, as the key tuples compare.
+        digits = [(matrix.rows[i][j], weight[i][j]) for i in others for j in levels]
+        self._key = _offsets(digits)
+        self.keys = _tuples([radix for radix, _ in digits])
+        self._key_index = {key: n for n, key in enumerate(self.keys)}
 
     def device(self, key: tuple[int, ...], position: int) -> int:
-        return self._device[(key, position)]
+        return self._key[self._key_index[key]] + self._position[position]
 
     def lower(self, groups: Sequence[Sequence[int]]) -> list[list[int]]:
         """Device groups over the whole system, one per group and non-reduction coordinate."""
-        return [[self.device(k, p) for p in g] for k in self.keys for g in groups]
+        pos = self._position
+        return [[k + pos[p] for p in g] for k in self._key for g in groups]
 
     def reduction_groups(self) -> list[list[int]]:
         """The devices that reduce together (all positions, per non-reduction coordinate)."""
-        return self.lower([tuple(range(self.hierarchy.size))])
+        return [[k + p for p in self._position] for k in self._key]
 
     def group_of(self) -> dict[int, tuple[int, ...]]:
         """Each device's reduction group: the columns it must end with (seed 000 §3.5)."""
         return {d: tuple(group) for group in self.reduction_groups() for d in group}
+
+
+def _offsets(digits: Sequence[tuple[int, int]]) -> list[int]:
+    """Every sum of ``digit * weight`` over the (radix, weight) digits, first digit most significant."""
+    out = [0]
+    for radix, weight in digits:
+        if radix > 1:
+            out = [o + d * weight for o in out for d in range(radix)]
+    return out
+
+
+def _tuples(radices: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every digit tuple of the mixed radix, in lexicographic order."""
+    out: list[tuple[int, ...]] = [()]
+    for radix in radices:
+        out = [t + (d,) for t in out for d in range(radix)]
+    return out

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..cost import Collective
 from .semantics import Violation
@@ -327,23 +327,25 @@ def _one_run(runs: Runs) -> bool:
     return len(runs) <= 1
 
 
-def copies(call: Call) -> dict[int, Copies]:
+def copies(call: Call, measure: Callable[[Runs], int] = size) -> dict[int, Copies]:
     """Per member, whether ``call`` needs a local copy on a library that orders ranks ascending.
 
     Decided on runs, without listing chunks, so it is cheap on large programs; the lowering
     checks it against the chunk lists of :func:`buffers`.  Empty for a call that moves
-    nothing (nobody holds a chunk): it issues no call at all.
+    nothing (nobody holds a chunk): it issues no call at all.  ``measure`` counts the
+    chunks of a held set (:mod:`.symmetry` counts a representative hierarchy's sets in the
+    real hierarchy's chunks).
     """
     if call.empty:
         return {}
     g, kind, before = call.group, call.kind, dict(zip(call.group, call.before))
     if kind is Collective.BROADCAST:
-        flat, n = _one_run(before[g[0]]), size(before[g[0]])
+        flat, n = _one_run(before[g[0]]), measure(before[g[0]])
         return {d: Copies(not flat and d == g[0], not flat and d != g[0], 0 if flat else n) for d in g}
     if kind in (Collective.ALLREDUCE, Collective.REDUCE):
         out = {}
         for d in g:
-            flat, n = _one_run(before[d]), size(before[d])
+            flat, n = _one_run(before[d]), measure(before[d])
             keeps = kind is Collective.ALLREDUCE or d == g[0]
             out[d] = Copies(not flat, not flat and keeps, 0 if flat else n * (2 if keeps else 1))
         return out
@@ -354,13 +356,13 @@ def copies(call: Call) -> dict[int, Copies]:
         out = {}
         for d, after in zip(g, call.after):
             pack, unpack = not (_one_run(before[d]) and in_order), not _one_run(after)
-            out[d] = Copies(pack, unpack, size(before[d]) * pack + size(after) * unpack)
+            out[d] = Copies(pack, unpack, measure(before[d]) * pack + measure(after) * unpack)
         return out
     ordered = [before[d] for d in sorted(g)]
     flat = all(len(r) == 1 for r in ordered) and all(a[0][1] == b[0][0] for a, b in zip(ordered, ordered[1:]))
-    total = size(call.after[0])
+    total = measure(call.after[0])
     return {d: Copies(not _one_run(before[d]), not flat,
-                      size(before[d]) * (not _one_run(before[d])) + total * (not flat)) for d in g}
+                      measure(before[d]) * (not _one_run(before[d])) + total * (not flat)) for d in g}
 
 
 def call_of(kind: Collective, group: Sequence[int], before: Sequence[Runs], step: int = 0) -> Call:

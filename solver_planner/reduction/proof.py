@@ -321,16 +321,18 @@ class _Prover:
         raise PlannerError("z3 reported a counterexample that satisfies every final equation")
 
 
-def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0) -> Verdict:
+def verify_z3(lowering: Lowering, steps: Steps, timeout: float = 30.0, memory_bound: int | None = None) -> Verdict:
     """Prove ``steps`` valid on the placement of ``lowering`` with z3, or refute them.
 
     The verdict is z3's.  Its explanation (the step, group, device and chunk where the
     program goes wrong) comes from the rules (:func:`.verify.check_program`), which must
     reach the same verdict: a disagreement is a bug and raises :class:`PlannerError`.
+    ``memory_bound``: as :func:`.verify.check_program` (the proof's values are laid out as
+    the rules' are).
     """
     with Stopwatch() as sw:
         n, k, groups = lowering.num_devices, lowering.hierarchy.size, lowering.reduction_groups()
-        outcome = check_program(n, k, steps, groups)
+        outcome = check_program(n, k, steps, groups, memory_bound)
         hint = (outcome.failure.device, outcome.failure.chunk) if outcome.failure is not None else None
         proof = prove(n, k, steps, groups, timeout, hint, outcome.trace)
         if proof.status == "unknown":

@@ -21,9 +21,13 @@ from typing import Callable, Sequence
 
 from ..cost import Collective, CollectiveCost, CostModel
 from ..errors import OptionError, PlannerError
+from ..memory import check as check_memory
+from ..memory import ranking_estimate
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
-from ..simulate import Simulation, add_collective
+from ..placement.search import count_bound
+from ..simulate import Simulation
 from ..simulate.tasks import compute_resource
+from ..solve import SolveResult
 from ..spec.model import ModelSpec, ReductionSpec, check_fits
 from ..topology import Topology
 from .dsl import Instruction, Program, format_program
@@ -32,7 +36,7 @@ from .layout import call_of, copies, runs_of_mask
 from .synthesis import DEFAULT_MAX_SIZE, states_along, synthesize_traced
 
 __all__ = ["Step", "StepCoster", "CostedProgram", "ReductionReport", "PlacementReport", "cost_program",
-           "replay", "allreduce_program", "rank_placements", "reduce_on_placement", "check_placeable",
+           "replay", "allreduce_program", "rank_placements", "proxy_placement", "reduce_on_placement", "check_placeable",
            "lowering_for", "reduction_named"]
 
 
@@ -122,17 +126,21 @@ def replay(cost: CostModel, costed: CostedProgram, algorithm: str = "ring", chec
     """The program as simulator tasks, one per step, each after the previous one.
 
     With ``check``, raise :class:`PlannerError` unless the simulated makespan equals the
-    cost the ranking reported.
+    cost the ranking reported.  A step's task holds no port: each step waits for the one
+    before it, so no two ever share a port, and listing every port of a step over 100 000
+    devices would cost more than the whole ranking.
     """
     sim = Simulation()
     prev: list[int] = []
     for n, step in enumerate(costed.steps):
         # The collective is costed afresh from its device groups and bytes, independently
         # of the coster's memo, so the check covers the memo too.
-        prev = [add_collective(sim, cost, step.collective.value, step.groups, step.nbytes, algorithm, deps=prev,
-                               name=f"step {n + 1}: {costed.program[n]}")]
+        c = cost.collective(step.collective.value, step.groups, step.nbytes, algorithm)
+        devices = sorted(d for g in step.groups for d in g)
+        prev = [sim.add(f"step {n + 1}: {costed.program[n]}", c.time, (), prev, devices=devices,
+                        category=c.collective, args={"bytes": c.nbytes, "algorithm": c.algorithm,
+                                                     "bus_bandwidth": c.bus_bandwidth, "bottleneck": c.bottleneck})]
         if step.copy_time > 0:
-            devices = sorted(d for g in step.groups for d in g)
             prev = [sim.add(f"step {n + 1}: local copies", step.copy_time, [compute_resource(d) for d in devices],
                             prev, devices=devices, stream="compute", category="copy")]
     if check:
@@ -215,21 +223,39 @@ def lowering_for(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix
 
 def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: ParallelismMatrix, reduction: ReductionSpec,
                         max_size: int = DEFAULT_MAX_SIZE, algorithm: str = "ring", cost: CostModel | None = None,
-                        cache: dict | None = None, check: bool = True, metric: str = "instructions"
-                        ) -> ReductionReport:
+                        cache: dict | None = None, check: bool = True, metric: str = "instructions",
+                        symmetric: bool | None = None, memory_bound: int | None = None) -> ReductionReport:
     """Synthesize, cost and rank the programs of one reduction on one placement (``metric``:
-    how program size is counted, see :mod:`.synthesis`)."""
+    how program size is counted, see :mod:`.synthesis`).
+
+    ``symmetric``: synthesize on the representative hierarchy (:mod:`.symmetry`) and cost
+    on the real one; None (the default) does so when the representative is the smaller.
+    ``memory_bound``: as :func:`rank_placements`, for this one placement.
+    """
+    from .symmetry import RepresentativeCoster, representative
+
+    if memory_bound is not None:
+        check_memory(ranking_estimate(topology.num_devices, topology.devices_per_host, 1, 1),
+                     "synthesizing on this placement", memory_bound)
     cost = cost or CostModel(topology)
     lowering = lowering_for(topology, model, matrix, reduction)
-    key = (lowering.hierarchy, max_size, metric)
+    rep = representative(lowering.hierarchy)
+    if symmetric is None:
+        symmetric = rep.size < lowering.hierarchy.size
+    synthesized_on = rep if symmetric else lowering.hierarchy
+    key = (synthesized_on, max_size, metric)
     if cache is not None and key in cache:
         programs = cache[key]
     else:
-        programs = synthesize_traced(lowering.hierarchy, max_size, metric)
+        programs = synthesize_traced(synthesized_on, max_size, metric)
         if cache is not None:
             cache[key] = programs
-    coster = StepCoster(cost, lowering, reduction.bytes, algorithm)
-    costed = [coster.program(p.program, p.held) for p in programs]
+    if symmetric:
+        coster = RepresentativeCoster(cost, lowering, reduction.bytes, algorithm)
+        costed = coster.programs([p.program for p in programs])
+    else:
+        coster = StepCoster(cost, lowering, reduction.bytes, algorithm)
+        costed = [coster.program(p.program, p.held) for p in programs]
     order = sorted(range(len(costed)), key=lambda i: (costed[i].time, len(costed[i].program), i))
     costed = [costed[i] for i in order]
     baseline = coster.program(allreduce_program())
@@ -241,22 +267,57 @@ def reduce_on_placement(topology: Topology, model: ModelSpec, matrix: Parallelis
                            lowering.hierarchy, baseline, costed)
 
 
+# Below this many matrices (a bound), method 'auto' enumerates them rather than build a
+# CP-SAT model: both are exact, and loading OR-Tools takes longer than the enumeration.
+FEW_MATRICES = 1000
+
+
+def _method(model: ModelSpec, counts: Sequence[int], method: str) -> str:
+    return "enumerate" if method == "auto" and count_bound(model.axis_sizes, counts) <= FEW_MATRICES else method
+
+
+def proxy_placement(topology: Topology, model: ModelSpec, method: str = "auto"
+                    ) -> tuple[ParallelismMatrix | None, SolveResult]:
+    """One placement without synthesizing any program: the best under the solver's proxy
+    objective (:mod:`solver_planner.placement.search`: reduced bytes over each level's
+    bandwidth, P² §3.1's matrices).  What `reduce verify` needs when no matrix is given: a
+    proof is about one placement, and ranking every placement by its best programs costs
+    far more than the proof.  ``None`` when no placement satisfies the constraints.
+
+    ``method='auto'`` enumerates when there are few matrices (:data:`FEW_MATRICES`), else
+    asks CP-SAT for its optimum."""
+    check_placeable(topology, model)
+    counts = [lv.count for lv in topology.levels]
+    result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
+                             traffic_weights(model, topology), _method(model, counts, method), every=False)
+    return result.solution, result
+
+
 def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", max_size: int = DEFAULT_MAX_SIZE,
                     algorithm: str = "ring", matrices: Sequence[ParallelismMatrix] | None = None,
-                    progress: Callable[[int, int], None] | None = None, metric: str = "instructions"):
+                    progress: Callable[[int, int], None] | None = None, metric: str = "instructions",
+                    memory_bound: int | None = None):
     """Every placement with its reductions' best programs, best placement first.
 
+    ``method='auto'`` enumerates when there are few matrices (:data:`FEW_MATRICES`), else
+    lets :func:`.find_placements` choose.
+
     Returns ``(reports, placement_result)``; the ranking key is the weighted sum of the
-    best program times of all reductions.
+    best program times of all reductions.  ``memory_bound``: refuse
+    (:class:`~solver_planner.errors.RefusedError`) before synthesizing when the ranking's
+    estimate passes it (:mod:`solver_planner.memory`).
     """
     check_placeable(topology, model)
     counts = [lv.count for lv in topology.levels]
     result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
-                             traffic_weights(model, topology), method)
+                             traffic_weights(model, topology), _method(model, counts, method))
     cost = CostModel(topology)
     cache: dict = {}
     reports = []
     todo = list(matrices if matrices is not None else result.solutions)
+    if memory_bound is not None:
+        check_memory(ranking_estimate(topology.num_devices, topology.devices_per_host, len(todo),
+                                      len(model.reductions)), "ranking these placements", memory_bound)
     for n, matrix in enumerate(todo):
         if progress is not None:
             progress(n, len(todo))

@@ -37,7 +37,7 @@ from .semantics import RULES, Violation
 from .synthesis import lower_program
 
 __all__ = ["Verdict", "Outcome", "system_steps", "verify_steps", "check_program", "goal_columns", "local_copies",
-           "verdict_of"]
+           "verdict_of", "value_tables"]
 
 Steps = Sequence[tuple[Collective, Sequence[Sequence[int]]]]
 NO_INFORMATION = "adds no information"
@@ -136,11 +136,43 @@ def _holds(runs, chunk: int) -> bool:
     return any(lo <= chunk < hi for lo, hi in runs)
 
 
-def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]]) -> Outcome:
-    """Decide validity of ``steps`` on ``num_devices`` devices whose data is cut into ``k`` chunks."""
+def value_tables(tr: Trace, atoms: Atoms) -> int:
+    """At most how many (device, atom) values :func:`check_program` (and the proof) write
+    into tables of their own: a gather's union, a misaligned reduction's per-member
+    tables, an aligned reduction's one table.  Counted on the layout alone, before any
+    value exists (:mod:`solver_planner.memory`); held sets shared by several devices are
+    counted once."""
+    counted: dict[int, int] = {}
+
+    def count(runs) -> int:
+        hit = counted.get(id(runs))
+        if hit is None:
+            hit = counted[id(runs)] = sum(atoms.index(b - 1) - atoms.index(a) + 1 for a, b in runs)
+        return hit
+
+    total = 0
+    for step in tr.calls:
+        for call in step:
+            if call.kind is Collective.ALLGATHER or (call.kind in REDUCING and not call.aligned):
+                total += sum(count(r) for r in call.before)
+            elif call.kind in REDUCING:
+                total += count(call.before[0])
+    return total
+
+
+def check_program(num_devices: int, k: int, steps: Steps, reduction_groups: Sequence[Sequence[int]],
+                  memory_bound: int | None = None) -> Outcome:
+    """Decide validity of ``steps`` on ``num_devices`` devices whose data is cut into ``k`` chunks.
+
+    ``memory_bound``: refuse (:class:`~solver_planner.errors.RefusedError`) a program whose
+    values would not fit in it, before building them (:mod:`solver_planner.memory`)."""
     goal = goal_columns(num_devices, reduction_groups)
     tr = trace(num_devices, k, steps)
     atoms = Atoms(tr)
+    if memory_bound is not None:
+        from ..memory import check, verify_estimate
+
+        check(verify_estimate(num_devices, value_tables(tr, atoms)), "verifying this program", memory_bound)
     # vals[d]: per atom it holds, a clean bit set (>= 0) or damaged (-(i + 1): origins[i]
     # caused it); a _Same when all are equal.  States are never changed in place, so
     # members can share them.
@@ -327,9 +359,11 @@ def verdict_of(outcome: Outcome, engine: str, seconds: float, detail: str = "") 
     return Verdict("invalid", engine, outcome.cause, seconds, detail, outcome.failure, [], [])
 
 
-def verify_steps(lowering: Lowering, steps: Steps) -> Verdict:
-    """Decide ``steps`` (device groups over the whole system) on the placement of ``lowering``."""
+def verify_steps(lowering: Lowering, steps: Steps, memory_bound: int | None = None) -> Verdict:
+    """Decide ``steps`` (device groups over the whole system) on the placement of ``lowering``
+    (``memory_bound``: as :func:`check_program`)."""
     with Stopwatch() as sw:
-        outcome = check_program(lowering.num_devices, lowering.hierarchy.size, steps, lowering.reduction_groups())
+        outcome = check_program(lowering.num_devices, lowering.hierarchy.size, steps, lowering.reduction_groups(),
+                                memory_bound)
     return verdict_of(outcome, "semantics", sw.seconds)
 

@@ -1,0 +1,149 @@
+"""Whole commands at scale: wall time and peak memory of `place`, `reduce synth` and
+`reduce verify` on 1 024 to 100 000 GPUs.
+
+Every row runs the real command in a fresh process (`python -m solver_planner ...`, this
+checkout first on PYTHONPATH) on the shipped DGX A100 cluster (8 GPUs a node, NVSwitch
+inside, one 200 Gb/s NIC per GPU) grown to the row's node count, with a data-parallel model
+filling it (one 100 MB gradient reduction).  Times are medians of ``--repeat`` runs; memory
+is the largest resident set of those runs (the child's own rusage); the exit status is the
+last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit).
+
+    python benchmarks/scale.py                          # every family, every size
+    python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
+
+Adding a family (``stages``, ``plan``, ...): write a function ``rows(gpus, workdir)``
+yielding ``(label, argv)`` pairs and add it to ``FAMILIES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUS = (1024, 8192, 16384, 100_000)
+PER_NODE = 8
+
+HIERARCHICAL = "ReduceScatter(node, InsideGroup); AllReduce(node, Parallel(root)); AllGather(node, InsideGroup)"
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+def specs(gpus: int, workdir: Path) -> tuple[Path, Path]:
+    """The DGX A100 cluster with ``gpus / 8`` nodes, and a model whose one data axis fills it."""
+    nodes = gpus // PER_NODE
+    cluster = workdir / f"dgx-a100-{nodes}x8.yaml"
+    if not cluster.exists():
+        text = (ROOT / "specs" / "clusters" / "dgx-a100-128x8.yaml").read_text()
+        cluster.write_text(text.replace("count: 128}", f"count: {nodes}}}")
+                           .replace("name: dgx-a100-128x8", f"name: dgx-a100-{nodes}x8"))
+    model = workdir / f"dp{gpus}.yaml"
+    if not model.exists():
+        model.write_text(f"name: dp{gpus}\nparallelism:\n  axes:\n    - {{name: data, size: {gpus}}}\n"
+                         "reductions:\n  - {name: grads, axes: [data], bytes: 100 MB}\n")
+    return cluster, model
+
+
+def explicit(workdir: Path, name: str, steps: list[tuple[str, list[list[int]]]]) -> Path:
+    """A YAML file of explicit steps (what `reduce verify` reads besides the DSL)."""
+    path = workdir / f"{name}.yaml"
+    path.write_text("steps:\n" + "".join(f"  - {{op: {op}, groups: {json.dumps(groups)}}}\n" for op, groups in steps))
+    return path
+
+
+def irregular(gpus: int, seed: int = 0) -> list[tuple[str, list[tuple[str, list[list[int]]]]]]:
+    """Hand-written hierarchical programs over random blocks of 32 devices (each block's
+    members drawn at random and written in a random order), as benchmarks/verify_scale.py
+    times them without the command around them."""
+    rng = random.Random(seed * 1_000_003 + gpus)
+    order = rng.sample(range(gpus), gpus)
+    inside = [order[i:i + 32] for i in range(0, gpus, 32)]
+    across = [[block[p] for block in inside] for p in range(32)]
+    mispaired = [list(g) for g in across]
+    mispaired[0][0], mispaired[1][0] = mispaired[1][0], mispaired[0][0]
+    return [("2 all-reduces, random blocks", [("AllReduce", inside), ("AllReduce", across)]),
+            ("scatter/all-reduce/gather, random blocks", [("ReduceScatter", inside), ("AllReduce", across),
+                                                           ("AllGather", inside)]),
+            ("the same, two devices mispaired (invalid)", [("ReduceScatter", inside), ("AllReduce", mispaired),
+                                                           ("AllGather", inside)])]
+
+
+# -- command families --------------------------------------------------------------------------
+
+Rows = Iterator[tuple[str, list[str]]]
+
+
+def place_rows(gpus: int, workdir: Path) -> Rows:
+    cluster, model = specs(gpus, workdir)
+    yield "rank every placement", ["place", str(cluster), str(model), "--top", "1"]
+
+
+def synth_rows(gpus: int, workdir: Path) -> Rows:
+    cluster, model = specs(gpus, workdir)
+    yield "programs of the best placement", ["reduce", "synth", str(cluster), str(model), "--top", "3"]
+
+
+def verify_rows(gpus: int, workdir: Path) -> Rows:
+    cluster, model = specs(gpus, workdir)
+    yield "DSL: " + HIERARCHICAL.replace("(node, ", "(").replace("InsideGroup", "Inside"), \
+        ["reduce", "verify", str(cluster), str(model), HIERARCHICAL]
+    for n, (name, steps) in enumerate(irregular(gpus)):
+        yield f"explicit: {name}", ["reduce", "verify", str(cluster), str(model),
+                                    str(explicit(workdir, f"irregular-{gpus}-{n}", steps))]
+
+
+FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows}
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+def run(argv: list[str]) -> tuple[int, float, int, str]:
+    """(exit status, wall seconds, peak resident bytes, last stderr line) of one run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "solver_planner", *argv], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    lines = [line for line in err.splitlines() if line.strip()]
+    return child.returncode, wall, peak, lines[-1] if lines else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commands", default=",".join(FAMILIES), help=f"families to run: {', '.join(FAMILIES)}")
+    ap.add_argument("--gpus", default=",".join(map(str, GPUS)), help="GPU counts (multiples of 8)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per row (the median time is shown)")
+    args = ap.parse_args()
+    families = [f.strip() for f in args.commands.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown command family {unknown[0]!r}; expected {', '.join(FAMILIES)}")
+    print(f"{'command':<8} {'GPUs':>7}  {'case':<52} {'exit':>4} {'median s':>9} {'peak MB':>8}  note")
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in families:
+            for gpus in (int(g) for g in args.gpus.split(",")):
+                for label, argv in FAMILIES[family](gpus, Path(tmp)):
+                    runs = [run(argv) for _ in range(args.repeat)]
+                    code, _, _, note = runs[-1]
+                    wall = statistics.median(r[1] for r in runs)
+                    peak = max(r[2] for r in runs)
+                    note = note if code not in (0,) else ""
+                    print(f"{family:<8} {gpus:>7}  {label[:52]:<52} {code:>4} {wall:>9.2f} {peak / 1e6:>8.0f}"
+                          f"  {note[:100]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

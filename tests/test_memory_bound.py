@@ -1,0 +1,99 @@
+"""The memory bound of place, reduce synth and reduce verify (solver_planner/memory.py):
+refused before the work with exit 2, never killed, never a MemoryError traceback."""
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CLUSTERS, ROOT, run_cli
+from solver_planner import memory
+from solver_planner.errors import RefusedError
+
+HIERARCHICAL = "ReduceScatter(node, InsideGroup); AllReduce(node, Parallel(root)); AllGather(node, InsideGroup)"
+# a scatter inside nodes, one across, gathers back: every GPU ends up holding every eighth
+# chunk between the two gathers, so the rules' tables grow as devices x nodes
+STRIDED = ("ReduceScatter(node, InsideGroup); ReduceScatter(node, Parallel(root)); AllGather(node, Parallel(root));"
+           " AllGather(node, InsideGroup)")
+
+
+def dgx(tmp_path, nodes):
+    """The shipped DGX A100 cluster with ``nodes`` nodes and a data-parallel model filling it."""
+    text = (CLUSTERS / "dgx-a100-128x8.yaml").read_text()
+    cluster = tmp_path / f"dgx-{nodes}.yaml"
+    cluster.write_text(text.replace("count: 128}", f"count: {nodes}}}").replace("name: dgx-a100-128x8",
+                                                                                 f"name: dgx-a100-{nodes}x8"))
+    model = tmp_path / f"dp-{nodes}.yaml"
+    model.write_text(f"name: dp\nparallelism:\n  axes:\n    - {{name: data, size: {nodes * 8}}}\n"
+                     "reductions:\n  - {name: grads, axes: [data], bytes: 100 MB}\n")
+    return cluster, model
+
+
+def test_an_estimate_over_the_bound_is_refused_naming_both():
+    with pytest.raises(RefusedError, match=r"about 3 GiB for .*100,000 devices.* memory bound of 2 GiB"):
+        memory.check(memory.Estimate(3 * 2**30, "a program on 100,000 devices"), "verifying", 2 * 2**30)
+    memory.check(memory.Estimate(2**30, "small"), "verifying", 2 * 2**30)     # under: nothing happens
+    # more placements, more devices or more devices per host: more memory
+    one = memory.ranking_estimate(8192, 8, 1, 1).bytes
+    assert memory.ranking_estimate(8192, 8, 2, 1).bytes > one and memory.ranking_estimate(8192, 16, 1, 1).bytes > one
+    assert memory.ranking_estimate(100_000, 8, 1, 1).bytes < memory.MEMORY_BOUND   # the largest spec fits
+
+
+def test_bounded_limits_the_address_space_and_gives_it_back():
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with memory.bounded(2**30):
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        assert soft != resource.RLIM_INFINITY and memory.active_bound() == 2**30
+        # a process already mapping more than half the bound gets the bound on top of it
+        assert soft >= min(2**30, (memory.address_space() or 0))
+        with pytest.raises(MemoryError):
+            bytearray(soft)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before and memory.active_bound() is None
+
+
+def test_running_out_inside_the_bound_exits_2_with_the_bound(monkeypatch):
+    from typer.testing import CliRunner
+
+    import solver_planner.reduction.ranking as ranking
+    from solver_planner.cli import app
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(ranking, "rank_placements", exhausted)   # as if an allocation failed inside
+    result = CliRunner().invoke(app, ["place", str(CLUSTERS / "p2-v100-2x8.yaml"),
+                                      str(ROOT / "specs" / "models" / "dp16.yaml")])
+    assert result.exit_code == 2 and "memory bound of 2 GiB" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_verify_refuses_a_program_whose_tables_pass_the_bound(tmp_path):
+    cluster, model = dgx(tmp_path, 2048)                              # 16 384 devices
+    result = run_cli("reduce", "verify", cluster, model, STRIDED, "--matrix", "[[2048,8]]", "--json")
+    assert result.returncode == 2, result.stderr
+    message = json.loads(result.stdout)["error"]["message"]
+    assert "memory bound of 2 GiB" in message and "16,384 devices" in message and "values" in message
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+@pytest.mark.parametrize("args", [["place"], ["reduce", "synth", "--top", "3"],
+                                  ["reduce", "verify", HIERARCHICAL], ["reduce", "verify", STRIDED]],
+                         ids=["place", "synth", "verify", "verify-strided"])
+def test_the_largest_cluster_under_the_bound_succeeds_or_is_refused(tmp_path, args):
+    """100 000 devices (the most a spec accepts) with the address space limited to the bound
+    from outside: each command either finishes or refuses with exit 2."""
+    cluster, model = dgx(tmp_path, 12_500)
+    command = [*args[:2], cluster, model, *args[2:]] if args[0] == "reduce" else [args[0], cluster, model]
+    result = subprocess.run(["prlimit", f"--as={memory.MEMORY_BOUND}", sys.executable, "-m", "solver_planner",
+                             *map(str, command)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode in (0, 2), (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+    if result.returncode == 2:
+        assert "memory bound of 2 GiB" in result.stderr
+    expected = 2 if args[-1] == STRIDED else 0          # what the estimates say, measured
+    assert result.returncode == expected, result.stderr[-2000:]
