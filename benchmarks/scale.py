@@ -1,12 +1,14 @@
-"""Whole commands at scale: wall time and peak memory of `place`, `reduce synth` and
-`reduce verify` on 1 024 to 100 000 GPUs.
+"""Whole commands at scale: wall time and peak memory of `place`, `reduce synth`,
+`reduce verify` and `stages` on 1 024 to 100 000 GPUs.
 
 Every row runs the real command in a fresh process (`python -m solver_planner ...`, this
 checkout first on PYTHONPATH) on the shipped DGX A100 cluster (8 GPUs a node, NVSwitch
 inside, one 200 Gb/s NIC per GPU) grown to the row's node count, with a data-parallel model
 filling it (one 100 MB gradient reduction).  Times are medians of ``--repeat`` runs; memory
 is the largest resident set of those runs (the child's own rusage); the exit status is the
-last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit).
+last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit).  `stages`
+plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) at the default budgets; its note is the
+status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -101,7 +104,15 @@ def verify_rows(gpus: int, workdir: Path) -> Rows:
                                     str(explicit(workdir, f"irregular-{gpus}-{n}", steps))]
 
 
-FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows}
+def stages_rows(gpus: int, workdir: Path) -> Rows:
+    cluster, _ = specs(gpus, workdir)
+    yield "GPT-3 175B, 1F1B, default budgets", ["stages", str(cluster), str(ROOT / "specs" / "models" /
+                                                                              "gpt3-175b.yaml"),
+                                                 "--no-baselines", "--json"]
+
+
+FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,
+                                                    "stages": stages_rows}
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -111,14 +122,33 @@ def run(argv: list[str]) -> tuple[int, float, int, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "solver_planner", *argv], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = child.stderr.read()
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # both pipes read to the end before the child is reaped (by wait4, for its rusage)
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.append(child.stderr.read()))
+    reader.start()
+    out = child.stdout.read()
+    reader.join()
+    err = errors[0]
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
     peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     lines = [line for line in err.splitlines() if line.strip()]
-    return child.returncode, wall, peak, lines[-1] if lines else ""
+    return child.returncode, wall, peak, _search_note(out) or (lines[-1] if lines else "")
+
+
+def _search_note(out: str) -> str:
+    """A stage search's status, gap and devices used, from its --json output ('' otherwise)."""
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict) or "gap" not in data:
+        return ""
+    use = data.get("devices", {})
+    return (f"{data['status']}, gap {data['gap']:.1%}, iteration {data['iteration_time']:.3g} s, devices used"
+            f" {use.get('used', '?'):,} of {use.get('devices', '?'):,}")
 
 
 def main() -> None:
@@ -140,7 +170,7 @@ def main() -> None:
                     code, _, _, note = runs[-1]
                     wall = statistics.median(r[1] for r in runs)
                     peak = max(r[2] for r in runs)
-                    note = note if code not in (0,) else ""
+                    note = note if code != 0 or family == "stages" else ""
                     print(f"{family:<8} {gpus:>7}  {label[:52]:<52} {code:>4} {wall:>9.2f} {peak / 1e6:>8.0f}"
                           f"  {note[:100]}", flush=True)
 

@@ -81,13 +81,24 @@ def zbv(tmp_path_factory):
     return topo, spec, plan_document(plan), path
 
 
+@pytest.fixture(scope="module")
+def idle(tmp_path_factory):
+    """A plan on part of a cluster: --devices 14 of 16, and a configuration of 3 stages of
+    one 4-GPU host each (12 devices; 4 idle)."""
+    path, spec = _spec(tmp_path_factory, TINY_GPT, "tiny-gpt")
+    topo = load_topology(P3X4)
+    plan = make_plan(topo, spec, "1f1b", config=Config(1, 4, 3, 4), devices=14)
+    assert (plan.use.used, plan.use.idle, plan.topology.num_devices) == (12, 4, 12)
+    return topo, spec, plan_document(plan), path
+
+
 def _refused(case, doc):
     topo, spec, _, _ = case
     return check_plan(topo, spec, doc)
 
 
-def test_untouched_plans_check(reduced, tied, interleaved, zbv):
-    for case in (reduced, tied, interleaved, zbv):
+def test_untouched_plans_check(reduced, tied, interleaved, zbv, idle):
+    for case in (reduced, tied, interleaved, zbv, idle):
         rep = _refused(case, copy.deepcopy(case[2]))
         assert rep.exit_code == 0, rep.first_failure
         assert {f.part for f in rep.findings} >= {"inputs", "stages", "launch", "memory", "iteration", "search",
@@ -114,7 +125,7 @@ def _assert_refused(case, path, what, new):
         assert not re.search(r"\b[A-Z]\w+\(\w+=|np\.|numpy|<class", f.message), (what, f.message)
 
 
-@pytest.mark.parametrize("which", ["reduced", "tied", "interleaved", "zbv"])
+@pytest.mark.parametrize("which", ["reduced", "tied", "interleaved", "zbv", "idle"])
 def test_sampled_edits_are_refused_and_named(request, which):
     """Twenty edits of each plan file, drawn with a fixed seed: changed leaves (each to a
     value of its kind that means something else), deleted and unknown keys, deleted,
@@ -132,6 +143,27 @@ def test_every_edit_is_refused_and_named(request, which):
     case = request.getfixturevalue(which)
     for path, what, new in _edits(case[2]):
         _assert_refused(case, path, what, new)
+
+
+def test_every_edit_of_what_a_plan_on_part_of_a_cluster_says_is_refused(idle):
+    """The devices it uses and why the rest idle, the cap it was asked, and what follows
+    from the count (the launch layout's world size, the devices of each stage)."""
+    doc = idle[2]
+    assert doc["devices"] == 16 and doc["idle"] == {
+        "devices": 4, "used": 12, "reason": "--devices 14 leaves 2 out; the configuration uses 12"}
+    assert doc["search"]["options"]["devices"] == 14 and doc["launch"]["world_size"] == 12
+    heads = (("devices",), ("idle",), ("search", "options", "devices"), ("launch", "world_size"))
+    edits = [e for e in _edits(doc) if any(e[0][:len(h)] == h for h in heads)]
+    assert len(edits) >= 8
+    for path, what, new in edits:
+        _assert_refused(idle, path, what, new)
+    for gone in ("idle", "devices"):                # the whole account removed
+        new = copy.deepcopy(doc)
+        if gone == "devices":
+            del new["search"]["options"]["devices"]
+        else:
+            del new["idle"]
+        assert _refused(idle, new).exit_code == 1, gone
 
 
 def _rows(doc):

@@ -124,6 +124,19 @@ def test_equals_one_process(results, name):
 
 
 
+def test_a_plan_on_part_of_the_cluster_runs_on_its_first_devices(tmp_path):
+    """4 of the 8 devices idle (the configuration uses 4): 4 processes, the same training."""
+    from solver_planner.run.launch import run_plans
+
+    model = model_file(tmp_path, "part", transformer=TINY)
+    job = job_of(model, plan_file(tmp_path, model, "--schedule", "1f1b", "--config", "1,2,2,4"), steps=2)
+    assert job.world == 4 and len(job.stages) == 2
+    (res,) = run_plans([job])
+    for got, want in zip(res.losses, res.reference_losses):
+        assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+    assert res.max_parameter_difference <= 1e-5
+
+
 def test_both_boundary_paths_ran(results):
     """Plans whose boundaries pair rank k with rank k ran on torch's point-to-point lanes, the
     others on broadcasts: both paths are among the equivalence runs above."""

@@ -15,6 +15,9 @@ from ..spec.plausible import implausible
 from ..topology import Topology
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead of tables.")
+DEVICES_OPT = typer.Option(None, "--devices", min=1, show_default=False,
+                           help="Use at most this many of the cluster's devices (its first ones; default: all). Plans"
+                                " use as many as equal meshes can tile; the output says how many idle and why.")
 COMPUTE_OPT = typer.Option(
     "efficiency", "--compute", help="How compute is timed: efficiency (kernel efficiency, launch overhead and memory"
     " traffic from the cluster's device.compute or device preset; the roofline when it has none), roofline"

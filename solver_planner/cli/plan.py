@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import (COMPUTE_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
                      error_object, fail, handles_errors, model_of, print_json, topology_of, write_trace)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
@@ -49,6 +49,7 @@ def plan(
                                         " boundary schedules; the fastest simulated one wins."),
     config: Optional[str] = typer.Option(None, "--config", help="One configuration d,t,p,k (as for 'stages')."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
+    devices: Optional[int] = DEVICES_OPT,
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001, max=86400,
                                      help="CP-SAT limit per subproblem (roughly seconds)."),
     proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
@@ -101,7 +102,7 @@ def plan(
         result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                            parse_config(config) if config is not None else None,
                            parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                           candidates, progress=_progress, compute=compute, target=target)
+                           candidates, progress=_progress, compute=compute, target=target, devices=devices)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -112,7 +113,7 @@ def plan(
         export.write_text(doc["target"]["export"], encoding="utf-8")
         typer.echo(f"wrote {export} ({target} configuration)", err=True)
     if trace is not None:
-        write_trace(result.run.timeline, trace, topo, trace_detail, result.partition.costs.shape.size, links=True)
+        write_trace(result.run.timeline, trace, result.topology, trace_detail, result.partition.costs.shape.size, links=True)
     if emit is not None:
         emitted = emit_execute_specs(result, cluster, emit, doc, model)
         typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)
@@ -169,6 +170,9 @@ def _print(doc: dict) -> None:
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
                  if s["kind"] == "eager-1f1b" else ""))
+    if "idle" in doc:
+        idle = doc["idle"]
+        out.print(f"  devices: {idle['used']:,} of {doc['devices']:,} used, {idle['devices']:,} idle: {idle['reason']}")
     table = Table("stage" if v == 1 else "stage (chunk)", "layers", "devices", "d", "t", "placement",
                   "gradient program", "proof", "memory")
     for st in doc["stages"]:

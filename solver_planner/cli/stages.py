@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import (COMPUTE_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
                      handles_errors, model_of, print_json, topology_of, write_trace)
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
@@ -82,6 +82,7 @@ def stages(
                                          help="Evaluate one configuration d,t,p,k (data, tensor, pipeline degrees,"
                                               " micro-batches); the best layer split unless --split."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
+    devices: Optional[int] = DEVICES_OPT,
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
@@ -103,7 +104,10 @@ def stages(
     candidate is simulated and the fastest wins.  The objective printed is a proven lower
     bound of the simulated time; the bound and gap hold over every plan of the search space.
 
-    Exit codes: 0 plan found; 1 proven that no plan fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
+    Plans use the cluster's first devices, as many as equal meshes can tile (at most
+    --devices); the rest idle, and the output says how many and why.
+
+    Exit codes: 0 plan found; 1 no plan is possible (the reason is printed) or proven that none fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
     from ..stages.report import parse_config, parse_split, plan_stages
 
@@ -117,12 +121,12 @@ def stages(
         rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
                           top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
                           baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
-                          compute=compute, top_gap=top_gap, target=target)
+                          compute=compute, top_gap=top_gap, target=target, devices=devices)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
     if trace is not None:
-        write_trace(rep.run.timeline, trace, topo, trace_detail, rep.partition.costs.shape.size)
+        write_trace(rep.run.timeline, trace, rep.topology, trace_detail, rep.partition.costs.shape.size)
     if plot is not None:
         from ..report.pipeline import plot_pipeline
         from ..stages.memory import stage_memory
@@ -144,6 +148,9 @@ def _print(data: dict, model: str, cluster: str) -> None:
     out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {'x'.join(map(str, data['mesh']))} meshes,"
               f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
+    idle = data.get("devices", {})
+    if idle.get("idle"):
+        out.print(f"  devices: {idle['used']:,} of {idle['devices']:,} used, {idle['idle']:,} idle: {idle['reason']}")
     out.print(_plan_table(data, data["device_memory"]))
     exact = "exact" if data["objective_exact"] else f"lower bound, {data['binding_bound']}"
     out.print(f"  iteration {units.format_time(data['iteration_time'])} (simulated, {data['compute_model']} compute"

@@ -47,7 +47,9 @@ from ..stages import Partition, Schedule, StagePlan, StageSearch, simulate_sched
 from ..stages.schedule import VIRTUAL, mesh_of
 from ..stages.costs import MeshShape, StageConfig, port_names
 from ..stages.layers import layer_model
-from ..stages.report import Config, parse_config
+from ..stages.devices import DeviceUse
+from ..stages.report import Config, device_use, parse_config
+from ..subcluster import first_devices, representable
 from ..topology import Topology
 from .boundaries import Boundary, boundary_problem, directions, solve_boundaries, transfers_of
 from .compose import SearchOptions, TrainingPlan, compose_candidates, members, search_stages, simulate_plan
@@ -125,12 +127,15 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
 
 _ITERATION = {"schedule", "iteration_time", "throughput", "mfu", "bubble_ratio", "breakdown", "communication_hidden",
               "cross_mesh_free_time", "schedules_tried"}
-_INPUTS = {"format", "version", "cluster", "model", "devices"}
+_INPUTS = {"format", "version", "cluster", "model", "devices", "idle"}
 
 
 class _Checker:
     def __init__(self, topology: Topology, model: ModelSpec, doc: dict, timeout: float, rep: CheckReport):
         self.topology, self.model, self.doc, self.timeout, self.rep = topology, model, doc, timeout, rep
+        # the whole cluster; self.topology becomes the part the plan uses (inputs())
+        self.cluster = topology
+        self.use: DeviceUse | None = None
         self.reported: list[str] = []          # paths already failed (their consequences are not repeated)
         self.searched = False                  # the search's claims were re-derived
 
@@ -182,6 +187,7 @@ class _Checker:
     def run(self) -> None:
         self.inputs()
         options = self.options()
+        self.use = self.device_use(options)
         part = self.partition(options)
         parts = self.stages(part)
         self.launch(parts)
@@ -210,7 +216,36 @@ class _Checker:
         if doc.get("model") != self.model.name:
             self.fail("inputs", "model", f"the plan is for model {show(doc.get('model'))}, not {show(self.model.name)}")
             raise _Stop
-        self.ok("inputs", f"cluster {show(topo.name)}, model {show(self.model.name)}")
+        used = topo.num_devices
+        if "idle" in doc:
+            used = self.get("inputs", ("idle", "used"), int)
+            if not 1 <= used < topo.num_devices or not representable(topo, used):
+                self.fail("inputs", ("idle", "used"), f"{show(used)} is not a whole part of {show(topo.name)}'s"
+                                                      f" {topo.num_devices} devices, fewer than all")
+                raise _Stop
+            self.topology = first_devices(topo, used)
+        self.ok("inputs", f"cluster {show(topo.name)}, model {show(self.model.name)}"
+                          + (f", its first {used:,} devices" if used < topo.num_devices else ""))
+
+    def device_use(self, options: SearchOptions | None) -> DeviceUse:
+        """How many devices the plan uses and why, derived from the options as ``plan`` does;
+        without options (failed above), the file's own account (not compared twice)."""
+        used, N = self.topology.num_devices, self.cluster.num_devices
+        reason = self.doc.get("idle", {}).get("reason", "") if isinstance(self.doc.get("idle"), dict) else ""
+        recorded = DeviceUse(N, used, reason if isinstance(reason, str) else "")
+        if options is not None:
+            try:
+                derived = device_use(self.cluster, layer_model(self.model), options.devices, options.stages,
+                                     options.config, options.split)
+            except PlannerError as exc:
+                self.fail("search", ("search", "options"), f"the devices these options use: {exc}")
+                return recorded
+            if derived != recorded:     # which of the two was edited, no check can tell: both are named
+                self.fail("search", ("search", "options"), f"with these options a plan uses {derived.used:,} of"
+                                                           f" {N:,} devices ({derived.reason or 'all'}); the file"
+                                                           f" says {used:,} ({recorded.reason or 'all'}, idle)")
+            return derived
+        return recorded
 
     def options(self) -> SearchOptions | None:
         """The stage search's options (what ``check`` runs the search with again)."""
@@ -238,6 +273,9 @@ class _Checker:
             target = field(opts, ("target",), str) if "target" in opts else "native"
             if target not in TARGETS:
                 raise FieldError(("target",), f"{show(target)} is not a target ({', '.join(TARGETS)})")
+            devices = field(opts, ("devices",), int) if "devices" in opts else None
+            if devices is not None and not 1 <= devices <= self.cluster.num_devices:
+                raise FieldError(("devices",), f"{devices} is not 1..{self.cluster.num_devices} devices")
             if not 1 <= candidates <= 50 or not 0 < time_limit <= 86400 or not 0 <= seed < 2**31:
                 raise FieldError((), "candidates must be 1..50, time_limit in (0, 86400] s and seed in 0..2^31-1")
         except FieldError as exc:
@@ -246,7 +284,7 @@ class _Checker:
         except PlannerError as exc:
             self.fail("search", where + ("config",), str(exc))
             return None
-        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target)
+        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices)
 
     def partition(self, options: SearchOptions | None) -> Partition:
         topo, part_name = self.topology, "stages"
@@ -577,15 +615,19 @@ class _Checker:
         for stage in parts:
             stage.memory = run.peak_memory[stage.stage]
         return TrainingPlan(self.topology, self.model, part, run.schedule, kind, parts, bounds, run, cross, {},
-                            free_time=free.iteration_time, tried=tried, overlap=overlap)
+                            free_time=free.iteration_time, tried=tried, overlap=overlap, use=self.use)
 
     def search(self, plan: TrainingPlan, options: SearchOptions) -> None:
         """The stage search run again with the recorded options, its candidates composed (the
         recorded plan stands for its own partition): its claims, and the plan as the fastest."""
         try:
-            rep, search = search_stages(self.topology, self.model, plan.family, options,
+            rep, search = search_stages(self.cluster, self.model, plan.family, options,
                                         plan.partition.costs.compute.mode)
-            best = compose_candidates(self.topology, self.model, rep, search, plan.family, plan.cross_mesh,
+            if rep.topology.num_devices != self.topology.num_devices:
+                self.fail("search", "idle", f"with the recorded options the search uses {rep.topology.num_devices:,}"
+                                            f" devices, not {self.topology.num_devices:,}")
+                return
+            best = compose_candidates(rep.topology, self.model, rep, search, plan.family, plan.cross_mesh,
                                       plan.overlap, options, self.timeout, known=plan)
         except PlannerError as exc:
             self.fail("search", "search.options", f"the stage search with these options does not give a plan: {exc}")

@@ -18,6 +18,7 @@ from ..errors import InfeasibleError, OptionError
 from ..spec.model import ModelSpec
 from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
 from ..stages.schedule import VIRTUAL
+from ..stages.devices import DeviceUse
 from ..stages.report import Config, plan_stages
 from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
@@ -45,6 +46,8 @@ class TrainingPlan:
     tried: dict[str, float] = field(default_factory=dict)
     search: dict = field(default_factory=dict)
     overlap: bool = True
+    # how many of the cluster's devices the plan uses (``topology`` is their cluster), and why
+    use: DeviceUse | None = None
 
     @property
     def iteration_time(self) -> float:
@@ -62,8 +65,8 @@ class TrainingPlan:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilization: the model's forward and backward FLOPs per second (no
-        recomputation counted) over the cluster's peak for the training dtype (Narayanan et al.
-        2021's definition)."""
+        recomputation counted) over the peak of the devices the plan uses, for the training
+        dtype (Narayanan et al. 2021's definition; idle devices are reported apart)."""
         peak = self.topology.num_devices * self.topology.device.peak(self.partition.costs.model.dtype)
         return model_flops(self.partition) / (self.iteration_time * peak) if self.iteration_time > 0 else 0.0
 
@@ -159,22 +162,25 @@ class SearchOptions:
     time_limit: float = 10.0
     seed: int = 0
     target: str = "native"          # a framework's space only (solver_planner.targets)
+    devices: int | None = None      # at most this many of the cluster's devices (stages/devices.py)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "stages": self.stages,
                 "config": None if self.config is None else str(self.config),
                 "split": None if self.split is None else list(self.split), "candidates": self.candidates,
-                "time_limit": self.time_limit, "seed": self.seed, "target": self.target}
+                "time_limit": self.time_limit, "seed": self.seed, "target": self.target,
+                **({"devices": self.devices} if self.devices is not None else {})}
 
 
 def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: SearchOptions,
                   compute: str = "efficiency"):
     """The stage planner's ``options.candidates`` fastest plans for the ``schedule`` family
-    (a :class:`~solver_planner.stages.report.StagesReport`), and the claims the plan file
-    records of that search."""
+    (a :class:`~solver_planner.stages.report.StagesReport`; its ``topology`` is the part of
+    the cluster they use), and the claims the plan file records of that search."""
     o = options
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
-                      layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target)
+                      layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target,
+                      devices=o.devices)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
               "bound": rep.result.bound, "gap": rep.result.gap, "objective": rep.best.time,
               "candidates": len(rep.result.solutions)}
@@ -215,6 +221,7 @@ def compose_candidates(topology: Topology, model: ModelSpec, rep, search: dict, 
         assert failure is not None
         raise failure
     search["composed"] = composed
+    best.use = rep.use
     return best
 
 
@@ -223,7 +230,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
               progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-              target: str = "native") -> TrainingPlan:
+              target: str = "native", devices: int | None = None) -> TrainingPlan:
     """Plan ``model`` on ``topology`` end to end.
 
     The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
@@ -236,6 +243,9 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
     With a framework ``target`` and ``schedule`` None: the schedule of the fastest plan of a
     search over every schedule the target runs, then planned as above (the plan file records
     that schedule, so ``check`` searches it again the same way).
+
+    ``devices``: at most this many of the cluster's devices; the plan runs on the first ones
+    the stage search uses (``plan.use`` says how many and why the rest idle).
     """
     say = progress or (lambda _t: None)
     if schedule is None:
@@ -243,19 +253,19 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
             raise OptionError("give a schedule: only a framework target picks one of its own")
         say("searching every schedule the target runs")
         first = plan_stages(topology, model, None, method, time_limit, seed, stages=stages, config=config,
-                            layer_counts=layer_counts, compute=compute, target=target)
+                            layer_counts=layer_counts, compute=compute, target=target, devices=devices)
         schedule = first.best.schedule.kind
     if cross_mesh == "free" and not overlap:
         # a free transfer takes no time: synchronous or not, the iteration is the same
         raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
     options = SearchOptions(method, stages, config, None if layer_counts is None else tuple(layer_counts),
-                            candidates, time_limit, seed, target)
+                            candidates, time_limit, seed, target, devices)
     t0 = time.perf_counter()
     say("searching stages")
     rep, search = search_stages(topology, model, schedule, options, compute)
     elapsed = time.perf_counter() - t0
-    best = compose_candidates(topology, model, rep, search, schedule, cross_mesh, overlap, options, proof_timeout,
-                              progress)
+    best = compose_candidates(rep.topology, model, rep, search, schedule, cross_mesh, overlap, options,
+                              proof_timeout, progress)
     best.solve_times = {"stages": elapsed, **best.solve_times}
     return best
 

@@ -75,7 +75,11 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
     s = plan.schedule
     return {
         "format": FORMAT, "version": VERSION,
-        "cluster": plan.topology.name, "model": plan.model.name, "devices": plan.topology.num_devices,
+        "cluster": plan.topology.name, "model": plan.model.name,
+        "devices": plan.use.devices if plan.use is not None else plan.topology.num_devices,
+        # a plan on the cluster's first devices: how many, and why the rest idle (stages/devices.py)
+        **({"idle": {"devices": plan.use.idle, "used": plan.use.used, "reason": plan.use.reason}}
+           if plan.use is not None and plan.use.idle else {}),
         "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay,
                      "virtual": s.virtual},
         "cross_mesh": plan.cross_mesh, "overlap": plan.overlap, "compute": c.compute.mode,

@@ -12,11 +12,12 @@ from ..solve import SolveResult
 from ..spec.model import ModelSpec
 from ..topology import Topology
 from .costs import MeshShape
+from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
 from ..errors import OptionError
 from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
-__all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config"]
+__all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config", "device_use"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ class StagesReport:
     one_f_one_b: SolveResult[Candidate] | None = None
     config: Config | None = None
     compute: str = "efficiency"          # the compute model used (solver_planner.compute.ComputeModel.of)
+    # the devices the plans use (the cluster's first ones) and the cluster they form
+    use: DeviceUse | None = None
+    topology: Topology | None = None
 
     @property
     def best(self) -> Candidate:
@@ -174,6 +178,8 @@ class StagesReport:
             "compute_model": self.compute,
             "search": dict(r.info),
         }
+        if self.use is not None:
+            out["devices"] = self.use.as_dict()
         if self.config is not None:
             out["requested_config"] = str(self.config)
         if len(r.solutions) > 1 or self.config is None:
@@ -229,17 +235,39 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
     return out
 
 
+def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, stages: int | None = None,
+               config: Config | None = None, layer_counts: tuple[int, ...] | None = None) -> DeviceUse:
+    """The devices the stage search plans on (:func:`.devices.choose_devices`): a
+    configuration's d x t x p, else the most (at most ``devices``) equal meshes can tile."""
+    if config is not None:
+        return choose_devices(topology, lm, devices, used=config.data * config.tensor * config.pipeline)
+    if layer_counts is not None:
+        stages = len(layer_counts)
+    return choose_devices(topology, lm, devices, stages=stages)
+
+
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
                 time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
                 progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-                top_gap: float = DEFAULT_TOP_GAP, target: str = "native") -> StagesReport:
+                top_gap: float = DEFAULT_TOP_GAP, target: str = "native", devices: int | None = None
+                ) -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
     or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines.
     ``target``: only what that framework runs (:mod:`solver_planner.targets.search`); the
-    schedule is then the one given, or every one it runs when ``schedule`` is None."""
+    schedule is then the one given, or every one it runs when ``schedule`` is None.
+    ``devices``: at most this many of the cluster's devices (its first ones); the plans use
+    the most that equal meshes can tile (:mod:`.devices`; the report's ``use`` says how
+    many and why the rest idle)."""
     lm = layer_model(model)
+    if layer_counts is not None and (sum(layer_counts) != lm.num_layers or min(layer_counts) < 1):
+        raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
+                           f" {lm.num_layers} layers and every stage needs one")
+    use = device_use(topology, lm, devices, stages, config, layer_counts)
+    from ..subcluster import first_devices
+
+    topology = first_devices(topology, use.used)
     restrict: dict = {}
     if target != "native":
         from ..targets.search import restriction
@@ -271,9 +299,14 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                               method, **args)
         incumbents = base.solutions
     search = StageSearch(lm, topology, schedule, comm, stages=stages, compute=compute, **restrict)
-    result = plan_partition(search, method, incumbents=incumbents, **args)
+    try:
+        result = plan_partition(search, method, incumbents=incumbents, **args)
+    except PlannerError as exc:
+        if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
+            exc.args = (f"{exc} (on the first {use.used:,} of {use.devices:,} devices: {use.reason})", *exc.args[1:])
+        raise
     report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config,
-                          compute=search.cost.compute.mode)
+                          compute=search.cost.compute.mode, use=use, topology=topology)
     if baselines and config is None and layer_counts is None and target == "native":
         report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,
                                       budget, simulations, compute)

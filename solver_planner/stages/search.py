@@ -331,7 +331,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
     with Stopwatch() as sw:
         pairs = search.pairs()
         if not pairs:
-            raise OptionError(search.impossible_message())
+            raise InfeasibleError(search.impossible_message())
         chosen = "dp" if method == "auto" else method
         _guard(chosen, pairs)
         # A pair that does not hold the fastest plan closes its gap with a top-th of one

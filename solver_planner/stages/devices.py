@@ -1,0 +1,129 @@
+"""How many of a cluster's devices a stage plan uses, and why the rest stay idle.
+
+Equal sub-meshes must tile the devices a plan uses: ``stages x mesh devices = used``, with
+at most one stage per layer and some micro-batch splitting over the mesh's data degree
+(seed 004's configurations; Alpa's mesh shapes, seed 001 §4.1).  A cluster of 100 000
+GPUs has no such plan for GPT-3 (a global batch of 1 536 splits over at most 32 replicas of
+a count dividing 100 000), so real jobs leave devices idle.  The search takes the largest
+number of devices, at most the cluster (or ``--devices``), that is a whole part of the
+hierarchy (:mod:`solver_planner.subcluster`) and on which such a plan exists by this
+arithmetic; memory is the search's to decide.  The choice is pure arithmetic on the specs
+and options, so ``check`` derives it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+from ..errors import InfeasibleError, OptionError
+from ..spec.base import MAX_MICROBATCHES
+from ..subcluster import device_counts, first_devices, representable
+from ..topology import Topology
+from .costs import divisors
+from .layers import LayerModel
+
+__all__ = ["DeviceUse", "choose_devices"]
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """``used`` of the cluster's ``devices`` (its first ones in rank order), and why the rest idle."""
+
+    devices: int
+    used: int
+    reason: str = ""
+
+    @property
+    def idle(self) -> int:
+        return self.devices - self.used
+
+    def as_dict(self) -> dict:
+        return {"devices": self.devices, "used": self.used, "idle": self.idle, "reason": self.reason}
+
+    def line(self) -> str:
+        """One line for the command's output ('' when every device is used)."""
+        if not self.idle:
+            return ""
+        return f"devices: {self.used:,} of {self.devices:,} used, {self.idle:,} idle: {self.reason}"
+
+
+def _splits(micro: int, size: int, per_host: int, tensor: int | None) -> bool:
+    """Whether a micro-batch of ``micro`` samples splits over the data degree of a mesh of
+    ``size`` devices, for some tensor degree dividing ``per_host`` (stages/costs.py's rule)."""
+    return any(micro % (size // t) == 0 for t in divisors(per_host) if tensor in (None, t) and size % t == 0)
+
+
+def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: int | None,
+          tensor: int | None) -> bool:
+    """Whether equal meshes can tile ``count`` devices (hosts of ``per_host``, or one host of
+    ``count`` when fewer) with at most one stage per layer and a micro-batch that splits."""
+    L = lm.num_layers
+    if count < per_host:                     # one host, cut: its meshes are 1 x 2^k and 1 x count
+        per_host = count
+    hosts = count // per_host
+    sizes = [k for k in (2 ** j for j in range(per_host.bit_length())) if k < per_host and per_host % k == 0]
+    for m in micro:
+        for size in sizes:                   # meshes inside one host
+            S = count // size
+            if S <= L and stages in (None, S) and _splits(m, size, size, tensor):
+                return True
+        for t in divisors(per_host):         # meshes of n whole hosts: data degree n x per_host / t
+            if tensor not in (None, t):
+                continue
+            q = per_host // t
+            if m % q:
+                continue
+            g = gcd(hosts, m // q)           # the most hosts per stage whose data degree divides m
+            if stages is None:
+                if hosts // g <= L:
+                    return True
+            elif hosts % stages == 0 and g % (hosts // stages) == 0 and stages <= L:
+                return True
+    return False
+
+
+def _microbatch_sizes(lm: LayerModel, microbatches: list[int] | None) -> list[int]:
+    counts = microbatches if microbatches is not None else (
+        [lm.microbatches] if lm.microbatches is not None else
+        [k for k in divisors(lm.global_batch) if k <= MAX_MICROBATCHES])
+    return sorted({lm.global_batch // k for k in counts if lm.global_batch % k == 0})
+
+
+def choose_devices(topology: Topology, lm: LayerModel, cap: int | None = None, stages: int | None = None,
+                   tensor: int | None = None, microbatches: list[int] | None = None,
+                   used: int | None = None) -> DeviceUse:
+    """The devices a plan uses: ``used`` when a configuration fixes them (``--config``'s
+    d x t x p), else the most, at most ``cap``, on which equal meshes can tile (above).
+    Raises :class:`OptionError` for a cap or count the cluster cannot take, and
+    :class:`InfeasibleError` (exit 1) when no count has a plan."""
+    N = topology.num_devices
+    if cap is not None and not 1 <= cap <= N:
+        raise OptionError(f"--devices {cap}: '{topology.name}' has {N:,} devices (give 1..{N:,})")
+    limit = N if cap is None else cap
+    capped = f"--devices {limit:,} leaves {N - limit:,} out" if limit < N else ""
+    if used is not None:
+        if used > limit:
+            raise OptionError(f"the configuration uses {used:,} devices, more than the {limit:,}"
+                              + (" --devices allows" if cap is not None else f" of '{topology.name}'"))
+        first_devices(topology, used)        # a clear error when they are not a whole part
+        reason = "; ".join(x for x in (capped, f"the configuration uses {used:,}" if used < limit else "") if x)
+        return DeviceUse(N, used, reason)
+    micro = _microbatch_sizes(lm, microbatches)
+    per_host = topology.devices_per_host
+    for count in device_counts(topology, limit):
+        if _fits(count, per_host, lm, micro, stages, tensor):
+            if count == limit:
+                return DeviceUse(N, count, capped)
+            plans = "no plan of equal meshes" if stages is None else f"no plan of {stages} equal meshes"
+            why = (f"{plans} uses {count + 1:,} to {limit:,} devices" if count + 1 < limit else
+                   f"{plans} uses {limit:,} devices")
+            why += (f" (stages x mesh devices must make the count, with at most one stage per layer"
+                    f" ({lm.num_layers}) and a micro-batch of the global batch of {lm.global_batch} split over"
+                    f" the mesh's data degree{'' if representable(topology, limit) else ', in whole parts of the hierarchy'})")
+            return DeviceUse(N, count, "; ".join(x for x in (capped, why) if x))
+    what = f"{stages} stages" if stages is not None else "no plan"
+    raise InfeasibleError(f"{what}: not possible on any part of '{topology.name}' ({limit:,} devices or fewer) with"
+                          f" {lm.num_layers} layers and a global batch of {lm.global_batch}: equal meshes must tile"
+                          f" the devices used, with at most one stage per layer and a micro-batch split over each"
+                          f" mesh's data degree")
