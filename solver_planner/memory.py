@@ -1,6 +1,7 @@
-"""The memory bound of ``place``, ``reduce synth`` and ``reduce verify``.
+"""The memory bounds of ``place``, ``reduce synth`` and ``reduce verify`` (:data:`MEMORY_BOUND`),
+and of ``stages`` and ``plan`` (:data:`STAGES_BOUND`).
 
-Each of these commands may use :data:`MEMORY_BOUND` bytes of address space.  Before the
+Each of these commands may use that many bytes of address space.  Before the
 work, the size of the input is turned into an estimate of what the work will hold (the
 coefficients below were measured with ``/usr/bin/time -v`` and the process's VmPeak on the
 shipped DGX A100 specs, 16 to 100 000 devices); an input whose estimate passes the bound is
@@ -19,10 +20,14 @@ from typing import Iterator
 
 from .errors import RefusedError
 
-__all__ = ["MEMORY_BOUND", "Estimate", "check", "bounded", "ranking_estimate", "verify_estimate", "address_space",
-           "active_bound"]
+__all__ = ["MEMORY_BOUND", "STAGES_BOUND", "Estimate", "check", "bounded", "ranking_estimate", "verify_estimate",
+           "stages_estimate", "address_space", "active_bound"]
 
 MEMORY_BOUND = 2 * 2**30          # bytes of address space: 2 GiB
+# The stage search keeps [k, i] tables (first layer k, last layer i) per (mesh, micro-batch)
+# pair and configuration: 128 layers on 1 024 GPUs peaked at 1.7 GB, 1 024 layers was killed
+# by the kernel at 24 GB.  8 GiB holds about 250 layers with every pair's tables built.
+STAGES_BOUND = 8 * 2**30
 
 # What the interpreter and the libraries (numpy, pydantic, z3, OR-Tools) map before any work:
 # 165 MB VmPeak measured for `place` on 16 devices; rounded up.
@@ -80,6 +85,20 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
     write ``values`` (device, chunk range) values of their own (:func:`.reduction.verify.value_tables`)."""
     what = f"a program on {devices:,} devices" + (f" whose gathers hold {values:,} values" if values else "")
     return Estimate(BASE + devices * devices // 16 + PER_DEVICE_VERIFY * devices + PER_VALUE * values, what)
+
+
+# Stage search: bytes per table cell (pairs x configurations x layers^2) when the search
+# builds every pair's tables: 1.7 GB peak for 3.1 million cells (a 128-layer model on 1 024
+# A100s, every pair explored), about 550 bytes each with the dynamic programs' band arrays.
+PER_CELL = 550
+
+
+def stages_estimate(layers: int, pairs: int, configurations: int) -> Estimate:
+    """A stage search over ``pairs`` (mesh, micro-batch) pairs with ``configurations``
+    (tensor degree, recomputation) choices in all, on ``layers`` layers."""
+    return Estimate(BASE + PER_CELL * configurations * layers * layers,
+                    f"{pairs} (mesh, micro-batch) pairs with {configurations} stage configurations in all, each with"
+                    f" tables over {layers} x {layers} layer ranges")
 
 
 def address_space() -> int | None:

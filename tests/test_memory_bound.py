@@ -97,3 +97,50 @@ def test_the_largest_cluster_under_the_bound_succeeds_or_is_refused(tmp_path, ar
         assert "memory bound of 2 GiB" in result.stderr
     expected = 2 if args[-1] == STRIDED else 0          # what the estimates say, measured
     assert result.returncode == expected, result.stderr[-2000:]
+
+
+def deep(tmp_path, layers):
+    """A model of ``layers`` equal layers (the spec accepts up to 1 024)."""
+    path = tmp_path / f"deep{layers}.yaml"
+    path.write_text(f"name: deep{layers}\nlayers:\n  - {{name: l, repeat: {layers}, flops: 20 GFLOP, params: 100 MiB,"
+                    " activations: 8 MiB, allreduces: 2}\ntraining: {global_batch: 1024, dtype: bfloat16,"
+                    " optimizer: adam}\n")
+    return path
+
+
+def test_the_stage_search_estimate_grows_with_layers_and_configurations():
+    one = memory.stages_estimate(128, 60, 192).bytes
+    assert memory.stages_estimate(256, 60, 192).bytes > 3 * one > memory.stages_estimate(128, 60, 400).bytes
+    # what was measured: 128 layers on 1 024 GPUs peaked at 1.7 GB (every pair's tables built)
+    assert 1.5e9 < one < 2.5e9 and one < memory.STAGES_BOUND
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+@pytest.mark.parametrize("command", ["stages", "plan"])
+def test_the_deepest_model_is_refused_up_front_not_killed(tmp_path, command):
+    """1 024 layers on 1 024 GPUs: the search was killed by the kernel at 24 GB after 69 s.
+    Under its 8 GiB bound, set from outside too, it is refused in about a second."""
+    model = deep(tmp_path, 1024)
+    result = subprocess.run(["prlimit", f"--as={memory.STAGES_BOUND}", sys.executable, "-m", "solver_planner",
+                             command, str(CLUSTERS / "dgx-a100-128x8.yaml"), str(model)]
+                            + (["--no-baselines"] if command == "stages" else []),
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "memory bound of 8 GiB" in result.stderr and "1024 x 1024 layer ranges" in result.stderr
+    assert "refused before starting" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_stage_search_running_out_inside_the_bound_exits_2(monkeypatch):
+    from typer.testing import CliRunner
+
+    import solver_planner.stages.report as report
+    from solver_planner.cli import app
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(report, "plan_stages", exhausted)       # as if an allocation failed inside
+    result = CliRunner().invoke(app, ["stages", str(CLUSTERS / "aws-p3.8xlarge-2.yaml"),
+                                      str(ROOT / "specs" / "models" / "gpt3-2.6b.yaml"), "--no-baselines"])
+    assert result.exit_code == 2 and "memory bound of 8 GiB" in result.output
+    assert "Traceback" not in result.output

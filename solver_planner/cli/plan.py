@@ -75,9 +75,11 @@ def plan(
     """One plan for the whole job: pipeline stages and their (data, tensor) degrees, each
     stage's placement and proven gradient program, a broadcast schedule at every stage
     boundary, and the iteration simulated with all of them (the resharding paper §5.2-5.3).
+    Memory: at most 8 GiB of address space, as for 'stages' (exit 2 beyond it).
 
-    Exit codes: 0 plan found; 1 no plan fits in memory, or a part could not be proved; 2 bad spec or option; 3 a search or proof ran out of time with nothing proven.
+    Exit codes: 0 plan found; 1 no plan is possible or none fits in memory, or a part could not be proved; 2 bad spec or option, or over the memory bound; 3 a search or proof ran out of time with nothing proven.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    from ..memory import STAGES_BOUND, bounded
     from ..plan import make_plan
     from ..plan.emit import emit_execute_specs
     from ..plan.planfile import plan_document, write_plan
@@ -99,10 +101,11 @@ def plan(
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
-        result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
-                           parse_config(config) if config is not None else None,
-                           parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                           candidates, progress=_progress, compute=compute, target=target, devices=devices)
+        with bounded(STAGES_BOUND, z3=True):
+            result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
+                               parse_config(config) if config is not None else None,
+                               parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
+                               candidates, progress=_progress, compute=compute, target=target, devices=devices)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

@@ -107,8 +107,13 @@ def stages(
     Plans use the cluster's first devices, as many as equal meshes can tile (at most
     --devices); the rest idle, and the output says how many and why.
 
+    Memory: at most 8 GiB of address space; a search estimated to need more (tables over
+    every pair of first and last layers: a few hundred layers) is refused before it starts
+    (exit 2).
+
     Exit codes: 0 plan found; 1 no plan is possible (the reason is printed) or proven that none fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
+    from ..memory import STAGES_BOUND, bounded
     from ..stages.report import parse_config, parse_split, plan_stages
 
     check_output(trace, "--trace")
@@ -118,10 +123,11 @@ def stages(
     spec = model_of(model)
     try:
         cfg = parse_config(config) if config is not None else None
-        rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
-                          top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
-                          baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
-                          compute=compute, top_gap=top_gap, target=target, devices=devices)
+        with bounded(STAGES_BOUND):
+            rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
+                              top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
+                              baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
+                              compute=compute, top_gap=top_gap, target=target, devices=devices)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

@@ -41,6 +41,8 @@ from typing import Callable
 
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, STAGE_METHODS
 from ..cost import CostModel
+from ..memory import active_bound, stages_estimate
+from ..memory import check as check_memory
 from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
@@ -332,6 +334,10 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         pairs = search.pairs()
         if not pairs:
             raise InfeasibleError(search.impossible_message())
+        bound = active_bound()
+        if bound is not None:       # under a command's memory bound: refuse before building tables
+            check_memory(stages_estimate(search.model.num_layers, len(pairs), sum(len(p.configs) for p in pairs)),
+                         "this stage search", bound)
         chosen = "dp" if method == "auto" else method
         _guard(chosen, pairs)
         # A pair that does not hold the fastest plan closes its gap with a top-th of one
