@@ -88,15 +88,18 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
 
 
 # Stage search: bytes per table cell (pairs x configurations x layers^2) when the search
-# builds every pair's tables: 1.7 GB peak for 3.1 million cells (a 128-layer model on 1 024
-# A100s, every pair explored), about 550 bytes each with the dynamic programs' band arrays.
-PER_CELL = 550
+# builds every pair's tables, plus per layer for the dynamic programs' per-stage band arrays
+# (their cells grow as layers^3): measured on 1 024 A100s with every pair explored, 1.7 GB
+# for 3.1 million cells at 128 layers (546 bytes each), 9.7 GB for 14.5 million at 256 (669);
+# rounded up.
+PER_CELL = 500
+PER_CELL_PER_LAYER = 1
 
 
 def stages_estimate(layers: int, pairs: int, configurations: int) -> Estimate:
     """A stage search over ``pairs`` (mesh, micro-batch) pairs with ``configurations``
     (tensor degree, recomputation) choices in all, on ``layers`` layers."""
-    return Estimate(BASE + PER_CELL * configurations * layers * layers,
+    return Estimate(BASE + (PER_CELL + PER_CELL_PER_LAYER * layers) * configurations * layers * layers,
                     f"{pairs} (mesh, micro-batch) pairs with {configurations} stage configurations in all, each with"
                     f" tables over {layers} x {layers} layer ranges")
 
