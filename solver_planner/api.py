@@ -362,7 +362,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
            method: str = "auto", num_stages: int | None = None, config=None, split=None, top: int = 1,
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
            budget: int | None = None, simulations: int | None = None, top_gap: float | None = None,
-           progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> StagesReport:
+           progress: Callable[[str], None] | None = None, compute: str = "efficiency",
+           devices: int | None = None) -> StagesReport:
     """Cut the model's layers into pipeline stages on equal sub-meshes, choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
     simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
@@ -408,6 +409,10 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         cluster spec's ``device.compute`` or preset (the roofline when it has none, peak
         without a memory bandwidth either), the roofline ``max(FLOPs / peak, bytes / memory
         bandwidth)``, or FLOPs at peak (:mod:`solver_planner.compute`).
+    devices : int, optional
+        Use at most this many of the cluster's devices (its first ones); the plans use as
+        many as equal meshes can tile (``.use``: how many, and why the rest idle;
+        ``.topology``: the cluster they form).
 
     Returns
     -------
@@ -425,7 +430,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         An unknown schedule or method, or a config / split that contradicts the cluster
         or the model.
     InfeasibleError
-        No plan fits in device memory (the message gives the smallest shortfall).
+        No plan is possible on any part of the cluster (the reason), or none fits in
+        device memory (the message gives the smallest shortfall).
     UnknownError
         Nothing found within the limits and nothing proven impossible.
 
@@ -445,14 +451,15 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
               if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
-                       compute=compute, **limits)
+                       compute=compute, devices=devices, **limits)
 
 
 def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",
          method: str = "auto", cross_mesh: str = "broadcast", overlap: bool = True, num_stages: int | None = None,
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
          output: PathLike | None = None, candidates: int = 1,
-         progress: Callable[[str], None] | None = None, compute: str = "efficiency") -> TrainingPlan:
+         progress: Callable[[str], None] | None = None, compute: str = "efficiency",
+         devices: int | None = None) -> TrainingPlan:
     """One plan for the whole training job (the resharding paper §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
@@ -491,6 +498,9 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
         Called with a line of text as each part starts.
     compute : {'efficiency', 'peak'}
         How compute is timed (as for :func:`stages`); the plan file records it.
+    devices : int, optional
+        At most this many of the cluster's devices, as for :func:`stages` (``.use``; the
+        plan's ``.topology`` is the part it uses).
 
     Returns
     -------
@@ -529,7 +539,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
                        seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress,
-                       compute=compute)
+                       compute=compute, devices=devices)
     if output is not None:
         from .plan.planfile import write_plan
 

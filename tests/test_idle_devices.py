@@ -125,3 +125,12 @@ def test_plan_on_part_of_a_cluster_checks_and_launches_on_its_devices(tmp_path):
     assert doc["launch"]["world_size"] == 4
     assert sorted(r["rank"] for r in doc["launch"]["ranks"]) == [0, 1, 2, 3]
     assert run_cli("check", P3, path, out).returncode == 0
+
+
+def test_the_python_api_takes_a_device_cap():
+    from solver_planner import api as sp
+
+    rep = sp.stages(P3, SPECS / "models" / "u-transformer.yaml", devices=4)
+    assert (rep.use.used, rep.use.idle, rep.topology.num_devices) == (4, 4, 4)
+    assert rep.use.reason == "--devices 4 leaves 4 out"
+    assert max(st["devices"][1] for st in rep.as_dict()["stages"]) <= 3
