@@ -227,8 +227,8 @@ ISSUE_EDITS = {
     "launch: a rank duplicated": (_duplicate_rank, "launch.ranks[3]"),
     "launch: a stage's mesh transposed": (_transpose, "launch.stages[1].mesh"),
     "launch: world_size doubled": (_set(("launch", "world_size"), lambda v: 2 * v), "launch.world_size"),
-    "launch: tensor_group [999, 1000]": (_set(("launch", "ranks", 1, "tensor_group"), [999, 1000]),
-                                         "launch.ranks[1].tensor_group"),
+    "launch: a rank's tensor coordinate 999": (_set(("launch", "ranks", 1, "tensor"), 999),
+                                                "launch.ranks[1].tensor"),
     "launch: every rank's host 0": (_hosts_zero, "launch.ranks[4].host"),
     "launch deleted": (lambda d: d.pop("launch"), "launch"),
     "cross_mesh free, its time claimed": (_free_claim, "cross_mesh"),
@@ -336,7 +336,7 @@ def test_solve_times_are_checked_for_form_only(tied):
 
 def test_check_json_is_the_whole_report_with_the_failure_marked(tmp_path, tied):
     doc = copy.deepcopy(tied[2])
-    doc["launch"]["ranks"][1]["tensor_group"] = [999, 1000]
+    doc["launch"]["ranks"][1]["tensor"] = 999
     doc["mfu"] = 0.99
     path = tmp_path / "plan.yaml"
     write_document(doc, path)
@@ -346,12 +346,12 @@ def test_check_json_is_the_whole_report_with_the_failure_marked(tmp_path, tied):
     assert out["ok"] is False and out["error"]["code"] == 1
     assert set(out["failed_parts"]) == {"launch", "iteration"}
     failed = [(f["part"], f["path"]) for f in out["findings"] if f["status"] == "fail"]
-    assert ("launch", "launch.ranks[1].tensor_group") in failed and ("iteration", "mfu") in failed
+    assert ("launch", "launch.ranks[1].tensor") in failed and ("iteration", "mfu") in failed
     assert any(f["status"] == "ok" and f["part"] == "iteration" for f in out["findings"])
     # the human output: one line per finding, the part and the path once
     r = run_cli("check", P3, tied[3], path)
-    line = next(x for x in r.stdout.splitlines() if "tensor_group" in x)
-    assert "launch: launch" not in line and line.count("launch.ranks[1].tensor_group") == 1
+    line = next(x for x in r.stdout.splitlines() if "launch.ranks[1].tensor" in x)
+    assert "launch: launch" not in line and line.count("launch.ranks[1].tensor") == 1
 
 
 def test_the_launch_layout_is_a_valid_construction(tied, reduced):
@@ -361,7 +361,7 @@ def test_the_launch_layout_is_a_valid_construction(tied, reduced):
         topo, doc = case[0], case[2]
         stages = [{"chunks": [s["layers"]], "devices": s["devices"]} for s in doc["stages"]]
         assert launch_problems(doc["launch"], topo, stages) == []
-        for key in ("rank", "host", "stage", "data", "tensor", "tensor_group", "data_group", "chunks"):
+        for key in ("rank", "host", "stage", "data", "tensor", "chunks"):
             bad = copy.deepcopy(doc["launch"])
             value = bad["ranks"][3][key]
             bad["ranks"][3][key] = [[a, b + 1] for a, b in value] if key == "chunks" else \

@@ -168,8 +168,8 @@ def _edit(plan: Path, folder: Path, change) -> Path:
 
 
 EDITS = {
-    # one group of the launch recipe
-    "launch.ranks[3].tensor_group": lambda d: d["launch"]["ranks"][3].__setitem__("tensor_group", [3, 1]),
+    # one rank's place in its stage mesh (so its groups) in the launch recipe
+    "launch.ranks[3].tensor": lambda d: d["launch"]["ranks"][3].__setitem__("tensor", d["launch"]["ranks"][3]["tensor"] + 1),
     # one step of a gradient program
     "stages[0].gradient_program": lambda d: d["stages"][0].__setitem__(
         "gradient_program", "ReduceScatter(root, InsideGroup)"),

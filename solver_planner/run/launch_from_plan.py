@@ -9,7 +9,8 @@ torch creates a DeviceMesh's process groups collectively, so *every* rank must c
 *every* stage's mesh, in the same order -- a rank that builds only its own stage's mesh pairs
 its groups with other ranks' different groups, and collectives then mix stages.  The script
 checks the groups it got: the sum of the rank numbers over this rank's tensor group and
-data group must be the sums of ``launch.ranks[r].tensor_group`` and ``data_group``.
+data group must be the sums over its stage mesh's row ``launch.ranks[r].data`` and column
+``launch.ranks[r].tensor``.
 Only torch and PyYAML are needed.
 """
 
@@ -44,16 +45,17 @@ def main(path: Path) -> None:
     meshes = stage_meshes(plan, "cuda" if use_cuda else "cpu")
     me = plan["launch"]["ranks"][rank]
     mesh = meshes[me["stage"]]
+    grid = plan["launch"]["stages"][me["stage"]]["mesh"]
+    groups = {"tp": grid[me["data"]], "dp": [row[me["tensor"]] for row in grid]}   # its row and its column
     device = torch.device("cuda") if use_cuda else torch.device("cpu")
-    for dim, key in (("tp", "tensor_group"), ("dp", "data_group")):
+    for dim, want in groups.items():
         total = torch.tensor([rank], device=device)
         dist.all_reduce(total, group=mesh.get_group(dim))
-        if int(total) != sum(me[key]):
-            raise SystemExit(f"rank {rank}: its {dim} group sums to {int(total)}, the plan's {key} {me[key]}"
-                             f" to {sum(me[key])}")
+        if int(total) != sum(want):
+            raise SystemExit(f"rank {rank}: its {dim} group sums to {int(total)}, the plan's {want} to {sum(want)}")
     layers = ", ".join(f"{first}-{last}" for first, last in me["chunks"])
     print(f"rank {rank}: stage {me['stage']} (layers {layers}), data {me['data']},"
-          f" tensor {me['tensor']}; tensor group {me['tensor_group']}, data group {me['data_group']}: ok", flush=True)
+          f" tensor {me['tensor']}; tensor group {groups['tp']}, data group {groups['dp']}: ok", flush=True)
     dist.destroy_process_group()
 
 
