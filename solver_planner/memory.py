@@ -87,20 +87,23 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
     return Estimate(BASE + devices * devices // 16 + PER_DEVICE_VERIFY * devices + PER_VALUE * values, what)
 
 
-# Stage search: bytes per table cell (pairs x configurations x layers^2) when the search
-# builds every pair's tables, plus per layer for the dynamic programs' per-stage band arrays
-# (their cells grow as layers^3): measured on 1 024 A100s with every pair explored, 1.7 GB
-# for 3.1 million cells at 128 layers (546 bytes each), 9.7 GB for 14.5 million at 256 (669);
-# rounded up.
-PER_CELL = 500
-PER_CELL_PER_LAYER = 1
+# Stage search, when it builds every pair: the [k, i] tables of each configuration (layers^2
+# cells) and the dynamic programs' band arrays, per stage an n x n square of the first and
+# last layers it may hold (n = layers - stages + 1).  Measured on 1 024 A100s with every
+# pair explored: 1.7 GB at 128 equal layers (3.1 million table cells, 27.9 million band
+# cells), 9.7 GB at 256 (14.5 and 253 million); these rates cover both.
+PER_TABLE_CELL = 100
+PER_BAND_CELL = 60
 
 
-def stages_estimate(layers: int, pairs: int, configurations: int) -> Estimate:
-    """A stage search over ``pairs`` (mesh, micro-batch) pairs with ``configurations``
-    (tensor degree, recomputation) choices in all, on ``layers`` layers."""
-    return Estimate(BASE + (PER_CELL + PER_CELL_PER_LAYER * layers) * configurations * layers * layers,
-                    f"{pairs} (mesh, micro-batch) pairs with {configurations} stage configurations in all, each with"
+def stages_estimate(layers: int, pairs: list[tuple[int, int]]) -> Estimate:
+    """A stage search over ``pairs``, one ``(configurations, stages)`` per (mesh,
+    micro-batch) pair, on ``layers`` layers (every pair built: B&B may build fewer)."""
+    tables = sum(c for c, _ in pairs) * layers * layers
+    bands = sum(c * s * (layers - s + 1) ** 2 for c, s in pairs)
+    configs = sum(c for c, _ in pairs)
+    return Estimate(BASE + PER_TABLE_CELL * tables + PER_BAND_CELL * bands,
+                    f"{len(pairs)} (mesh, micro-batch) pairs with {configs} stage configurations in all, each with"
                     f" tables over {layers} x {layers} layer ranges")
 
 

@@ -134,3 +134,34 @@ def test_the_python_api_takes_a_device_cap():
     assert (rep.use.used, rep.use.idle, rep.topology.num_devices) == (4, 4, 4)
     assert rep.use.reason == "--devices 4 leaves 4 out"
     assert max(st["devices"][1] for st in rep.as_dict()["stages"]) <= 3
+
+
+def test_the_count_has_a_plan_in_the_space_searched(tmp_path):
+    """A chunked schedule or a framework target narrows the space (equal splits, chunks per
+    stage): the count chosen is one with a plan there, not only with a (mesh, micro-batch)
+    pair (was: exit 1 on 20 devices where 16 have a plan)."""
+    model = tmp_path / "gpt-tiny4.yaml"
+    model.write_text("name: gpt-tiny4\ntransformer: {layers: 4, hidden: 64, heads: 4, sequence: 16, vocab: 256}\n"
+                     "training: {global_batch: 16, microbatches: auto, dtype: float32, optimizer: adam}\n")
+    p3x5 = CLUSTERS / "aws-p3.8xlarge-5.yaml"
+    res = run_cli("stages", p3x5, model, "-s", "interleaved-1f1b", "--no-baselines", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["devices"]["used"] == 16 and "interleaved-1f1b" in data["devices"]["reason"]
+    assert data["virtual_stages"] >= 2
+    # 1F1B tiles all 20 (5 stages of one host): the rule is the schedule's, not the model's
+    assert json.loads(run_cli("stages", p3x5, model, "--no-baselines", "--json").stdout)["devices"]["idle"] == 0
+
+
+def test_a_framework_targets_count_follows_its_layer_splits():
+    """Megatron-LM shares GPT-3 175B's 96 blocks out equally: 65 stages (the most devices
+    equal meshes tile on 100 000 GPUs) is not one of its plans; 48 stages of 256 nodes are."""
+    from solver_planner.stages.report import device_use
+    from solver_planner.targets.search import restriction
+
+    topo = _grown(CLUSTERS / "dgx-a100-128x8.yaml", node=12_500)
+    spec = load_model_spec(SPECS / "models" / "gpt3-175b-megatron.yaml")
+    lm = layer_model(spec)
+    assert device_use(topo, lm).used == 99_840
+    use = device_use(topo, lm, restrict=restriction("megatron", spec, "1f1b"))
+    assert use.used == 98_304 and "megatron space" in use.reason

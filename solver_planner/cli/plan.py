@@ -253,7 +253,9 @@ def check(
 
 def checked_plan(cluster: Path, model: Path, plan_file: Path, proof_timeout: float = 30.0):
     """(topology, model spec, :class:`~solver_planner.plan.check.CheckReport`) of a plan file;
-    exit 2 when a file cannot be read."""
+    exit 2 when a file cannot be read.  The check runs the stage search again, under the
+    memory bound of ``plan`` (8 GiB)."""
+    from ..memory import STAGES_BOUND, bounded
     from ..plan.check import check_plan
     from ..plan.planfile import PlanFileError, read_plan
 
@@ -263,7 +265,8 @@ def checked_plan(cluster: Path, model: Path, plan_file: Path, proof_timeout: flo
         doc = read_plan(plan_file)
     except PlanFileError as exc:
         fail(str(exc), 2)
-    return topo, spec, check_plan(topo, spec, doc, proof_timeout)
+    with bounded(STAGES_BOUND, z3=True):
+        return topo, spec, check_plan(topo, spec, doc, proof_timeout)
 
 
 MAX_FAILURES_SHOWN = 8    # per part, in the human output (the JSON has all)

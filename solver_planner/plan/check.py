@@ -37,7 +37,7 @@ from typing import Any
 from ..choices import COMPUTE_MODELS, CROSS_MESH, SCHEDULES, STAGE_METHODS
 from ..targets.base import TARGETS
 from ..cost import CostModel
-from ..errors import InfeasibleError, PlannerError
+from ..errors import InfeasibleError, PlannerError, RefusedError
 from ..reduction.dsl import format_program, parse_program
 from ..resharding import ReshardingPlan, Schedule as ReshardingSchedule, TIME_UNIT, build_instance
 from ..resharding import check as check_resharding
@@ -48,7 +48,7 @@ from ..stages.schedule import VIRTUAL, mesh_of
 from ..stages.costs import MeshShape, StageConfig, port_names
 from ..stages.layers import layer_model
 from ..stages.devices import DeviceUse
-from ..stages.report import Config, device_use, parse_config
+from ..stages.report import Config, parse_config
 from ..subcluster import first_devices, representable
 from ..topology import Topology
 from .boundaries import Boundary, boundary_problem, directions, solve_boundaries, transfers_of
@@ -187,7 +187,7 @@ class _Checker:
     def run(self) -> None:
         self.inputs()
         options = self.options()
-        self.use = self.device_use(options)
+        self.use = self.device_use()
         part = self.partition(options)
         parts = self.stages(part)
         self.launch(parts)
@@ -227,25 +227,12 @@ class _Checker:
         self.ok("inputs", f"cluster {show(topo.name)}, model {show(self.model.name)}"
                           + (f", its first {used:,} devices" if used < topo.num_devices else ""))
 
-    def device_use(self, options: SearchOptions | None) -> DeviceUse:
-        """How many devices the plan uses and why, derived from the options as ``plan`` does;
-        without options (failed above), the file's own account (not compared twice)."""
+    def device_use(self) -> DeviceUse:
+        """The file's account of the devices the plan uses (the plan is checked on them);
+        the search run again derives it (:meth:`search`), else it is not compared twice."""
         used, N = self.topology.num_devices, self.cluster.num_devices
         reason = self.doc.get("idle", {}).get("reason", "") if isinstance(self.doc.get("idle"), dict) else ""
-        recorded = DeviceUse(N, used, reason if isinstance(reason, str) else "")
-        if options is not None:
-            try:
-                derived = device_use(self.cluster, layer_model(self.model), options.devices, options.stages,
-                                     options.config, options.split)
-            except PlannerError as exc:
-                self.fail("search", ("search", "options"), f"the devices these options use: {exc}")
-                return recorded
-            if derived != recorded:     # which of the two was edited, no check can tell: both are named
-                self.fail("search", ("search", "options"), f"with these options a plan uses {derived.used:,} of"
-                                                           f" {N:,} devices ({derived.reason or 'all'}); the file"
-                                                           f" says {used:,} ({recorded.reason or 'all'}, idle)")
-            return derived
-        return recorded
+        return DeviceUse(N, used, reason if isinstance(reason, str) else "")
 
     def options(self) -> SearchOptions | None:
         """The stage search's options (what ``check`` runs the search with again)."""
@@ -623,12 +610,17 @@ class _Checker:
         try:
             rep, search = search_stages(self.cluster, self.model, plan.family, options,
                                         plan.partition.costs.compute.mode)
-            if rep.topology.num_devices != self.topology.num_devices:
-                self.fail("search", "idle", f"with the recorded options the search uses {rep.topology.num_devices:,}"
-                                            f" devices, not {self.topology.num_devices:,}")
-                return
+            if rep.use != self.use:     # which of the two was edited, no check can tell: both are named
+                u = rep.use
+                self.fail("search", ("search", "options"), f"with these options the search uses {u.used:,} of"
+                                                           f" {u.devices:,} devices ({u.reason or 'all'}); the file"
+                                                           f" says idle: {self.use.used:,} ({self.use.reason or 'all'})")
+                if rep.use.used != self.use.used:
+                    return
             best = compose_candidates(rep.topology, self.model, rep, search, plan.family, plan.cross_mesh,
                                       plan.overlap, options, self.timeout, known=plan)
+        except RefusedError:        # over the memory bound: nothing to say about the file (exit 2)
+            raise
         except PlannerError as exc:
             self.fail("search", "search.options", f"the stage search with these options does not give a plan: {exc}")
             return

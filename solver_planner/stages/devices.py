@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import gcd
+from typing import Callable
 
 from ..errors import InfeasibleError, OptionError
 from ..spec.base import MAX_MICROBATCHES
@@ -48,6 +49,12 @@ class DeviceUse:
         return f"devices: {self.used:,} of {self.devices:,} used, {self.idle:,} idle: {self.reason}"
 
 
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in O(sqrt n) (clusters of thousands of hosts are scanned count by count)."""
+    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
 def _splits(micro: int, size: int, per_host: int, tensor: int | None) -> bool:
     """Whether a micro-batch of ``micro`` samples splits over the data degree of a mesh of
     ``size`` devices, for some tensor degree dividing ``per_host`` (stages/costs.py's rule)."""
@@ -55,18 +62,23 @@ def _splits(micro: int, size: int, per_host: int, tensor: int | None) -> bool:
 
 
 def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: int | None,
-          tensor: int | None) -> bool:
+          tensor: int | None, rule: Callable[[int, int], bool] | None = None) -> bool:
     """Whether equal meshes can tile ``count`` devices (hosts of ``per_host``, or one host of
-    ``count`` when fewer) with at most one stage per layer and a micro-batch that splits."""
+    ``count`` when fewer) with at most one stage per layer and a micro-batch that splits;
+    ``rule(S, B)``: whether the space searched has plans of ``S`` stages and ``B``
+    micro-batches at all (a framework's layer splits, chunked schedules' rules)."""
     L = lm.num_layers
+
+    def stage_count(S: int, m: int) -> bool:
+        return S <= L and stages in (None, S) and (rule is None or rule(S, lm.global_batch // m))
+
     if count < per_host:                     # one host, cut: its meshes are 1 x 2^k and 1 x count
         per_host = count
     hosts = count // per_host
     sizes = [k for k in (2 ** j for j in range(per_host.bit_length())) if k < per_host and per_host % k == 0]
     for m in micro:
         for size in sizes:                   # meshes inside one host
-            S = count // size
-            if S <= L and stages in (None, S) and _splits(m, size, size, tensor):
+            if stage_count(count // size, m) and _splits(m, size, size, tensor):
                 return True
         for t in divisors(per_host):         # meshes of n whole hosts: data degree n x per_host / t
             if tensor not in (None, t):
@@ -74,27 +86,25 @@ def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: i
             q = per_host // t
             if m % q:
                 continue
-            g = gcd(hosts, m // q)           # the most hosts per stage whose data degree divides m
-            if stages is None:
-                if hosts // g <= L:
-                    return True
-            elif hosts % stages == 0 and g % (hosts // stages) == 0 and stages <= L:
+            # n hosts per stage: n divides the hosts, and its data degree n x q divides m
+            if any(stage_count(hosts // n, m) for n in _divisors(gcd(hosts, m // q))):
                 return True
     return False
 
 
-def _microbatch_sizes(lm: LayerModel, microbatches: list[int] | None) -> list[int]:
-    counts = microbatches if microbatches is not None else (
-        [lm.microbatches] if lm.microbatches is not None else
-        [k for k in divisors(lm.global_batch) if k <= MAX_MICROBATCHES])
+def _microbatch_sizes(lm: LayerModel) -> list[int]:
+    counts = [lm.microbatches] if lm.microbatches is not None else [
+        k for k in divisors(lm.global_batch) if k <= MAX_MICROBATCHES]
     return sorted({lm.global_batch // k for k in counts if lm.global_batch % k == 0})
 
 
 def choose_devices(topology: Topology, lm: LayerModel, cap: int | None = None, stages: int | None = None,
-                   tensor: int | None = None, microbatches: list[int] | None = None,
-                   used: int | None = None) -> DeviceUse:
+                   used: int | None = None, rule: Callable[[int, int], bool] | None = None,
+                   rule_text: str = "") -> DeviceUse:
     """The devices a plan uses: ``used`` when a configuration fixes them (``--config``'s
-    d x t x p), else the most, at most ``cap``, on which equal meshes can tile (above).
+    d x t x p), else the most, at most ``cap``, on which equal meshes can tile (above) and
+    the space searched has plans (``rule(stages, micro-batches)``, when it is narrower; what
+    it requires is ``rule_text``, for the reason).
     Raises :class:`OptionError` for a cap or count the cluster cannot take, and
     :class:`InfeasibleError` (exit 1) when no count has a plan."""
     N = topology.num_devices
@@ -109,21 +119,24 @@ def choose_devices(topology: Topology, lm: LayerModel, cap: int | None = None, s
         first_devices(topology, used)        # a clear error when they are not a whole part
         reason = "; ".join(x for x in (capped, f"the configuration uses {used:,}" if used < limit else "") if x)
         return DeviceUse(N, used, reason)
-    micro = _microbatch_sizes(lm, microbatches)
+    micro = _microbatch_sizes(lm)
     per_host = topology.devices_per_host
     for count in device_counts(topology, limit):
-        if _fits(count, per_host, lm, micro, stages, tensor):
+        if _fits(count, per_host, lm, micro, stages, None, rule):
             if count == limit:
                 return DeviceUse(N, count, capped)
             plans = "no plan of equal meshes" if stages is None else f"no plan of {stages} equal meshes"
             why = (f"{plans} uses {count + 1:,} to {limit:,} devices" if count + 1 < limit else
                    f"{plans} uses {limit:,} devices")
+            # counts skipped for not being a whole part of the hierarchy are said to be
+            parts = any(not representable(topology, c) for c in range(count + 1, limit + 1))
             why += (f" (stages x mesh devices must make the count, with at most one stage per layer"
                     f" ({lm.num_layers}) and a micro-batch of the global batch of {lm.global_batch} split over"
-                    f" the mesh's data degree{'' if representable(topology, limit) else ', in whole parts of the hierarchy'})")
+                    f" the mesh's data degree{', on a whole part of the hierarchy' if parts else ''}"
+                    f"{'; ' + rule_text if rule_text else ''})")
             return DeviceUse(N, count, "; ".join(x for x in (capped, why) if x))
     what = f"{stages} stages" if stages is not None else "no plan"
     raise InfeasibleError(f"{what}: not possible on any part of '{topology.name}' ({limit:,} devices or fewer) with"
                           f" {lm.num_layers} layers and a global batch of {lm.global_batch}: equal meshes must tile"
                           f" the devices used, with at most one stage per layer and a micro-batch split over each"
-                          f" mesh's data degree")
+                          f" mesh's data degree{'; ' + rule_text if rule_text else ''}")

@@ -15,6 +15,7 @@ from .costs import MeshShape
 from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
 from ..errors import OptionError
+from .schedule import VIRTUAL
 from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
 __all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config", "device_use"]
@@ -236,14 +237,27 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
 
 
 def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, stages: int | None = None,
-               config: Config | None = None, layer_counts: tuple[int, ...] | None = None) -> DeviceUse:
+               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
+               restrict: dict | None = None, schedule: str = "1f1b") -> DeviceUse:
     """The devices the stage search plans on (:func:`.devices.choose_devices`): a
-    configuration's d x t x p, else the most (at most ``devices``) equal meshes can tile."""
+    configuration's d x t x p, else the most (at most ``devices``) equal meshes can tile
+    with a plan in the space searched (``restrict``'s uniform schedules and splits, a
+    target's; chunked schedules' own rules)."""
     if config is not None:
         return choose_devices(topology, lm, devices, used=config.data * config.tensor * config.pipeline)
     if layer_counts is not None:
         stages = len(layer_counts)
-    return choose_devices(topology, lm, devices, stages=stages)
+    restrict = restrict or {}
+    kinds = restrict.get("uniform") or ([schedule] if schedule in VIRTUAL else None)
+    if kinds is None:
+        return choose_devices(topology, lm, devices, stages=stages)
+    from .uniform import has_plans
+
+    space = restrict.get("space", "native")
+    text = (f"plans {'in the ' + space + ' space' if space != 'native' else 'of ' + ', '.join(kinds)}: its layer"
+            f" splits and schedules' rules")
+    return choose_devices(topology, lm, devices, stages=stages, rule_text=text,
+                          rule=lambda S, B: has_plans(lm.layers, S, B, kinds, restrict.get("splits")))
 
 
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
@@ -264,16 +278,16 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     if layer_counts is not None and (sum(layer_counts) != lm.num_layers or min(layer_counts) < 1):
         raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
                            f" {lm.num_layers} layers and every stage needs one")
-    use = device_use(topology, lm, devices, stages, config, layer_counts)
-    from ..subcluster import first_devices
-
-    topology = first_devices(topology, use.used)
     restrict: dict = {}
     if target != "native":
         from ..targets.search import restriction
 
         restrict.update(restriction(target, model, schedule))
     schedule = schedule or "1f1b"
+    use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
+    from ..subcluster import first_devices
+
+    topology = first_devices(topology, use.used)
     if config is not None:
         restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
         if lm.global_batch % config.microbatches:

@@ -336,7 +336,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
             raise InfeasibleError(search.impossible_message())
         bound = active_bound()
         if bound is not None:       # under a command's memory bound: refuse before building tables
-            check_memory(stages_estimate(search.model.num_layers, len(pairs), sum(len(p.configs) for p in pairs)),
+            check_memory(stages_estimate(search.model.num_layers, [(len(p.configs), p.S) for p in pairs]),
                          "this stage search", bound)
         chosen = "dp" if method == "auto" else method
         _guard(chosen, pairs)

@@ -30,7 +30,7 @@ from .costs import StageCosts
 from .problem import PairProblem
 from .schedule import Schedule, mesh_of, virtual_options, family
 
-__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform", "why_none", "work_bound"]
+__all__ = ["block_range", "equal_split", "uniform_plans", "search_uniform", "why_none", "work_bound", "has_plans"]
 
 
 def block_range(layers) -> tuple[int, int]:
@@ -64,6 +64,20 @@ def _schedules(kind: str, S: int, blocks: int, B: int) -> list[Schedule]:
     if kind in ("interleaved-1f1b", "zb-v"):
         return [Schedule(kind, virtual=v) for v in virtual_options(kind, S, blocks, B)]
     return family(kind, S)
+
+
+def has_plans(layers, S: int, B: int, kinds: list[str],
+              splits: Callable[[list, int], list[list[int]]] | None = None) -> bool:
+    """Whether the uniform space has a plan of ``S`` stages and ``B`` micro-batches at all:
+    some schedule of ``kinds`` with a layer split (what :func:`uniform_plans` loops over,
+    before configurations; a framework's ``allows`` may still refuse them)."""
+    a, b = block_range(layers)
+    for kind in kinds:
+        for s in _schedules(kind, S, b - a + 1, B):
+            K = S * s.virtual
+            if splits(layers, K) if splits else equal_split(layers, K):
+                return True
+    return False
 
 
 def uniform_plans(pair: PairProblem, kinds: list[str],
