@@ -85,7 +85,7 @@ def test_the_arithmetic_agrees_with_the_searchs_own_pairs(tmp_path_factory, host
 
     want = next((c for c in device_counts(topo, cap) if has_pair(c)), None)
     if want is None:
-        with pytest.raises(InfeasibleError, match="not possible on any part"):
+        with pytest.raises(InfeasibleError, match="not possible on any part|stages need at least"):
             choose_devices(topo, lm, cap, stages=stages)
     else:
         assert choose_devices(topo, lm, cap, stages=stages).used == want
@@ -105,6 +105,8 @@ def test_stages_reports_the_idle_devices_and_check_takes_the_plan(tmp_path):
 def test_devices_out_of_range_is_an_option_error_and_no_plan_at_all_exits_1(tmp_path):
     res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--devices", "9", "--no-baselines")
     assert res.returncode == 2 and "has 8 devices" in res.stderr
+    res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--stages", "9", "--no-baselines")
+    assert res.returncode == 1 and "9 stages need at least 9 devices; 'aws-p3.8xlarge-2' has 8" in res.stderr
     path, _ = _model(tmp_path, 1, 1)
     res = run_cli("stages", P3, path, "--stages", "2", "--no-baselines")
     assert res.returncode == 1 and "2 stages: not possible on any part of 'aws-p3.8xlarge-2'" in res.stderr
@@ -118,8 +120,10 @@ def test_devices_out_of_range_is_an_option_error_and_no_plan_at_all_exits_1(tmp_
 def test_plan_on_part_of_a_cluster_checks_and_launches_on_its_devices(tmp_path):
     path, _ = _model(tmp_path, 6, 16)
     out = tmp_path / "plan.yaml"
-    res = run_cli("plan", P3, path, "-s", "1f1b", "--devices", "5", "-o", out)
+    report = tmp_path / "plan.html"
+    res = run_cli("plan", P3, path, "-s", "1f1b", "--devices", "5", "-o", out, "--report", report)
     assert res.returncode == 0, res.stderr
+    assert "Devices: the first 4 of 8 (MFU over them); 4 idle: --devices 5 leaves 3 out" in report.read_text()
     doc = yaml.safe_load(out.read_text())
     assert doc["devices"] == 8 and doc["idle"]["used"] == 4 and doc["search"]["options"]["devices"] == 5
     assert doc["launch"]["world_size"] == 4

@@ -240,6 +240,10 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
              f" <b>{e(units.format_time(doc['iteration_time']))}</b> (simulated), {doc['throughput']:.1f} samples/s,"
              f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}; cross-mesh boundaries {e(doc['cross_mesh'])},"
              f" {doc['communication_hidden']['hidden_fraction']:.1%} of their time hidden.</p>"]
+    if "idle" in doc:            # a plan on part of the cluster: say so before anything else
+        idle = doc["idle"]
+        parts.append(f"<p>Devices: the first {idle['used']:,} of {doc['devices']:,} (MFU over them);"
+                     f" {idle['devices']:,} idle: {e(idle['reason'])}.</p>")
     parts.append("<h2>Stages and proofs</h2>")
     rows = []
     for st in doc["stages"]:

@@ -119,6 +119,9 @@ def choose_devices(topology: Topology, lm: LayerModel, cap: int | None = None, s
         first_devices(topology, used)        # a clear error when they are not a whole part
         reason = "; ".join(x for x in (capped, f"the configuration uses {used:,}" if used < limit else "") if x)
         return DeviceUse(N, used, reason)
+    if stages is not None and stages > limit:
+        raise InfeasibleError(f"{stages} stages need at least {stages} devices; '{topology.name}' has {N:,}"
+                              + (f" and --devices allows {limit:,}" if limit < N else ""))
     micro = _microbatch_sizes(lm)
     per_host = topology.devices_per_host
     for count in device_counts(topology, limit):
