@@ -7,8 +7,9 @@ GPUs has no such plan for GPT-3 (a global batch of 1 536 splits over at most 32 
 a count dividing 100 000), so real jobs leave devices idle.  The search takes the largest
 number of devices, at most the cluster (or ``--devices``), that is a whole part of the
 hierarchy (:mod:`solver_planner.subcluster`) and on which such a plan exists by this
-arithmetic; memory is the search's to decide.  The choice is pure arithmetic on the specs
-and options, so ``check`` derives it again.
+arithmetic and the rules of the space searched (a framework's layer splits, chunked
+schedules'); memory is the search's to decide.  The choice is arithmetic on the specs and
+options, made again when ``check`` runs the search again.
 """
 
 from __future__ import annotations
@@ -42,12 +43,6 @@ class DeviceUse:
     def as_dict(self) -> dict:
         return {"devices": self.devices, "used": self.used, "idle": self.idle, "reason": self.reason}
 
-    def line(self) -> str:
-        """One line for the command's output ('' when every device is used)."""
-        if not self.idle:
-            return ""
-        return f"devices: {self.used:,} of {self.devices:,} used, {self.idle:,} idle: {self.reason}"
-
 
 def _divisors(n: int) -> list[int]:
     """Divisors of ``n`` in O(sqrt n) (clusters of thousands of hosts are scanned count by count)."""
@@ -55,14 +50,14 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // k for k in small]))
 
 
-def _splits(micro: int, size: int, per_host: int, tensor: int | None) -> bool:
+def _splits(micro: int, size: int) -> bool:
     """Whether a micro-batch of ``micro`` samples splits over the data degree of a mesh of
-    ``size`` devices, for some tensor degree dividing ``per_host`` (stages/costs.py's rule)."""
-    return any(micro % (size // t) == 0 for t in divisors(per_host) if tensor in (None, t) and size % t == 0)
+    ``size`` devices inside one host, for some tensor degree (stages/costs.py's rule)."""
+    return any(micro % (size // t) == 0 for t in divisors(size))
 
 
 def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: int | None,
-          tensor: int | None, rule: Callable[[int, int], bool] | None = None) -> bool:
+          rule: Callable[[int, int], bool] | None = None) -> bool:
     """Whether equal meshes can tile ``count`` devices (hosts of ``per_host``, or one host of
     ``count`` when fewer) with at most one stage per layer and a micro-batch that splits;
     ``rule(S, B)``: whether the space searched has plans of ``S`` stages and ``B``
@@ -78,11 +73,9 @@ def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: i
     sizes = [k for k in (2 ** j for j in range(per_host.bit_length())) if k < per_host and per_host % k == 0]
     for m in micro:
         for size in sizes:                   # meshes inside one host
-            if stage_count(count // size, m) and _splits(m, size, size, tensor):
+            if stage_count(count // size, m) and _splits(m, size):
                 return True
         for t in divisors(per_host):         # meshes of n whole hosts: data degree n x per_host / t
-            if tensor not in (None, t):
-                continue
             q = per_host // t
             if m % q:
                 continue
@@ -125,7 +118,7 @@ def choose_devices(topology: Topology, lm: LayerModel, cap: int | None = None, s
     micro = _microbatch_sizes(lm)
     per_host = topology.devices_per_host
     for count in device_counts(topology, limit):
-        if _fits(count, per_host, lm, micro, stages, None, rule):
+        if _fits(count, per_host, lm, micro, stages, rule):
             if count == limit:
                 return DeviceUse(N, count, capped)
             plans = "no plan of equal meshes" if stages is None else f"no plan of {stages} equal meshes"
