@@ -307,6 +307,10 @@ class _Checker:
         schedule = self.chunking()
         v = schedule.virtual
         entries = self.get(part_name, ("stages",), list)
+        if len(entries) != costs.stages * v and len(entries) % costs.stages == 0 and len(entries) > costs.stages:
+            self.fail("iteration", "schedule.virtual", f"{v}, but the plan lists {len(entries)} model chunks on"
+                                                       f" {costs.stages} stages")
+            raise _Stop
         used = len(entries) // v * shape.size if len(entries) % v == 0 else None
         if used is not None and used != topo.num_devices and used <= self.cluster.num_devices:
             # the stages use another part of the cluster than the file's account says
@@ -314,10 +318,6 @@ class _Checker:
                     else "the file has no idle block saying so")
             self.fail("inputs", "idle", f"the plan's {len(entries) // v} stages of {shape} meshes use {used:,} of"
                                         f" {self.cluster.num_devices:,} devices; {said}")
-            raise _Stop
-        if len(entries) != costs.stages * v and len(entries) % costs.stages == 0 and len(entries) > costs.stages:
-            self.fail("iteration", "schedule.virtual", f"{v}, but the plan lists {len(entries)} model chunks on"
-                                                       f" {costs.stages} stages")
             raise _Stop
         if len(entries) != costs.stages * v:
             what = f"{costs.stages} stages" if v == 1 else f"{costs.stages} stages of {v} model chunks each ({schedule})"
