@@ -169,3 +169,11 @@ def test_a_framework_targets_count_follows_its_layer_splits():
     assert device_use(topo, lm).used == 99_840
     use = device_use(topo, lm, restrict=restriction("megatron", spec, "1f1b"))
     assert use.used == 98_304 and "megatron space" in use.reason
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
+def test_a_shortfall_on_part_of_the_cluster_says_which_part(schedule):
+    from solver_planner import api as sp
+
+    with pytest.raises(InfeasibleError, match=r"GiB short \(on the first 4 of 8 devices: --devices 4 leaves 4 out\)"):
+        sp.stages(P3, SPECS / "models" / "gpt3-2.6b.yaml", schedule=schedule, devices=4)

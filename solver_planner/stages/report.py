@@ -306,14 +306,14 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 progress=progress, top_gap=top_gap)
     base = None
     incumbents = None
-    if schedule == "eager-1f1b" and target == "native":
-        # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
-        # eager search can only return something at least as fast
-        base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute, **restrict),
-                              method, **args)
-        incumbents = base.solutions
     search = StageSearch(lm, topology, schedule, comm, stages=stages, compute=compute, **restrict)
     try:
+        if schedule == "eager-1f1b" and target == "native":
+            # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
+            # eager search can only return something at least as fast
+            base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute,
+                                              **restrict), method, **args)
+            incumbents = base.solutions
         result = plan_partition(search, method, incumbents=incumbents, **args)
     except PlannerError as exc:
         if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
