@@ -275,9 +275,19 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     the most that equal meshes can tile (:mod:`.devices`; the report's ``use`` says how
     many and why the rest idle)."""
     lm = layer_model(model)
-    if layer_counts is not None and (sum(layer_counts) != lm.num_layers or min(layer_counts) < 1):
-        raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
-                           f" {lm.num_layers} layers and every stage needs one")
+    # the options are checked against each other before any device is chosen
+    if layer_counts is not None:
+        if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
+            raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
+                               f" {lm.num_layers} layers and every stage needs one")
+        if stages is not None and stages != len(layer_counts):
+            raise OptionError(f"--split has {len(layer_counts)} stages, --stages says {stages}")
+    if config is not None:
+        if lm.global_batch % config.microbatches:
+            raise OptionError(f"--config {config}: {config.microbatches} micro-batches do not divide the global batch"
+                               f" of {lm.global_batch}")
+        if stages is not None and stages != config.pipeline:
+            raise OptionError(f"--stages {stages} contradicts --config {config}")
     restrict: dict = {}
     if target != "native":
         from ..targets.search import restriction
@@ -290,17 +300,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     topology = first_devices(topology, use.used)
     if config is not None:
         restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
-        if lm.global_batch % config.microbatches:
-            raise OptionError(f"--config {config}: {config.microbatches} micro-batches do not divide the global batch"
-                               f" of {lm.global_batch}")
-        if stages is not None and stages != config.pipeline:
-            raise OptionError(f"--stages {stages} contradicts --config {config}")
     if layer_counts is not None:
-        if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
-            raise OptionError(f"--split gives {sum(layer_counts)} layers in {len(layer_counts)} stages; the model has"
-                               f" {lm.num_layers} layers and every stage needs one")
-        if stages is not None and stages != len(layer_counts):
-            raise OptionError(f"--split has {len(layer_counts)} stages, --stages says {stages}")
         restrict["layer_counts"] = tuple(layer_counts)
     args = dict(time_limit=time_limit, seed=seed, top=top, budget=budget, simulations=simulations,
                 progress=progress, top_gap=top_gap)
