@@ -7,8 +7,8 @@ inside, one 200 Gb/s NIC per GPU) grown to the row's node count, with a data-par
 filling it (one 100 MB gradient reduction).  Times are medians of ``--repeat`` runs; memory
 is the largest resident set of those runs (the child's own rusage); the exit status is the
 last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit).  `stages`
-plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) at the default budgets; its note is the
-status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
+plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) and Megatron-LM's 1T-parameter GPT
+(`gpt-1t.yaml`) at the default budgets; its note is the status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
@@ -106,8 +106,8 @@ def verify_rows(gpus: int, workdir: Path) -> Rows:
 
 def stages_rows(gpus: int, workdir: Path) -> Rows:
     cluster, _ = specs(gpus, workdir)
-    yield "GPT-3 175B, 1F1B, default budgets", ["stages", str(cluster), str(ROOT / "specs" / "models" /
-                                                                              "gpt3-175b.yaml"),
+    for name, spec in (("GPT-3 175B", "gpt3-175b.yaml"), ("GPT 1T (Megatron-LM's)", "gpt-1t.yaml")):
+        yield f"{name}, 1F1B, default budgets", ["stages", str(cluster), str(ROOT / "specs" / "models" / spec),
                                                  "--no-baselines", "--json"]
 
 

@@ -87,24 +87,28 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
     return Estimate(BASE + devices * devices // 16 + PER_DEVICE_VERIFY * devices + PER_VALUE * values, what)
 
 
-# Stage search, when it builds every pair: the [k, i] tables of each configuration (layers^2
-# cells) and the dynamic programs' band arrays, per stage an n x n square of the first and
-# last layers it may hold (n = layers - stages + 1).  Measured on 1 024 A100s with every
-# pair explored: 1.7 GB at 128 equal layers (3.1 million table cells, 27.9 million band
-# cells), 9.7 GB at 256 (14.5 and 253 million); these rates cover both.
+# Stage search: per (mesh, micro-batch) pair it explores, the [k, i] tables of each
+# configuration (layers^2 cells) and the dynamic programs' band arrays, per stage an n x n
+# square of the first and last layers it may hold (n = layers - stages + 1).  Measured on
+# 1 024 A100s with every pair explored: 1.7 GB at 128 equal layers (3.1 million table cells,
+# 27.9 million band cells), 9.7 GB at 256 (14.5 and 253 million); these rates cover both.
+# How many pairs the branch and bound explores is not known before it runs (GPT 1T on 1 024
+# GPUs: 0.7 GB, a seventeenth of every pair's), so the estimate made before starting is of
+# the one pair it must explore, the least; the address-space limit covers the rest.
 PER_TABLE_CELL = 100
 PER_BAND_CELL = 60
 
 
 def stages_estimate(layers: int, pairs: list[tuple[int, int]]) -> Estimate:
-    """A stage search over ``pairs``, one ``(configurations, stages)`` per (mesh,
-    micro-batch) pair, on ``layers`` layers (every pair built: B&B may build fewer)."""
-    tables = sum(c for c, _ in pairs) * layers * layers
-    bands = sum(c * s * (layers - s + 1) ** 2 for c, s in pairs)
-    configs = sum(c for c, _ in pairs)
-    return Estimate(BASE + PER_TABLE_CELL * tables + PER_BAND_CELL * bands,
-                    f"{len(pairs)} (mesh, micro-batch) pairs with {configs} stage configurations in all, each with"
-                    f" tables over {layers} x {layers} layer ranges")
+    """What a stage search over ``pairs`` (one ``(configurations, stages)`` per (mesh,
+    micro-batch) pair) on ``layers`` layers must hold at least: the tables of the pair that
+    needs least, for every configuration."""
+    def cells(c: int, s: int) -> int:
+        return PER_TABLE_CELL * c * layers * layers + PER_BAND_CELL * c * s * (layers - s + 1) ** 2
+
+    c, s = min(pairs, key=lambda cs: cells(*cs))
+    return Estimate(BASE + cells(c, s), f"even its least (mesh, micro-batch) pair: {s} stages with {c} stage"
+                                        f" configurations, each with tables over {layers} x {layers} layer ranges")
 
 
 def address_space() -> int | None:

@@ -107,9 +107,9 @@ def stages(
     Plans use the cluster's first devices, as many as equal meshes can tile (at most
     --devices); the rest idle, and the output says how many and why.
 
-    Memory: at most 8 GiB of address space; a search estimated to need more (tables over
-    every pair of first and last layers: a few hundred layers) is refused before it starts
-    (exit 2).
+    Memory: at most 8 GiB of address space (tables over every first and last layer: about
+    200 layers on 1 024 GPUs); a search that reaches it ends with exit 2, and one whose least
+    (mesh, micro-batch) pair would pass it is refused before it starts.
 
     Exit codes: 0 plan found; 1 no plan is possible (the reason is printed) or proven that none fits in memory (the smallest shortfall is printed); 2 bad spec or option, or an instance the method refuses; 3 no plan found within the limits and none proven impossible.
     """  # noqa: E501 - one line, so that the help text does not break mid-sentence
