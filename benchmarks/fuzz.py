@@ -44,7 +44,7 @@ SPECS = ROOT / "specs"
 PROGRAMS = ROOT / "examples"
 
 OUTCOMES = ("ok", "traceback", "hang", "out-of-memory", "bad-exit", "no-line")
-MEMORY_LIMIT = 3 * 2**30        # address space of one case
+MEMORY_LIMIT = 3 * 2**30        # address space of one case, on top of what the fork maps
 TIMEOUT = 30.0                   # seconds of one case
 
 
@@ -318,7 +318,12 @@ def _child(args: list[str], out_fd: int, memory: int) -> None:
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), write_through=True)
     code = 1
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        # the case's allowance on top of what the fork already maps: a test runner that has
+        # imported torch before (xdist gives a worker several files) maps more than 3 GiB
+        from solver_planner.memory import address_space
+
+        limit = memory + (address_space() or 0)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         sys.argv = ["solver-planner", *args]
         from solver_planner.cli import main
         main()
