@@ -3,7 +3,6 @@ refused before the work with exit 2, never killed, never a MemoryError traceback
 
 import json
 import resource
-import shutil
 import subprocess
 import sys
 
@@ -18,6 +17,14 @@ HIERARCHICAL = "ReduceScatter(node, InsideGroup); AllReduce(node, Parallel(root)
 # chunk between the two gathers, so the rules' tables grow as devices x nodes
 STRIDED = ("ReduceScatter(node, InsideGroup); ReduceScatter(node, Parallel(root)); AllGather(node, Parallel(root));"
            " AllGather(node, InsideGroup)")
+
+
+def outside_limit(bound: int):
+    """The address-space limit set on the command from outside, before it starts (what
+    ``prlimit --as=BOUND`` does; set in the child so that no tool is needed)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (bound, bound))
+    return limit
 
 
 def dgx(tmp_path, nodes):
@@ -80,7 +87,6 @@ def test_verify_refuses_a_program_whose_tables_pass_the_bound(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
 @pytest.mark.parametrize("args", [["place"], ["reduce", "synth", "--top", "3"],
                                   ["reduce", "verify", HIERARCHICAL], ["reduce", "verify", STRIDED]],
                          ids=["place", "synth", "verify", "verify-strided"])
@@ -89,8 +95,8 @@ def test_the_largest_cluster_under_the_bound_succeeds_or_is_refused(tmp_path, ar
     from outside: each command either finishes or refuses with exit 2."""
     cluster, model = dgx(tmp_path, 12_500)
     command = [*args[:2], cluster, model, *args[2:]] if args[0] == "reduce" else [args[0], cluster, model]
-    result = subprocess.run(["prlimit", f"--as={memory.MEMORY_BOUND}", sys.executable, "-m", "solver_planner",
-                             *map(str, command)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "solver_planner", *map(str, command)], capture_output=True,
+                            text=True, cwd=ROOT, preexec_fn=outside_limit(memory.MEMORY_BOUND))
     assert result.returncode in (0, 2), (result.returncode, result.stderr[-2000:])
     assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
     if result.returncode == 2:
@@ -129,14 +135,13 @@ def test_the_stage_search_estimate_is_what_it_must_hold(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
 def test_the_deepest_model_ends_at_the_bound_not_killed(tmp_path):
     """1 024 layers on 1 024 GPUs (the most a model spec accepts): the search was killed by
     the kernel at 24 GB after 69 s.  Under its 8 GiB bound, set from outside too, it ends
     with exit 2 when it reaches the bound (about 30 s), saying so."""
-    result = subprocess.run(["prlimit", f"--as={memory.STAGES_BOUND}", sys.executable, "-m", "solver_planner",
-                             "stages", str(CLUSTERS / "dgx-a100-128x8.yaml"), str(deep(tmp_path, 1024)),
-                             "--no-baselines"], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "solver_planner", "stages", str(CLUSTERS / "dgx-a100-128x8.yaml"),
+                             str(deep(tmp_path, 1024)), "--no-baselines"], capture_output=True, text=True, cwd=ROOT,
+                            preexec_fn=outside_limit(memory.STAGES_BOUND))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "memory bound of 8 GiB" in result.stderr and "Traceback" not in result.stderr
 
