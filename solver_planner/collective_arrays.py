@@ -249,17 +249,6 @@ def collective_arrays(model, kind, algorithm, groups: list[list[int]], sizes: li
     seconds = np.where(moving, seconds, 0.0)
     times = lat + seconds
     worst = int(np.argmax(times)) if len(times) else None   # the first of the slowest
-    return CollectiveCost(
-        collective=kind.value,
-        algorithm=algorithm.value,
-        nbytes=max(sizes, default=0.0),
-        groups=len(groups),
-        group_size=max((len(g) for g in groups), default=0),
-        time=float(times[worst]) if worst is not None else 0.0,
-        latency_term=float(lat[worst]) if worst is not None else 0.0,
-        bandwidth_term=float(seconds[worst]) if worst is not None else 0.0,
-        bus_bandwidth=float(busbw[worst]) if worst is not None else math.inf,
-        bottleneck=str(codec.decode(int(where[worst]))) if worst is not None and where[worst] >= 0 else None,
-        group_times=tuple(times.tolist()),
-        resources=_Resources(used, codec.decode),
-    )
+    bottleneck = str(codec.decode(int(where[worst]))) if worst is not None and where[worst] >= 0 else None
+    return CollectiveCost.of_groups(kind, algorithm, groups, sizes, worst, times.tolist(), lat, seconds, busbw,
+                                    bottleneck, _Resources(used, codec.decode))

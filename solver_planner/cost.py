@@ -142,6 +142,22 @@ class CollectiveCost:
     group_times: tuple[float, ...]
     resources: frozenset[Resource]
 
+    @classmethod
+    def of_groups(cls, kind: "Collective", algorithm: "Algorithm", groups, sizes, worst: int | None, times,
+                  latency, bandwidth, bus_bandwidth, bottleneck: str | None, resources) -> "CollectiveCost":
+        """The cost of concurrent ``groups`` from each group's terms (sequences indexed like
+        ``groups``): the slowest group, ``worst`` (the first of them; None when there is no
+        group), gives the time and its parts; ``bottleneck`` names its bounding resource."""
+        some = worst is not None
+        return cls(collective=kind.value, algorithm=algorithm.value, nbytes=max(sizes, default=0.0),
+                   groups=len(groups), group_size=max((len(g) for g in groups), default=0),
+                   time=float(times[worst]) if some else 0.0,
+                   latency_term=float(latency[worst]) if some else 0.0,
+                   bandwidth_term=float(bandwidth[worst]) if some else 0.0,
+                   bus_bandwidth=float(bus_bandwidth[worst]) if some else math.inf,
+                   bottleneck=bottleneck if some else None,
+                   group_times=tuple(float(t) for t in times), resources=resources)
+
 
 @dataclass(frozen=True)
 class BroadcastCost:
@@ -405,21 +421,10 @@ class CostModel:
             bw_terms.append(bw_term)
             busbws.append(busbw)
             where.append(res)
-        worst = max(range(len(times)), key=lambda i: (times[i], -i)) if times else None
-        return CollectiveCost(
-            collective=kind.value,
-            algorithm=algorithm.value,
-            nbytes=max(sizes, default=0.0),
-            groups=len(groups),
-            group_size=max((len(g) for g in groups), default=0),
-            time=times[worst] if worst is not None else 0.0,
-            latency_term=lat_terms[worst] if worst is not None else 0.0,
-            bandwidth_term=bw_terms[worst] if worst is not None else 0.0,
-            bus_bandwidth=busbws[worst] if worst is not None else math.inf,
-            bottleneck=str(where[worst]) if worst is not None and where[worst] is not None else None,
-            group_times=tuple(times),
-            resources=frozenset(load),
-        )
+        worst = max(range(len(times)), key=lambda i: (times[i], -i)) if times else None   # the first slowest
+        bottleneck = str(where[worst]) if worst is not None and where[worst] is not None else None
+        return CollectiveCost.of_groups(kind, algorithm, groups, sizes, worst, times, lat_terms, bw_terms, busbws,
+                                        bottleneck, frozenset(load))
 
     def collective_time(self, kind: Collective | str, groups: Sequence[Sequence[int]], nbytes: float | Sequence[float],
                         algorithm: Algorithm | str = "ring") -> float:
