@@ -177,3 +177,31 @@ def test_a_shortfall_on_part_of_the_cluster_says_which_part(schedule):
 
     with pytest.raises(InfeasibleError, match=r"GiB short \(on the first 4 of 8 devices: --devices 4 leaves 4 out\)"):
         sp.stages(P3, SPECS / "models" / "gpt3-2.6b.yaml", schedule=schedule, devices=4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(hosts=st.integers(1, 5), per_host=st.sampled_from([1, 2, 4, 8]), layers=st.integers(1, 9),
+       batch=st.sampled_from([1, 2, 4, 8, 16]), schedule=st.sampled_from(["interleaved-1f1b", "zb-v"]),
+       cap=st.integers(1, 40))
+def test_a_chunked_schedules_count_agrees_with_its_own_plans(tmp_path_factory, hosts, per_host, layers, batch,
+                                                             schedule, cap):
+    """Differential: with a chunked schedule, the count chosen is the largest whole part on
+    which the uniform search enumerates some plan (memory aside)."""
+    from solver_planner.stages.report import device_use
+    from solver_planner.stages.uniform import uniform_plans
+
+    topo = _grown(CLUSTERS / "dgx-a100-128x8.yaml", node=hosts, gpu=per_host)
+    _, spec = _model(tmp_path_factory.mktemp("m"), layers, batch)
+    lm = layer_model(spec)
+    cap = min(cap, topo.num_devices)
+
+    def has_plan(count: int) -> bool:
+        search = StageSearch(lm, first_devices(topo, count), schedule)
+        return any(next(uniform_plans(p, [schedule]), None) is not None for p in search.pairs())
+
+    want = next((c for c in device_counts(topo, cap) if has_plan(c)), None)
+    if want is None:
+        with pytest.raises(InfeasibleError, match="not possible on any part"):
+            device_use(topo, lm, cap, schedule=schedule)
+    else:
+        assert device_use(topo, lm, cap, schedule=schedule).used == want
