@@ -101,6 +101,11 @@ def test_unit_tasks_deliver_exactly_each_destination_tile(p):
             into = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(t.slice, dst_box[r]))
             got[r][into] = part
     assert (covered == 1).all()  # the slices partition the tensor: the tensor's bytes, once
+    # the same tasks as intersecting every source tile with every destination tile
+    naive = sorted((tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(sb, db)), tuple(h), tuple(r))
+                   for db, r in p.dst.holders().items() for sb, h in p.src.holders().items()
+                   if all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(sb, db)))
+    assert [(t.slice, t.holders, t.receivers) for t in p.unit_tasks()] == naive
     for i, row in enumerate(p.dst.mesh.devices):
         for j, d in enumerate(row):
             np.testing.assert_array_equal(got[d], local_tile(p.dst, tensor, i, j))

@@ -10,6 +10,7 @@ so the slices partition it too: the bytes sent across at least equal the tensor'
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 from math import prod
 from typing import Sequence
 
@@ -77,8 +78,24 @@ class ReshardingProblem:
         """Every non-empty (source tile) ∩ (destination tile), ordered by slice."""
         found = []
         src_tiles = self.src.holders()
+        tilings = self.src.tilings
         for dst_box, receivers in self.dst.holders().items():
-            for src_box, holders in src_tiles.items():
+            # source tiles are a grid (one tiling per dimension): the ones a destination box
+            # meets are, per dimension, the tile indices its interval covers -- not every
+            # source tile (at 100 000 GPUs a boundary has ~200 tiles a side: 40 000 tests)
+            ranges = []
+            for (lo, hi), t in zip(dst_box, tilings):
+                if hi <= lo or t.tile == 0:
+                    ranges = None
+                    break
+                ranges.append(range(lo // t.tile, min(t.parts, -(-hi // t.tile))))
+            if ranges is None:
+                continue
+            for ks in product(*ranges):
+                src_box = tuple(t.interval(k) for k, t in zip(ks, tilings))
+                holders = src_tiles.get(src_box)
+                if holders is None:
+                    continue
                 part = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(src_box, dst_box))
                 n = box_size(part)
                 if n:
