@@ -21,6 +21,7 @@ from ..errors import PlannerError
 from ..resharding import TIME_UNIT
 from .compose import TrainingPlan, breakdown
 from .fields import kind_of
+from . import yamltext
 from .launch import launch_layout
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
@@ -116,17 +117,9 @@ def _hidden(plan: TrainingPlan) -> dict[str, float]:
             "hidden_fraction": 1.0 - exposed / total if total > 0 else 1.0}
 
 
-# libyaml's emitter when present: PyYAML's own took 4.5 minutes for a plan of 100 000 GPUs
-class _NoAliases(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
-    """Repeated values written out in full: a plan file has no anchors (``read_plan`` refuses them)."""
-
-    def ignore_aliases(self, data) -> bool:
-        return True
-
-
 def write_document(doc: dict[str, Any], path: Path) -> None:
     """Write plan data as YAML (no anchors or aliases)."""
-    Path(path).write_text(yaml.dump(doc, Dumper=_NoAliases, sort_keys=False, width=120), encoding="utf-8")
+    Path(path).write_text(yamltext.dump(doc), encoding="utf-8")
 
 
 def write_plan(plan: TrainingPlan, path: Path) -> dict[str, Any]:
