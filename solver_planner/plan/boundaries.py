@@ -20,6 +20,7 @@ from ..choices import CROSS_MESH
 from ..cost import CostModel
 from ..resharding import DeviceMesh, Layout, ReshardingPlan, ReshardingProblem, ShardingSpec, plan_resharding
 from ..resharding import check as check_resharding
+from ..resharding.relabel import relabel, signature
 from ..solve import SolveResult
 from ..spec.model import DTYPE_BYTES
 from ..stages import Partition
@@ -94,15 +95,27 @@ def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown cross-mesh strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
     out = []
+    # boundaries that are one problem on other devices are solved once (resharding/relabel.py)
+    solved: dict[tuple, Boundary] = {}
     for kind, src, dst in directions(plan):
         problem = boundary_problem(plan, parts, topology, kind, src, dst)
         if strategy == "free" or not plan.costs.comm:
             out.append(Boundary(kind, src, dst, problem, None, 0.0, ()))
             continue
+        key = signature(problem, topology)
+        twin = solved.get(key) if key is not None else None
+        res = relabel(twin.result, problem, topology) if twin is not None else None
+        if res is not None:
+            plan_ = res.solution
+            used = {r for i in range(len(plan_.tasks)) for r in plan_.unit_cost(i).resources}
+            out.append(Boundary(kind, src, dst, problem, res, twin.time, tuple(port_names(used))))
+            continue
         if progress is not None:
             progress(f"resharding {problem.name}")
         res = plan_resharding(problem, cost, method, strategy, time_limit, seed)
         out.append(boundary_of(kind, src, dst, problem, res, cost))
+        if key is not None:
+            solved.setdefault(key, out[-1])
     return out
 
 
