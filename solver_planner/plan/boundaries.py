@@ -96,15 +96,20 @@ def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology
         raise ValueError(f"unknown cross-mesh strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
     out = []
     # boundaries that are one problem on other devices are solved once (resharding/relabel.py)
-    solved: dict[tuple, Boundary] = {}
+    # (a gradient boundary has an activation boundary's signature, but renaming one onto the
+    # other reverses device order: each key keeps every solved twin that differs so)
+    solved: dict[tuple, list[Boundary]] = {}
     for kind, src, dst in directions(plan):
         problem = boundary_problem(plan, parts, topology, kind, src, dst)
         if strategy == "free" or not plan.costs.comm:
             out.append(Boundary(kind, src, dst, problem, None, 0.0, ()))
             continue
         key = signature(problem, topology)
-        twin = solved.get(key) if key is not None else None
-        res = relabel(twin.result, problem, topology) if twin is not None else None
+        res = twin = None
+        for twin in solved.get(key, []) if key is not None else []:
+            res = relabel(twin.result, problem, topology)
+            if res is not None:
+                break
         if res is not None:
             plan_ = res.solution
             used = {r for i in range(len(plan_.tasks)) for r in plan_.unit_cost(i).resources}
@@ -115,7 +120,7 @@ def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology
         res = plan_resharding(problem, cost, method, strategy, time_limit, seed)
         out.append(boundary_of(kind, src, dst, problem, res, cost))
         if key is not None:
-            solved.setdefault(key, out[-1])
+            solved.setdefault(key, []).append(out[-1])
     return out
 
 
