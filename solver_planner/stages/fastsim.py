@@ -118,6 +118,38 @@ class _LazyTimeline(Timeline):
         return self._makespan
 
 
+# per StageCosts: the port classes of each sequence of port lists (see _port_classes)
+_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _port_classes(costs, raw: list) -> tuple[list[tuple[int, ...]], list[bool], int]:
+    """Ports as classes (resources exactly the same port-task types hold are busy and free
+    together): each type's classes, whether it shares one with another type (a type that
+    does not never waits: its own tasks are a chain), and how many classes.
+
+    The cost tables hand out one port list per route, so plans of one search that meet the
+    same lists in the same order have the same classes: remembered by the lists' identity
+    (at 100 000 GPUs a type holds thousands of ports, and finding the classes again took
+    a third of every simulation)."""
+    memo = _CLASSES.setdefault(costs, {})
+    key = tuple(id(x) if len(x) else 0 for x in raw)
+    hit = memo.get(key)
+    if hit is not None and all(a is b or not (len(a) or len(b)) for a, b in zip(hit[0], raw)):
+        return hit[1]
+    sigs = [tuple(dict.fromkeys(x)) for x in raw]
+    users: dict = {}
+    for k, sig in enumerate(sigs):
+        for res in sig:
+            users.setdefault(res, []).append(k)
+    klass: dict = {}
+    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
+    classes = [tuple(dict.fromkeys(of[res] for res in sig)) for sig in sigs]
+    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(sigs))]
+    out = (classes, shared, len(klass))
+    memo[key] = (list(raw), out)
+    return out
+
+
 def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
     """With model chunks, a mesh's chain holds the ops of all its chunks in the mesh's order;
     transfers, buckets and tied all-reduces belong to chunks (``K`` of them)."""
@@ -143,15 +175,15 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     out_grad = [[nch + j for j, (q, r) in enumerate(chans) if r == p] for p in range(K)]
     ch_dst = [mesh[r] for (q, r) in chans] + [mesh[q] for (q, r) in chans]     # the mesh to advance
     ch_dur: list[float] = []
-    sigs: list[tuple] = []                      # resources of each port-task type
+    raw: list = []                              # the ports of each port-task type, as handed out
     for q, r in chans:
         d, ports = _transfer(plan, "act", q, r, None)
         ch_dur.append(float(d))
-        sigs.append(tuple(dict.fromkeys(ports)))
+        raw.append(ports)
     for q, r in chans:
         d, ports = _transfer(plan, "grad", r, q, None)
         ch_dur.append(float(d))
-        sigs.append(tuple(dict.fromkeys(ports)))
+        raw.append(ports)
 
     # each chunk's last op: pieces (one, or one per layer, last layer first) and the buckets
     # reduced behind each piece; the chunk's buckets are port-task type 2 nch + k
@@ -173,7 +205,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
             layers = range(st.last, st.first - 1, -1)
             pieces.append([float(arr[layer]) for layer in layers])
             piece_buckets.append([cc.layer_buckets(layer, layer in copy_layers) for layer in layers])
-        sigs.append(tuple(dict.fromkeys(c.reduction_resources(st.tensor, mesh[p]))) if reduces else ())
+        raw.append(c.reduction_resources(st.tensor, mesh[p]) if reduces else ())
     copies = plan.copies
     tie_dur: list[float] = []
     tie_stages: list[tuple[int, int]] = []
@@ -181,22 +213,12 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         d, res = c.tie_sync(plan, a, bb)
         tie_dur.append(float(d))
         tie_stages.append((plan.owner[a], q))
-        sigs.append(tuple(dict.fromkeys(res)))
+        raw.append(res)
     opt_dur = [float(c[st.config].optimizer[st.first, st.last]) for st in plan.stages]
     mesh_chunks = [[k for k in range(K) if mesh[k] == r] for r in range(S)]
 
-    # ports as classes (resources exactly the same types hold are busy and free together);
-    # a type none of whose ports another type holds never waits (its own tasks are a chain)
-    users: dict = {}
-    for k, sig in enumerate(sigs):
-        for res in sig:
-            users.setdefault(res, []).append(k)
-    klass: dict = {}
-    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
-    classes = [tuple(dict.fromkeys(of[res] for res in sig)) for sig in sigs]
-    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(sigs))]
+    classes, shared, nclass = _port_classes(c, raw)
     contended = any(shared)
-    nclass = len(klass)
     busy_until = [0.0] * nclass
     nbuckets = [sum(len(x) for x in pb) for pb in piece_buckets]
     BIG = max([B] + nbuckets) + 1
