@@ -28,7 +28,7 @@ __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan",
 
 FORMAT = "solver-planner-plan"
 VERSION = 4                      # 4: a rank's groups are its stage mesh's row and column, not listed
-MAX_PLAN_BYTES = 64 * 2**20      # GPT-3 175B on 99 840 GPUs (65 stages of 1 536): 16 MB
+MAX_PLAN_BYTES = 64 * 2**20      # GPT-3 175B on 99 840 GPUs (65 stages of 1 536): 19 MB
 
 
 class PlanFileError(PlannerError):
