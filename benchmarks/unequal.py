@@ -19,10 +19,12 @@ the difference being the provably infeasible ``t_max`` values it skips by bisect
 ``shape xcount``.  "no plan" means no plan fits in memory with that ``B`` (Alpa's DP
 returns none).
 
-It repeats a measurement reported with the request for Alpa's space ("unequal meshes lower Alpa's objective
-over the best equal-mesh plan by 3.4% on GPT-3 2.6B on aws-p3.8xlarge-2; 3.1% on 6.7B on
-aws-p3.8xlarge-4; 1.3% on 6.7B on dgx-h100-4x8; 1.0% on 39B on dgx-a100-8x8; nothing on 4 of
-10").  Models: the shipped GPT-3 2.6B and 39B specs; GPT-3 1.3B, 6.7B and 15B with the
+It repeats, on more instances, a measurement reported with the request for Alpa's space
+("unequal meshes lower Alpa's objective over the best equal-mesh plan by 3.4% on GPT-3 2.6B on
+aws-p3.8xlarge-2; 3.1% on 6.7B on aws-p3.8xlarge-4; 1.3% on 6.7B on dgx-h100-4x8; 1.0% on 39B
+on dgx-a100-8x8; nothing on 4 of 10").  Its figures differ (0-0.59% on 2.6B / p3-2, 0-6.6% on
+6.7B / p3-4, 0-0.69% on 6.7B / dgx-h100, 0-2.3% on 39B): that report's micro-batch counts and
+model shapes were not recorded, so which rows it measured is not known.  Models: the shipped GPT-3 2.6B and 39B specs; GPT-3 1.3B, 6.7B and 15B with the
 shapes of Alpa's benchmark (``benchmark/alpa/suite_manual_gpt.py``: sequence 1024, vocabulary
 51 200, global batch 1024), written inline; gpt-tiny on local-2x4.  Micro-batch counts: the
 spec's when it fixes one, else 64, 128, 256, 512 and 1024 (those dividing the global batch;

@@ -101,6 +101,22 @@ def instances(draw, max_layers=6, comm=True):
     return Partition(costs, stages), family(kind, S)
 
 
+def tie_floor(plan: Partition, p: int) -> float:
+    """The least all-reduce stage p's tied copy can wait for: over the stages that may hold
+    the layer it shares (every stage holds a layer), device j with device j."""
+    c = plan.costs
+    st = plan.stages[p]
+    out = 0.0
+    for a, b in c.model.ties():
+        if p == 0 or not c.comm or not (a < st.first <= b <= st.last):
+            continue
+        size, t = c.shape.size, st.tensor
+        nbytes = c.model.layers[b].tied_params / t
+        out = max(out, min(c.tables[t].cost.collective("allreduce", [[sa * size + j, p * size + j] for j in range(size)],
+                                                       nbytes).time for sa in range(min(p - 1, a) + 1)))
+    return out
+
+
 def relaxation(plan: Partition, schedules) -> float:
     """R1 of stages/objective.py's docstring, written out for a whole plan: the reference the
     dynamic programs' R1 is checked against."""
@@ -118,7 +134,7 @@ def relaxation(plan: Partition, schedules) -> float:
         gf, gw = plan.tail_full[p], plan.tail_weight[p]
         g = min(gf if has_whole else math.inf, gw if has_split else math.inf)
         w = f[p] + b[p]
-        values.append(B * w + g)
+        values.append(B * w + g + tie_floor(plan, p))
         xg, xf = edge_time(plan, p, p - 1), edge_time(plan, p, p + 1)
         if p == 0:
             acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
@@ -207,7 +223,8 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     S, B = plan.costs.stages, plan.costs.microbatches
     f, b, ba = plan.forward, plan.backward, plan.backward_act
     c = ba if split else b
-    g = [min(plan.tail_full[p] if whole else math.inf, plan.tail_weight[p] if split else math.inf) for p in range(S)]
+    g = [min(plan.tail_full[p] if whole else math.inf, plan.tail_weight[p] if split else math.inf)
+         + tie_floor(plan, p) for p in range(S)]
     xf = [edge_time(plan, p, p + 1) for p in range(S)]
     xg = [edge_time(plan, p, p - 1) for p in range(S)]
     H, want2 = 0.0, 0.0

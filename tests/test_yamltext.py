@@ -41,3 +41,8 @@ def test_what_is_not_plain_data_is_refused():
         yamltext.dump({"a": (1, 2)})
     with pytest.raises(TypeError, match="set"):
         yamltext.dump({"a": [{1}]})
+
+
+def test_a_lone_surrogate_is_refused_when_written():
+    with pytest.raises(ValueError, match="surrogate"):
+        yamltext.dump({"k": "\ud800"})

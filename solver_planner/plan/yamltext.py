@@ -30,6 +30,9 @@ def _string(s: str) -> str:
         return "'" + s.replace("'", "''") + "'"
     out = []
     for ch in s:
+        if "\ud800" <= ch <= "\udfff":
+            # a lone surrogate is no character: no YAML reader takes it back
+            raise ValueError(f"cannot write a string holding a lone surrogate to a plan file: {s!r}")
         if _RAW.match(ch):
             out.append(ch)
         elif ch in '"\\':

@@ -558,7 +558,11 @@ class StageCosts:
         with device j of the other)."""
         own = plan.owner
         sa, sb = plan.mesh[own[a]], plan.mesh[own[b]]      # the meshes of the two chunks
-        tb = plan.stages[own[b]].tensor
+        return self.tie_between(b, sa, sb, plan.stages[own[b]].tensor)
+
+    def tie_between(self, b: int, sa: int, sb: int, tb: int) -> tuple[float, list]:
+        """:meth:`tie_sync` of layer ``b``'s copy held on mesh ``sb`` (tensor degree ``tb``),
+        its original on mesh ``sa``."""
         nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
         # in the mesh shape's tables: every micro-batch count of the shape shares it
         memo = self.tables[tb].memo
