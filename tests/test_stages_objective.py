@@ -117,6 +117,35 @@ def tie_floor(plan: Partition, p: int) -> float:
     return out
 
 
+def port_loads(plan: Partition, pair: PairProblem) -> float:
+    """R4 written out: the most any port carries of the tasks R4 counts (each cut's tensor
+    B times each way, each stage's gradient buckets), from the cost tables' port lists."""
+    c = plan.costs
+    if not c.comm or c.stages == 1 or sum(
+            len(c.transfer_resources(cfg.tensor, p, q)) for p in range(c.stages) for cfg in pair.configs
+            for q in (p - 1, p + 1) if 0 <= q < c.stages) + sum(
+            len(c.reduction_resources(cfg.tensor, p)) for p in range(c.stages) for cfg in pair.configs
+            if c.shape.size // cfg.tensor > 1) > pair.PORT_LIMIT:
+        return 0.0
+    B = c.microbatches
+    load: dict = {}
+    for p, st in enumerate(plan.stages):
+        tasks = []
+        if p + 1 < c.stages:
+            tasks.append((c.transfer_resources(st.tensor, p, p + 1), B * edge_time(plan, p, p + 1)))
+        if p > 0:
+            tasks.append((c.transfer_resources(st.tensor, p, p - 1), B * edge_time(plan, p, p - 1)))
+        if c.shape.size // st.tensor > 1:
+            cc = c[st.config]
+            red = (float(cc.layer_reduction[st.first:st.last + 1].sum()) if c.model.options.gradient_overlap
+                   else float(cc.reduction_all[st.first, st.last]))
+            tasks.append((c.reduction_resources(st.tensor, p), red))
+        for ports, seconds in tasks:
+            for r in ports:
+                load[r] = load.get(r, 0.0) + seconds
+    return max(load.values(), default=0.0)
+
+
 def relaxation(plan: Partition, schedules) -> float:
     """R1 of stages/objective.py's docstring, written out for a whole plan: the reference the
     dynamic programs' R1 is checked against."""
@@ -216,7 +245,8 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     pair = PairProblem(plan.costs, schedules)
     if not all(fits_band(pair, plan)):
         return
-    r1, r2, r3 = pair.terms(plan.stages)
+    r1, r2, r3, r4 = pair.terms(plan.stages)
+    assert r4 == pytest.approx(port_loads(plan, pair), rel=1e-12, abs=1e-15)
     assert r1 == pytest.approx(relaxation(plan, schedules), rel=1e-12)
     split = any(s.split for s in schedules)
     whole = any(not s.split for s in schedules)

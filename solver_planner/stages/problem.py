@@ -234,6 +234,121 @@ class PairProblem:
         self._stage[p] = {key: np.stack(v) for key, v in out.items()}
         return self._stage[p]
 
+    # R4 is built only when the pair's transfers and reductions hold at most this many ports
+    # in all (on 100 000 GPUs a stage's transfer alone holds thousands, and ports seldom set
+    # the time of such plans); without it R4 is 0, which is still a lower bound
+    PORT_LIMIT = 20_000
+
+    def _port_loads(self) -> list[tuple[list[np.ndarray], float]]:
+        """R4, the port bound (objective.py) of the tasks a port serves one at a time, relaxed
+        like R1: per class of ports (held by the same task types), each stage's load on its
+        band, ``(configs, n, n)``: ``B`` transfers of the tensor that crosses each of its cuts
+        (the last layer's output forward, over ``i``; the gradient of the previous layer's
+        output back, over ``k``) and its gradient reduction, where they hold such a port;
+        with an upper bound of the class's load over every plan.  A port's load is a sum
+        over stages, so dynamic programs handle it exactly, class by class.  Without it the
+        relaxation missed the term that sets most small plans' time: on random instances of
+        16 devices a host NIC carrying activations and gradients gave an objective 3-5 times
+        above R (and FEASIBLE gaps of 25-57%)."""
+        if "ports" in self._stage:
+            return self._stage["ports"]
+        c, S, n, B = self.costs, self.S, self.n, self.B
+        out: list = []
+        self._stage["ports"] = out
+        if not c.comm or S == 1:
+            return out
+        types: list[tuple[int, int, str]] = []
+        users: dict = {}
+        held = 0
+        for p in range(S):
+            for j, cfg in enumerate(self.configs):
+                t = cfg.tensor
+                lists = []
+                if p + 1 < S:
+                    lists.append(("act", c.transfer_resources(t, p, p + 1)))
+                if p > 0:
+                    lists.append(("grad", c.transfer_resources(t, p, p - 1)))
+                if c.shape.size // t > 1:
+                    lists.append(("red", c.reduction_resources(t, p)))
+                for kind, res in lists:
+                    held += len(res)
+                    if held > self.PORT_LIMIT:
+                        return out
+                    ty = len(types)
+                    types.append((p, j, kind))
+                    for r in res:
+                        users.setdefault(r, set()).add(ty)
+        loads: dict = {}
+
+        def load(ty: int) -> np.ndarray:
+            if ty not in loads:
+                p, j, kind = types[ty]
+                cfg = self.configs[j]
+                band = slice(p, p + n)
+                if kind == "red":
+                    cc = c[cfg]
+                    if c.model.options.gradient_overlap:
+                        cs = np.concatenate([[0.0], np.cumsum(cc.layer_reduction)])
+                        arr = cs[None, p + 1:p + 1 + n] - cs[p:p + n, None]
+                    else:
+                        arr = cc.reduction_all[band, band]
+                else:
+                    acts = self._config_arrays(j)["act"]
+                    q = p + 1 if kind == "act" else p - 1
+                    a, b = c.transfer(cfg.tensor, p, q)
+                    if kind == "act":
+                        arr = np.broadcast_to(B * (a + b * acts[p:p + n])[None, :], (n, n))
+                    else:
+                        arr = np.broadcast_to(B * (a + b * acts[p - 1:p - 1 + n])[:, None], (n, n))
+                loads[ty] = np.triu(np.asarray(arr, dtype=float))
+            return loads[ty]
+
+        for group in sorted({tuple(sorted(u)) for u in users.values()}):
+            arrays = [np.zeros((len(self.configs), n, n)) for _ in range(S)]
+            for ty in group:
+                p, j, _ = types[ty]
+                arrays[p][j] += load(ty)
+            top = sum(float(a.max()) for a in arrays)
+            out.append((arrays, top))
+        return out
+
+    def _port_masks(self, tau, prefix, cells, masks) -> list | None:
+        """``masks`` with every cell removed that lies on no completion whose load on some
+        port class (R4) stays at most tau: the least load reaching its first layer, its own,
+        and the least load after its last layer, summed (each class alone, so it is a
+        necessary condition).  None: some class has no completion at most tau."""
+        classes = [a for a, top in self._port_loads() if top > tau]
+        if not classes:
+            return masks
+        L = self.L
+        start = prefix[-1].last + 1 if prefix else 0
+        j0 = len(prefix)
+        out = list(masks)
+        for arrays in classes:
+            own = [arrays[j0 + q][c["j"], c["k"] - (j0 + q), c["i"] - (j0 + q)] for q, c in enumerate(cells)]
+            acc = np.full(L + 1, np.inf)
+            acc[start] = sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(prefix))
+            before = []
+            for q, c in enumerate(cells):
+                before.append(acc)
+                val = acc[c["k"]] + own[q]
+                acc = np.full(L + 1, np.inf)
+                if len(val):
+                    acc[c["ends"] + 1] = np.minimum.reduceat(val, c["starts"])
+            if not acc[L] <= tau:
+                return None
+            after = np.full(L + 1, np.inf)
+            after[L] = 0.0
+            for q in range(len(cells) - 1, -1, -1):
+                c = cells[q]
+                bad = before[q][c["k"]] + own[q] + after[c["i"] + 1] > tau
+                out[q] = bad if out[q] is None else (out[q] | bad)
+                val = np.where(out[q], np.inf, own[q] + after[c["i"] + 1])[c["by_k"]]
+                after = np.full(L + 1, np.inf)
+                if len(val):
+                    after[c["firsts"]] = np.minimum.reduceat(val, c["starts_k"])
+        return out
+
     def _tie_floor(self, p: int, t: int) -> np.ndarray | float:
         """On stage p's band: the least all-reduce of a tied copy a stage of layers k..i holds
         (tensor degree ``t``).  A stage holding layer b without the layer a it shares waits,
@@ -349,8 +464,8 @@ class PairProblem:
             R = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
         return R - xf
 
-    def terms(self, stages) -> tuple[float, float, float]:
-        """(R1, R2, R3) of a whole plan."""
+    def terms(self, stages) -> tuple[float, float, float, float]:
+        """(R1, R2, R3, R4) of a whole plan."""
         stages = tuple(stages)
         if self._last_terms[0] == stages:
             return self._last_terms[1]
@@ -358,10 +473,10 @@ class PairProblem:
         self._last_terms = (stages, out)
         return out
 
-    def _terms(self, stages: tuple) -> tuple[float, float, float]:
+    def _terms(self, stages: tuple) -> tuple[float, float, float, float]:
         vals = [self._value(p, st) for p, st in enumerate(stages)]
         if len(stages) != self.S or any(v is None for v in vals) or stages[-1].last != self.L - 1:
-            return math.inf, math.inf, math.inf
+            return math.inf, math.inf, math.inf, math.inf
         A = H = 0.0
         r1 = r2 = 0.0
         fill = []
@@ -375,7 +490,10 @@ class PairProblem:
         for p in range(self.S - 1, -1, -1):
             r3 = max(r3, fill[p] + self._cycle_term(p, vals[p], y))
             y += vals[p]["INC3"]
-        return r1, r2, r3
+        r4 = 0.0
+        for arrays, _ in self._port_loads():
+            r4 = max(r4, sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(stages)))
+        return r1, r2, r3, r4
 
     def relaxation(self, stages) -> float:
         """R = max(R1, R2, R3) of a whole plan, from the same arrays as the dynamic programs."""
@@ -408,6 +526,9 @@ class PairProblem:
         request = limit if tau <= limit else tau
         cells = [self._cells(p, request) for p in range(len(prefix), self.S)]
         masks = [self._excluded_mask(c, excluded) if q == 0 and excluded else None for q, c in enumerate(cells)]
+        masks = self._port_masks(tau, prefix, cells, masks)
+        if masks is None:
+            return None
         plan = self._programs(tau, prefix, vals, cells, masks)
         if plan is not None and self.relaxation(plan) > tau:
             # the three programs passed through different cells: filter the cells that lie
