@@ -239,7 +239,7 @@ class PairProblem:
     # the time of such plans); without it R4 is 0, which is still a lower bound
     PORT_LIMIT = 20_000
 
-    def _port_loads(self) -> list[tuple[list[np.ndarray], float]]:
+    def _port_loads(self) -> list[tuple[dict[int, np.ndarray], float]]:
         """R4, the port bound (objective.py) of the tasks a port serves one at a time, relaxed
         like R1: per class of ports (held by the same task types), each stage's load on its
         band, ``(configs, n, n)``: ``B`` transfers of the tensor that crosses each of its cuts
@@ -304,11 +304,14 @@ class PairProblem:
             return loads[ty]
 
         for group in sorted({tuple(sorted(u)) for u in users.values()}):
-            arrays = [np.zeros((len(self.configs), n, n)) for _ in range(S)]
+            # only the stages the class's tasks belong to (one to three): the others add 0
+            arrays: dict[int, np.ndarray] = {}
             for ty in group:
                 p, j, _ = types[ty]
+                if p not in arrays:
+                    arrays[p] = np.zeros((len(self.configs), n, n))
                 arrays[p][j] += load(ty)
-            top = sum(float(a.max()) for a in arrays)
+            top = sum(float(a.max()) for a in arrays.values())
             out.append((arrays, top))
         return out
 
@@ -325,9 +328,10 @@ class PairProblem:
         j0 = len(prefix)
         out = list(masks)
         for arrays in classes:
-            own = [arrays[j0 + q][c["j"], c["k"] - (j0 + q), c["i"] - (j0 + q)] for q, c in enumerate(cells)]
+            own = [arrays[j0 + q][c["j"], c["k"] - (j0 + q), c["i"] - (j0 + q)] if j0 + q in arrays
+                   else np.zeros(len(c["k"])) for q, c in enumerate(cells)]
             acc = np.full(L + 1, np.inf)
-            acc[start] = sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(prefix))
+            acc[start] = sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(prefix) if p in arrays)
             before = []
             for q, c in enumerate(cells):
                 before.append(acc)
@@ -492,7 +496,7 @@ class PairProblem:
             y += vals[p]["INC3"]
         r4 = 0.0
         for arrays, _ in self._port_loads():
-            r4 = max(r4, sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(stages)))
+            r4 = max(r4, sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(stages) if p in arrays))
         return r1, r2, r3, r4
 
     def relaxation(self, stages) -> float:
