@@ -129,6 +129,7 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
         return 0.0
     B = c.microbatches
     load: dict = {}
+    first: dict = {}
     for p, st in enumerate(plan.stages):
         tasks = []
         if p + 1 < c.stages:
@@ -143,6 +144,13 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
         for ports, seconds in tasks:
             for r in ports:
                 load[r] = load.get(r, 0.0) + seconds
+                first.setdefault(r, p)
+    if not c.model.ties():
+        # the head: every layer before the first stage holding the port, at its least forward
+        # time over the configurations, then that stage's own forward
+        least = [min(c.layer_times(cfg)[0][layer] for cfg in pair.configs) for layer in range(c.model.num_layers)]
+        for r, p in first.items():
+            load[r] += sum(least[:plan.stages[p].first]) + plan.forward[p]
     return max(load.values(), default=0.0)
 
 

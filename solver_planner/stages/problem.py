@@ -303,6 +303,13 @@ class PairProblem:
                 loads[ty] = np.triu(np.asarray(arr, dtype=float))
             return loads[ty]
 
+        # the port bound's head: no task of stage p0 or later starts before stage p0's first
+        # forward has run, after every earlier layer's forward (each at least its least time
+        # over the configurations).  Not with tied layers: the objective starts a tied copy's
+        # all-reduce, which may share these ports, at 0.
+        if not c.model.ties():
+            least = np.min([c.layer_times(cfg)[0] for cfg in self.configs], axis=0)
+            before = np.concatenate([[0.0], np.cumsum(least)])
         for group in sorted({tuple(sorted(u)) for u in users.values()}):
             # only the stages the class's tasks belong to (one to three): the others add 0
             arrays: dict[int, np.ndarray] = {}
@@ -311,6 +318,12 @@ class PairProblem:
                 if p not in arrays:
                     arrays[p] = np.zeros((len(self.configs), n, n))
                 arrays[p][j] += load(ty)
+            if not c.model.ties():
+                p0 = min(arrays)
+                band = slice(p0, p0 + n)
+                for j in range(len(self.configs)):
+                    head = before[p0:p0 + n, None] + self._config_arrays(j)["F"][band, band]
+                    arrays[p0][j] += np.triu(head)
             top = sum(float(a.max()) for a in arrays.values())
             out.append((arrays, top))
         return out
