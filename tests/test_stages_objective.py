@@ -125,7 +125,7 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
             len(c.transfer_resources(cfg.tensor, p, q)) for p in range(c.stages) for cfg in pair.configs
             for q in (p - 1, p + 1) if 0 <= q < c.stages) + sum(
             len(c.reduction_resources(cfg.tensor, p)) for p in range(c.stages) for cfg in pair.configs
-            if c.shape.size // cfg.tensor > 1) > pair.PORT_LIMIT:
+            if c.shape.size // cfg.tensor > 1) > pair.PORT_LIMIT:   # (the byte limit never binds on these small instances)
         return 0.0
     B = c.microbatches
     load: dict = {}

@@ -238,6 +238,7 @@ class PairProblem:
     # in all (on 100 000 GPUs a stage's transfer alone holds thousands, and ports seldom set
     # the time of such plans); without it R4 is 0, which is still a lower bound
     PORT_LIMIT = 20_000
+    PORT_BYTES = 256 * 2**20     # and when its load arrays would take at most this much
 
     def _port_loads(self) -> list[tuple[dict[int, np.ndarray], float]]:
         """R4, the port bound (objective.py) of the tasks a port serves one at a time, relaxed
@@ -310,7 +311,11 @@ class PairProblem:
         if not c.model.ties():
             least = np.min([c.layer_times(cfg)[0] for cfg in self.configs], axis=0)
             before = np.concatenate([[0.0], np.cumsum(least)])
-        for group in sorted({tuple(sorted(u)) for u in users.values()}):
+        groups = sorted({tuple(sorted(u)) for u in users.values()})
+        arrays_held = sum(len({types[ty][0] for ty in g}) for g in groups)
+        if arrays_held * len(self.configs) * n * n * 8 > self.PORT_BYTES:
+            return out
+        for group in groups:
             # only the stages the class's tasks belong to (one to three): the others add 0
             arrays: dict[int, np.ndarray] = {}
             for ty in group:
