@@ -6,14 +6,17 @@ can be handled by dynamic programs, each exact for its own part:
 * R1, the stage bound's fill and drain through the first stage: ``max_p (T2_p, A_p + T1_p)``
   with ``A`` growing along the stages (``INC1``);
 * R2, the fill before a stage's own gradient tail: ``max_p (H_p + T2_p)``, ``H`` growing by
-  ``INC2 = f + x(p->p+1)``;
+  ``INC2 = f + x(p->p+1)`` (a stage holding a tied copy also waits for its all-reduce,
+  :meth:`PairProblem._tie_floor`);
 * R3, the cycle and phase bounds of the 1F1B family, which need the round trip through the
   *later* stages: a backward program whose accumulator ``Y`` grows by ``INC3``; each stage's
   term also counts the fill before its first forward (R2's ``H``; without it, deep pipelines
   lost their late stages' cycle terms: GPT-3 175B on 4 096 GPUs stopped at a 4.8% gap, now
   0.6%).  The fill grows forwards and the round trip backwards, so the programs test
   each cell with the least fill reaching it and the least round trip after it (a necessary
-  condition, :meth:`PairProblem._ymaxes`), and whole plans exactly.
+  condition, :meth:`PairProblem._ymaxes`), and whole plans exactly;
+* R4, the port bound's load and head, per class of ports: a forward and a backward
+  program per class (:meth:`PairProblem._port_loads`, :meth:`PairProblem._port_masks`).
 
 "Is there a plan with ``R <= tau``?" is, for R1 and R2, a forward program over (stage,
 first layer) keeping the least accumulator (a smaller one never hurts a later stage; seed
@@ -238,7 +241,7 @@ class PairProblem:
     # in all (on 100 000 GPUs a stage's transfer alone holds thousands, and ports seldom set
     # the time of such plans); without it R4 is 0, which is still a lower bound
     PORT_LIMIT = 20_000
-    PORT_BYTES = 256 * 2**20     # and when its load arrays would take at most this much
+    PORT_BYTES = 64 * 2**20      # and when its load arrays would take at most this much (per pair)
 
     def _port_loads(self) -> list[tuple[dict[int, np.ndarray], float]]:
         """R4, the port bound (objective.py) of the tasks a port serves one at a time, relaxed
@@ -518,7 +521,7 @@ class PairProblem:
         return r1, r2, r3, r4
 
     def relaxation(self, stages) -> float:
-        """R = max(R1, R2, R3) of a whole plan, from the same arrays as the dynamic programs."""
+        """R = max(R1, R2, R3, R4) of a whole plan, from the same arrays as the dynamic programs."""
         return max(self.terms(tuple(stages)))
 
     def prefix_state(self, prefix: tuple[StagePlan, ...]) -> tuple[float, float, int]:
@@ -536,7 +539,7 @@ class PairProblem:
     # -- the dynamic programs ---------------------------------------------------------------
     def feasible(self, tau: float, sub: Subspace | None = None, limit: float = math.inf) -> tuple[StagePlan, ...] | None:
         """A plan of the subspace with R1 <= tau, or None when no plan has R <= tau (one of the
-        three relaxations has none).  ``limit >= tau``: cells whose own term reaches it are
+        relaxations has none).  ``limit >= tau``: cells whose own term reaches it are
         left out beforehand."""
         self.dp_runs += 1
         tau = tau * (1 + _SLACK)          # sums in another order: never refuse a plan at exactly tau
