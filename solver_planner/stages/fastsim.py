@@ -146,6 +146,8 @@ def _port_classes(costs, raw: list) -> tuple[list[tuple[int, ...]], list[bool], 
     classes = [tuple(dict.fromkeys(of[res] for res in sig)) for sig in sigs]
     shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(sigs))]
     out = (classes, shared, len(klass))
+    if len(memo) >= 4096:
+        memo.clear()            # a search that simulates many different plans keeps no more
     memo[key] = (list(raw), out)
     return out
 
