@@ -33,6 +33,7 @@ from typing import Callable
 from ..errors import PlannerError
 from ..simulate.timeline import Record, Timeline
 from .partition import Partition
+from .ports import port_classes
 from .pipeline import PipelineRun, _transfer, mesh_orders, simulate_schedule, stage_orders, weight_delays
 from .schedule import Schedule, live_peak
 
@@ -118,40 +119,6 @@ class _LazyTimeline(Timeline):
         return self._makespan
 
 
-# per StageCosts: the port classes of each sequence of port lists (see _port_classes)
-_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _port_classes(costs, raw: list) -> tuple[list[tuple[int, ...]], list[bool], int]:
-    """Ports as classes (resources exactly the same port-task types hold are busy and free
-    together): each type's classes, whether it shares one with another type (a type that
-    does not never waits: its own tasks are a chain), and how many classes.
-
-    The cost tables hand out one port list per route, so plans of one search that meet the
-    same lists in the same order have the same classes: remembered by the lists' identity
-    (at 100 000 GPUs a type holds thousands of ports, and finding the classes again took
-    a third of every simulation)."""
-    memo = _CLASSES.setdefault(costs, {})
-    key = tuple(id(x) if len(x) else 0 for x in raw)
-    hit = memo.get(key)
-    if hit is not None and all(a is b or not (len(a) or len(b)) for a, b in zip(hit[0], raw)):
-        return hit[1]
-    sigs = [tuple(dict.fromkeys(x)) for x in raw]
-    users: dict = {}
-    for k, sig in enumerate(sigs):
-        for res in sig:
-            users.setdefault(res, []).append(k)
-    klass: dict = {}
-    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
-    classes = [tuple(dict.fromkeys(of[res] for res in sig)) for sig in sigs]
-    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(sigs))]
-    out = (classes, shared, len(klass))
-    if len(memo) >= 4096:
-        memo.clear()            # a search that simulates many different plans keeps no more
-    memo[key] = (list(raw), out)
-    return out
-
-
 def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
     """With model chunks, a mesh's chain holds the ops of all its chunks in the mesh's order;
     transfers, buckets and tied all-reduces belong to chunks (``K`` of them)."""
@@ -219,7 +186,8 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     opt_dur = [float(c[st.config].optimizer[st.first, st.last]) for st in plan.stages]
     mesh_chunks = [[k for k in range(K) if mesh[k] == r] for r in range(S)]
 
-    classes, shared, nclass = _port_classes(c, raw)
+    classes, shared, groups = port_classes(c, raw)
+    nclass = len(groups)
     contended = any(shared)
     busy_until = [0.0] * nclass
     nbuckets = [sum(len(x) for x in pb) for pb in piece_buckets]

@@ -62,16 +62,12 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
+from .ports import port_classes
 from .schedule import Schedule, live_count, mesh_order, warmup
-
-# per StageCosts: the port classes of each sequence of resource lists (the lists are the
-# costs' own memoised objects, so their ids are stable while the costs live)
-_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 __all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time", "deferred_weights"]
 
@@ -242,7 +238,7 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
     # the tasks holding exactly the same ports form one class (as in the simulator's engine):
     # the bound per class equals the bound per port, with far fewer sums.  Calls share their
     # port lists (the cost tables hand out one list per route), so classes are found over
-    # the distinct lists, and remembered per pair while those very lists come back.
+    # the distinct lists (:mod:`.ports`).
     lists: list = []
     calls_of: list[list[int]] = []
     index: dict[int, int] = {}
@@ -253,18 +249,7 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
                 lists.append(x[0])
                 calls_of.append([])
             calls_of[i].append(k)
-    memo = _CLASSES.setdefault(c, {})
-    key = tuple(index)
-    hit = memo.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
-        groups = hit[1]
-    else:
-        users: dict = {}
-        for i, res in enumerate(lists):
-            for r in res:
-                users.setdefault(r, []).append(i)
-        groups = list({tuple(u) for u in users.values()})
-        memo[key] = (lists, groups)
+    groups = port_classes(c, lists)[2]
     best = -math.inf
     for g in groups:
         tot, s0, t0 = 0.0, math.inf, math.inf
