@@ -8,6 +8,7 @@ every bound is below it, the gap is computed from the bound, INFEASIBLE is claim
 when the oracle finds nothing, and its shortfall is the least over every plan.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -79,6 +80,12 @@ def searches(draw, memory=("64 GiB",)):
         layers.append(Layer(f"l{i}", f, f * draw(st.floats(0.5, 3.0)), draw(st.floats(0.0, 1.5)) * 2**30,
                             draw(st.floats(0.0, 3.0)) * 2**30, act, act * draw(st.floats(0.5, 4.0)),
                             allreduces=draw(st.integers(0, 2)), skips=skips))
+    if n >= 2 and draw(st.booleans()):
+        # the last layer shares the first one's parameters (a tied embedding and logits): the
+        # stage holding its copy all-reduces it with the first stage (the relaxation's tie term)
+        first = layers[0]
+        layers[-1] = dataclasses.replace(layers[-1], tied_to=0, tied_params=first.params * draw(st.floats(0.1, 1.0)),
+                                         tied_optimizer=first.optimizer * 0.5)
     opts = MemoryOptions(draw(st.sampled_from([("none",), ("none", "full")])),
                          draw(st.sampled_from(["none", "zero-1", "zero-3"])), False, draw(st.booleans()),
                          draw(st.sampled_from([8 * 2**20, 64 * 2**20])))
