@@ -1,5 +1,5 @@
 """Whole commands at scale: wall time and peak memory of `place`, `reduce synth`,
-`reduce verify` and `stages` on 1 024 to 100 000 GPUs.
+`reduce verify`, `stages`, and `plan` then `check` on 1 024 to 100 000 GPUs.
 
 Every row runs the real command in a fresh process (`python -m solver_planner ...`, this
 checkout first on PYTHONPATH) on the shipped DGX A100 cluster (8 GPUs a node, NVSwitch
@@ -9,6 +9,8 @@ is the largest resident set of those runs (the child's own rusage); the exit sta
 last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit).  `stages`
 plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) and Megatron-LM's 1T-parameter GPT
 (`gpt-1t.yaml`) at the default budgets; its note is the status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
+`plan` plans GPT-3 175B under 1F1B and writes the plan file that the next row `check`s (the
+goal for `plan` on 100 000 GPUs: 60 s).
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
@@ -111,8 +113,18 @@ def stages_rows(gpus: int, workdir: Path) -> Rows:
                                                  "--no-baselines", "--json"]
 
 
+def plan_rows(gpus: int, workdir: Path) -> Rows:
+    """The whole `plan` of GPT-3 175B (1F1B, a plan file written), then `check` of that file
+    (the rows run in order, so the file exists when `check` runs)."""
+    cluster, _ = specs(gpus, workdir)
+    model = ROOT / "specs" / "models" / "gpt3-175b.yaml"
+    planfile = workdir / f"plan-{gpus}.yaml"
+    yield "GPT-3 175B, 1F1B: plan -o plan.yaml", ["plan", str(cluster), str(model), "-s", "1f1b", "-o", str(planfile)]
+    yield "GPT-3 175B: check plan.yaml", ["check", str(cluster), str(model), str(planfile)]
+
+
 FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,
-                                                    "stages": stages_rows}
+                                                    "stages": stages_rows, "plan": plan_rows}
 
 
 # -- measuring ---------------------------------------------------------------------------------

@@ -187,3 +187,19 @@ def test_a_stage_search_running_out_inside_the_bound_exits_2(monkeypatch):
                                       str(ROOT / "specs" / "models" / "gpt3-2.6b.yaml"), "--no-baselines"])
     assert result.exit_code == 2 and "memory bound of 8 GiB" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_plan_and_check_on_the_largest_cluster_under_the_bound(tmp_path):
+    """GPT-3 175B on 100 000 GPUs (the most a spec accepts), end to end, each command with its
+    address space limited to the 8 GiB bound from outside: `plan` writes the plan file (99 840
+    devices used) and `check` re-derives every value of it."""
+    cluster, _ = dgx(tmp_path, 12_500)
+    model, plan = ROOT / "specs" / "models" / "gpt3-175b.yaml", tmp_path / "plan.yaml"
+    for argv in (["plan", cluster, model, "-s", "1f1b", "-o", plan], ["check", cluster, model, plan]):
+        result = subprocess.run([sys.executable, "-m", "solver_planner", *map(str, argv)], capture_output=True,
+                                text=True, cwd=ROOT, preexec_fn=outside_limit(memory.STAGES_BOUND))
+        assert result.returncode == 0, (argv[0], result.stdout[-2000:], result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
+    assert "\n  devices: 160\n  used: 99840\n" in plan.read_text()
+    assert "every field equals the plan re-derived" in result.stdout
