@@ -565,35 +565,24 @@ class PairProblem:
     def _programs(self, tau, prefix, vals, cells, masks) -> tuple[StagePlan, ...] | None:
         """R1's plan if R1, R2 and R3 each have one at most tau on the cells not masked."""
         plan = self._forward(tau, prefix, vals, cells, masks, "INC1")
-        if plan is None or self._forward(tau, prefix, vals, cells, masks, "INC2") is None:
-            return None
-        if not self._backward(tau, prefix, vals, cells, masks, self._ymaxes(tau, prefix, vals, cells, masks)):
+        fills = None if plan is None else self._forward(tau, prefix, vals, cells, masks, "INC2")
+        if fills is None or not self._backward(tau, prefix, vals, cells, masks, self._ymaxes(tau, cells, fills)):
             return None
         return plan
 
-    def _ymaxes(self, tau, prefix, vals, cells, masks) -> list[np.ndarray]:
+    def _ymaxes(self, tau, cells, fills) -> list[np.ndarray]:
         """Per remaining stage and cell, the largest round trip after it with which its R3
-        term, fill included, can be at most tau: the least fill ``H`` (R2's accumulator) that
-        reaches the cell's first layer through cells passing R2's test is a lower bound of
-        the fill of every plan through it with ``R <= tau`` (-inf where none reaches)."""
-        L = self.L
-        start = prefix[-1].last + 1 if prefix else 0
-        acc = np.full(L + 1, np.inf)
-        acc[start] = sum(v["INC2"] for v in vals)
+        term, fill included, can be at most tau.  ``fills``: R2's program's accumulators
+        (:meth:`_forward`), the least fill ``H`` reaching each first layer through cells
+        passing R2's test: a lower bound of the fill of every plan through a cell with
+        ``R <= tau`` (-inf where none reaches)."""
         out = []
-        for q, c in enumerate(cells):
+        for c, acc in zip(cells, fills):
             hk = acc[c["k"]]
             reached = np.isfinite(hk)
             budget = np.full(len(hk), -np.inf)
             budget[reached] = tau - hk[reached]
             out.append(self._ymax(c, budget))
-            ok = hk + c["T2"] <= tau
-            if masks[q] is not None:
-                ok &= ~masks[q]
-            val = np.where(ok, hk + c["INC2"], np.inf)
-            acc = np.full(L + 1, np.inf)
-            if len(val):
-                acc[c["ends"] + 1] = np.minimum.reduceat(val, c["starts"])
         return out
 
     # passes of _consistent's filter (each removes cells; a fixpoint is not needed for
@@ -619,7 +608,10 @@ class PairProblem:
             A0["INC2"] += v["INC2"]
         bad = [(m.copy() if m is not None else np.zeros(len(c["k"]), dtype=bool)) | ~(c["T2"] <= tau)
                for m, c in zip(masks, cells)]
-        ymax = self._ymaxes(tau, prefix, vals, cells, masks)
+        fills = self._forward(tau, prefix, vals, cells, masks, "INC2")
+        if fills is None:
+            return None
+        ymax = self._ymaxes(tau, cells, fills)
         for _ in range(self.ROUNDS):
             before = sum(int(b.sum()) for b in bad)
             keep = [~b for b in bad]
@@ -683,7 +675,8 @@ class PairProblem:
         return bad
 
     def _forward(self, tau, prefix, vals, cells, masks, inc: str) -> tuple[StagePlan, ...] | None:
-        """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, a marker for R2."""
+        """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, for R2 the least
+        accumulator reaching each layer before each remaining stage; None when there is none."""
         L = self.L
         A = M = 0.0
         for p, v in enumerate(vals):
@@ -716,7 +709,7 @@ class PairProblem:
         if not math.isfinite(acc[L]):
             return None
         if inc != "INC1":
-            return ()
+            return [prev for _, prev, _ in history]
         stages = []
         last, target = L - 1, acc[L]
         for c, prev, val in reversed(history):
