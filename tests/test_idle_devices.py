@@ -205,3 +205,10 @@ def test_a_chunked_schedules_count_agrees_with_its_own_plans(tmp_path_factory, h
             device_use(topo, lm, cap, schedule=schedule)
     else:
         assert device_use(topo, lm, cap, schedule=schedule).used == want
+
+
+def test_titles_say_which_part_of_the_cluster_a_plan_uses():
+    from solver_planner.stages.devices import DeviceUse
+
+    assert DeviceUse(100_000, 99_840, "why").part == " (first 99,840 of 100,000 devices)"
+    assert DeviceUse(8, 8).part == ""

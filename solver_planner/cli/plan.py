@@ -127,10 +127,8 @@ def plan(
 
         c = result.partition.costs
         path = plot_pipeline(plot, result.run, c.shape.size, c.device_memory,
-                             f"{spec.name} on {topo.name}"
-                             + (f" (first {result.use.used:,} of {result.use.devices:,} devices)"
-                                if result.use is not None and result.use.idle else "")
-                             + f", {result.schedule}", breakdown(result),
+                             f"{spec.name} on {topo.name}{result.use.part if result.use is not None else ''},"
+                             f" {result.schedule}", breakdown(result),
                              stage_memory(result.partition, result.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)
     if report is not None:

@@ -138,9 +138,7 @@ def stages(
         from ..stages.memory import stage_memory
 
         path = plot_pipeline(plot, rep.run, rep.partition.costs.shape.size, rep.device_memory,
-                             f"{spec.name} on {topo.name}"
-                             + (f" (first {rep.use.used:,} of {rep.use.devices:,} devices)" if rep.use.idle else "")
-                             + f", {rep.best.schedule}",
+                             f"{spec.name} on {topo.name}{rep.use.part}, {rep.best.schedule}",
                              memory=stage_memory(rep.partition, rep.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)
     data = rep.as_dict()

@@ -43,6 +43,11 @@ class DeviceUse:
     def as_dict(self) -> dict:
         return {"devices": self.devices, "used": self.used, "idle": self.idle, "reason": self.reason}
 
+    @property
+    def part(self) -> str:
+        """`` (first N of M devices)`` for titles when some idle, else nothing."""
+        return f" (first {self.used:,} of {self.devices:,} devices)" if self.idle else ""
+
 
 def _divisors(n: int) -> list[int]:
     """Divisors of ``n`` in O(sqrt n) (clusters of thousands of hosts are scanned count by count)."""
