@@ -57,7 +57,7 @@ from .errors import OptionError, unknown_choice
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["COMPUTE_MODELS", "ComputeModel", "fit_matmul"]
+__all__ = ["COMPUTE_MODELS", "ComputeModel", "fit_matmul", "fit_stream"]
 
 
 @dataclass(frozen=True)
@@ -176,3 +176,45 @@ def fit_matmul(points, overhead: float) -> tuple[float, float]:
     if b <= 0:
         raise ValueError("the timed matrix multiplies do not get slower with size; time larger ones")
     return 1.0 / b, max(0.0, (a - overhead) / b)
+
+
+def fit_stream(points, overhead: float) -> float:
+    """``memory_bandwidth`` (bytes/s) from timed copies ``(bytes moved, seconds)``.
+
+    The model's time of a memory-bound kernel moving ``M`` bytes is ``overhead + M /
+    memory_bandwidth`` (``memory_efficiency`` 1: the copies are what it is a fraction of).  With
+    ``overhead`` measured apart (an empty kernel), the one unknown ``u = 1 / memory_bandwidth``
+    is fitted by least squares on relative errors, ``sum ((overhead + u M) / t - 1)^2``, so that
+    small copies, where the overhead shows, weigh as much as large ones.  A copy reads its
+    buffer once and writes it once: ``M`` is twice the buffer.
+
+    Raises ``ValueError`` with fewer than two usable points (bytes and seconds positive), when
+    larger copies are not slower (the least-squares line's slope is not positive: the timings
+    are noise), or when the copies take no longer than the overhead alone.
+
+    Examples
+    --------
+    >>> pts = [(m, 5e-6 + m / 20e9) for m in (2**21, 2**23, 2**25, 2**27)]
+    >>> round(fit_stream(pts, 5e-6) / 1e9, 6)
+    20.0
+    """
+    import numpy as np
+
+    pts = [(float(m), float(t)) for m, t in points if m > 0 and t > 0]
+    if len(pts) < 2:
+        raise ValueError("fitting the memory bandwidth needs at least two timed copy sizes")
+    m = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    if len(set(m)) < 2:
+        raise ValueError("fitting the memory bandwidth needs copies of at least two sizes")
+    # the line a + b m on relative errors (as fit_matmul): is a larger copy slower at all?
+    A = np.stack([1 / t, m / t], axis=1)
+    (_, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if b <= 0:
+        raise ValueError("the timed copies do not get slower with size; time larger ones")
+    # the model itself, overhead fixed: residuals (overhead / t - 1) + u m / t
+    x = m / t
+    u = float(np.dot(1 - overhead / t, x) / np.dot(x, x))
+    if u <= 0:
+        raise ValueError("the timed copies take no longer than the kernel overhead; time larger ones")
+    return 1.0 / u

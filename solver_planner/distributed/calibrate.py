@@ -17,10 +17,16 @@ collective (``sendrecv`` for point-to-point): the fastest collective gets 1 and 
 others their fraction of it, written as the interconnects' ``efficiency``.  Two port layouts are fitted, one port per
 process and one port shared by all processes (a machine whose cores, not its links,
 bound the throughput), and the one that fits better is written.
+
+Each process also measures the compute model of its device (:mod:`solver_planner.compute`,
+:func:`_device_profile`): matrix multiplies fitted to the GEMM line, an empty kernel for the
+launch overhead, and copies of several sizes fitted to ``overhead + bytes / memory_bandwidth``;
+on a GPU the multiplies run in its 16-bit dtypes too, and their rate is the spec's ``flops``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -32,20 +38,28 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import units
-from ..compute import fit_matmul
+from ..compute import fit_matmul, fit_stream
 from ..cost import CostModel
 from ..errors import PlannerError
 from ..spec.cluster import load_cluster_spec
 from ..topology import Topology
 from .launch import choose_backend, join_job, run_workers
 
-__all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "compute_block", "cluster_yaml",
-           "parse_levels", "DEFAULT_SIZES"]
+__all__ = ["KINDS", "Measurement", "Fit", "Calibration", "measure", "fit", "calibrate", "calibration_of",
+           "compute_block", "dtype_rates", "memory_bandwidth", "cluster_yaml", "parse_levels", "DEFAULT_SIZES"]
 
 KINDS = ("p2p", "p2p-pairs", "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "allreduce-pairs")
 DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
-MATMUL_SIDES = (64, 128, 256, 384, 512)  # float32 matrices timed for the compute model
-COPY_BYTES = 64 * 2**20                   # the copy timed for the memory bandwidth
+# Sizes timed for the compute model, per device kind: matrix sides (square multiplies) and
+# copied buffers (each read once and written once).  A GPU's multiplies of a few hundred
+# rows take less than a kernel launch, and its small copies stay in its L2 cache (40-50 MB
+# on an A100 or H100), so it gets larger ones.  On a CPU all of them together take well under
+# a second.
+MATMUL_SIDES = {"cpu": (64, 128, 256, 384, 512), "cuda": (1024, 2048, 4096, 6144, 8192)}
+COPY_SIZES = {"cpu": tuple(m * 2**20 for m in (1, 4, 16, 64)), "cuda": tuple(m * 2**20 for m in (16, 64, 256, 1024))}
+HALF_DTYPES = ("bfloat16", "float16")     # a GPU's 16-bit dtypes, the first it supports gives `flops`
+BEST_OF = 7                               # runs of each multiply and copy (the fastest is kept)
+OVERHEAD_RUNS = 50                        # runs of the empty kernel
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,8 @@ class Calibration:
     compute: dict | None = None      # the device's compute block (solver_planner.compute), fitted
     memory_bandwidth: float | None = None
     notes: list[str] = field(default_factory=list)   # what the fit had to work around
+    dtype_flops: dict[str, float] = field(default_factory=dict)   # rates of the other dtypes timed (a GPU's)
+    profile: dict | None = None      # the device's timings (medians over processes), see _device_profile
 
     @property
     def best(self) -> Fit:
@@ -88,14 +104,15 @@ class Calibration:
 
     def spec(self, name: str | None = None) -> dict[str, Any]:
         return cluster_dict(name or f"local-{self.backend}-{self.world}", self.levels, self.best, self.flops,
-                            self.memory, self.compute, self.memory_bandwidth)
+                            self.memory, self.compute, self.memory_bandwidth, self.dtype_flops)
 
     def as_dict(self) -> dict[str, Any]:
         best = self.best
         topo = self.topology(best)
         return {"world": self.world, "backend": self.backend, "levels": [list(lv) for lv in self.levels],
-                "flops": self.flops, "memory": self.memory, "memory_bandwidth": self.memory_bandwidth,
-                "compute": self.compute, "notes": list(self.notes),
+                "flops": self.flops, "dtype_flops": dict(self.dtype_flops), "memory": self.memory,
+                "memory_bandwidth": self.memory_bandwidth, "compute": self.compute, "notes": list(self.notes),
+                "device_profile": self.profile,
                 "fit": {"sharing": best.sharing, "latency": best.latency, "bandwidth": best.bandwidth,
                         "efficiency": best.efficiency,
                         "rms_relative_error": best.error, "measured_over_predicted": best.ratios},
@@ -201,10 +218,22 @@ def _worker(rank: int, world: int, backend: str, store: str, sizes: Sequence[int
 
 
 def _device_profile(torch, device, sync) -> dict:
-    """The compute model's measurements (:mod:`solver_planner.compute`): the best time of
-    single matrix multiplies of several sizes, of an almost empty kernel (the overhead), and
-    the bandwidth of a large copy (read once, written once)."""
-    def best_time(fn, repeat: int = 7) -> float:
+    """The compute model's measurements (:mod:`solver_planner.compute`), each the best time of
+    several runs:
+
+    * ``matmul``: ``(FLOPs, seconds)`` of single square multiplies of several sizes in
+      ``dtype``, the dtype whose rate is the spec's ``flops``: float32 on a CPU, on a GPU
+      (``device`` ``cuda:N``) the first of :data:`HALF_DTYPES` it supports (bfloat16 only if
+      ``torch.cuda.is_bf16_supported()``);
+    * ``dtype_matmul`` (GPU only): the same for the other dtypes timed, ``{dtype: points}``
+      (float32, and float16 when bfloat16 gave ``flops``), written as ``dtype_flops``;
+    * ``overhead``: an almost empty kernel;
+    * ``copies``: ``(bytes moved, seconds)`` of copies of several sizes (read once, written
+      once: twice the buffer), and ``bandwidth`` fitted to them (:func:`memory_bandwidth`).
+    """
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+
+    def best_time(fn, repeat: int = BEST_OF) -> float:
         # the fastest of several runs: on a shared machine other work only ever adds time,
         # so the minimum is the estimate least disturbed by it (a median of 5 inverted the
         # order of two matrix sizes on a loaded 2-core CI machine)
@@ -218,16 +247,39 @@ def _device_profile(torch, device, sync) -> dict:
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    matmul = []
-    for n in MATMUL_SIDES:
-        a = torch.randn(n, n, device=device)
-        matmul.append((2.0 * n ** 3, best_time(lambda: a @ a)))
+    def matmuls(dtype: str) -> list[tuple[float, float]]:
+        points = []
+        for n in MATMUL_SIDES[kind]:
+            a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+            points.append((2.0 * n ** 3, best_time(lambda: a @ a)))
+            del a
+        return points
+
+    dtypes = ["float32"]
+    if kind == "cuda":
+        # float32 at torch's default matmul precision (no TF32), the float32 peak dtype_flops means
+        halves = [d for d in HALF_DTYPES if d != "bfloat16" or torch.cuda.is_bf16_supported()]
+        dtypes = halves + dtypes
+    timed = {d: matmuls(d) for d in dtypes}
     one = torch.ones(1, device=device)
-    overhead = best_time(lambda: one.add_(1.0), 50)
-    big = torch.ones(COPY_BYTES // 4, device=device)
-    out = torch.empty_like(big)                 # preallocated: time the copy, not the allocation
-    copy = best_time(lambda: out.copy_(big))
-    return {"matmul": matmul, "overhead": overhead, "bandwidth": 2 * COPY_BYTES / copy}
+    overhead = best_time(lambda: one.add_(1.0), OVERHEAD_RUNS)
+    copies = []
+    for size in COPY_SIZES[kind]:
+        src = torch.ones(size // 4, device=device)
+        out = torch.empty_like(src)             # preallocated: time the copy, not the allocation
+        copies.append((2.0 * size, best_time(lambda: out.copy_(src))))
+        del src, out
+    profile: dict[str, Any] = {"dtype": dtypes[0], "matmul": timed[dtypes[0]], "overhead": overhead,
+                               "copies": copies}
+    if len(dtypes) > 1:
+        profile["dtype_matmul"] = {d: timed[d] for d in dtypes[1:]}
+    profile["bandwidth"] = memory_bandwidth(profile)[0]
+    return profile
+
+
+def _median_points(lists: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """``(x, seconds)`` lists of the same ``x`` from several processes -> median seconds per ``x``."""
+    return [(x, statistics.median(pts[i][1] for pts in lists)) for i, (x, _) in enumerate(lists[0])]
 
 
 def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SIZES, repeat: int = 10,
@@ -249,15 +301,20 @@ def measure(world: int, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SI
            for (kind, nbytes), reps in spans.items()]
     out.sort(key=lambda m: (KINDS.index(m.kind), m.nbytes))
     profiles = [r["profile"] for r in per_rank]
-    profile = {"matmul": [(f, statistics.median(p["matmul"][i][1] for p in profiles))
-                          for i, (f, _) in enumerate(profiles[0]["matmul"])],
-               "overhead": statistics.median(p["overhead"] for p in profiles),
-               "bandwidth": statistics.median(p["bandwidth"] for p in profiles)}
+    profile: dict[str, Any] = {"dtype": profiles[0]["dtype"], "matmul": _median_points([p["matmul"] for p in profiles]),
+                               "overhead": statistics.median(p["overhead"] for p in profiles),
+                               "copies": _median_points([p["copies"] for p in profiles])}
+    if "dtype_matmul" in profiles[0]:
+        profile["dtype_matmul"] = {d: _median_points([p["dtype_matmul"][d] for p in profiles])
+                                   for d in profiles[0]["dtype_matmul"]}
+    # the bandwidth fitted to the median copies, not a median of each process's fit
+    profile["bandwidth"] = memory_bandwidth(profile)[0]
     return backend, out, profile
 
 
 def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: float, memory: float,
-                 compute: dict | None = None, memory_bandwidth: float | None = None) -> dict:
+                 compute: dict | None = None, memory_bandwidth: float | None = None,
+                 dtype_flops: dict[str, float] | None = None) -> dict:
     inner = levels[-1][0]
     eff = {"efficiency": {k: float(f"{v:.4g}") for k, v in f.efficiency.items()}} if f.efficiency else {}
     ics = [{"name": "loopback", "level": inner, "bandwidth": f"{f.bandwidth / 1e6:.6g} MB/s",
@@ -268,6 +325,8 @@ def cluster_dict(name: str, levels: Sequence[tuple[str, int]], f: Fit, flops: fl
                     "latency": "0us", "via": ["loopback"], **eff})
     device: dict[str, Any] = {"name": "cpu-process", "flops": f"{flops / 1e9:.4g} GFLOP/s",
                               "memory": f"{memory / 2 ** 30:.4g} GiB"}
+    if dtype_flops:
+        device["dtype_flops"] = {d: f"{v / 1e9:.4g} GFLOP/s" for d, v in dtype_flops.items()}
     if memory_bandwidth:
         device["memory_bandwidth"] = f"{memory_bandwidth / 1e9:.4g} GB/s"
     if compute:
@@ -372,10 +431,20 @@ def calibrate(world: int, backend: str = "auto", levels: str | None = None, size
               repeat: int = 10, timeout: float = 300.0) -> Calibration:
     parsed = parse_levels(levels, world)
     used, measured, profile = measure(world, backend, sizes, repeat, timeout)
+    return calibration_of(world, used, parsed, measured, profile)
+
+
+def calibration_of(world: int, backend: str, levels: Sequence[tuple[str, int]], measured: Sequence[Measurement],
+                   profile: dict) -> Calibration:
+    """The :class:`Calibration` of measured calls and a device profile (:func:`_device_profile`,
+    medians over processes): the interconnect fit, the compute block, the other dtypes' rates and
+    the memory bandwidth, with a note for every fit that had to fall back."""
     flops, compute, notes = compute_block(profile)
+    rates, rate_notes = dtype_rates(profile)
+    bandwidth, bandwidth_notes = memory_bandwidth(profile)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
-    return Calibration(world, used, parsed, measured, flops, memory, fit(parsed, measured, world), compute,
-                       profile["bandwidth"], notes)
+    return Calibration(world, backend, list(levels), list(measured), flops, memory, fit(levels, measured, world),
+                       compute, bandwidth, notes + rate_notes + bandwidth_notes, rates, profile)
 
 
 def compute_block(profile: dict) -> tuple[float, dict, list[str]]:
@@ -388,18 +457,62 @@ def compute_block(profile: dict) -> tuple[float, dict, list[str]]:
     slower than what was measured -- and a note says so instead of failing minutes of work.
     """
     overhead = profile["overhead"]
-    notes: list[str] = []
-    try:
-        flops, half = fit_matmul(profile["matmul"], overhead)
-    except ValueError as exc:
-        rates = [f / max(t - overhead, t / 2) for f, t in profile["matmul"] if f > 0 and t > 0]
-        if not rates:
-            raise PlannerError(f"no usable matrix-multiply timings: {exc}") from None
-        flops, half = max(rates), 0.0
-        notes.append(f"{exc} (the machine was probably busy): flops is the fastest rate observed,"
-                     f" {flops / 1e9:.3g} GFLOP/s, with no half-efficiency size; calibrate again on an idle machine")
+    flops, half, notes = _matmul_line(profile["matmul"], overhead, "flops")
     compute = {"matmul_efficiency": 1.0, "half_efficiency_flops": half, "kernel_overhead": overhead}
     return flops, compute, notes
+
+
+def _matmul_line(points, overhead: float, key: str) -> tuple[float, float, list[str]]:
+    """(rate, half-efficiency FLOPs, notes): :func:`~solver_planner.compute.fit_matmul`, or the
+    fastest rate observed (with a note naming the spec's ``key``) when no line fits."""
+    try:
+        rate, half = fit_matmul(points, overhead)
+        return rate, half, []
+    except ValueError as exc:
+        rates = [f / max(t - overhead, t / 2) for f, t in points if f > 0 and t > 0]
+        if not rates:
+            raise PlannerError(f"no usable matrix-multiply timings: {exc}") from None
+        rate = max(rates)
+        return rate, 0.0, [f"{exc} (the machine was probably busy): {key} is the fastest rate observed,"
+                           f" {rate / 1e9:.3g} GFLOP/s, with no half-efficiency size; calibrate again on an idle"
+                           " machine"]
+
+
+def dtype_rates(profile: dict) -> tuple[dict[str, float], list[str]]:
+    """(the spec's ``dtype_flops``, notes) from a device profile: the rate large multiplies of
+    each other dtype timed (``profile["dtype_matmul"]``, a GPU's) tend to, fitted as ``flops``
+    is (:func:`compute_block`); empty on a CPU, where float32 is ``flops`` itself.  The compute
+    block (half-efficiency size, overhead) stays the one of ``flops``' dtype."""
+    rates: dict[str, float] = {}
+    notes: list[str] = []
+    for dtype, points in profile.get("dtype_matmul", {}).items():
+        rates[dtype], _, more = _matmul_line(points, profile["overhead"], f"dtype_flops.{dtype}")
+        notes += more
+    return rates, notes
+
+
+def memory_bandwidth(profile: dict) -> tuple[float, list[str]]:
+    """(the spec's ``memory_bandwidth``, notes) from a device profile's copies:
+    :func:`~solver_planner.compute.fit_stream` with the profile's kernel overhead.  When the
+    timings are too disturbed for a fit (larger copies not slower: a busy machine), the largest
+    copy's rate, with a note, as :func:`compute_block` does for the multiplies.  A profile
+    without copies keeps its ``bandwidth``."""
+    copies = profile.get("copies")
+    if not copies:
+        return profile["bandwidth"], []
+    try:
+        bandwidth, notes = fit_stream(copies, profile["overhead"]), []
+    except ValueError as exc:
+        usable = [(m, t) for m, t in copies if m > 0 and t > 0]
+        if not usable:
+            raise PlannerError(f"no usable copy timings: {exc}") from None
+        moved, took = max(usable)
+        bandwidth = moved / took
+        notes = [f"{exc} (the machine was probably busy): memory_bandwidth is the rate of the largest copy"
+                 f" ({units.format_bytes(moved / 2)}), {units.format_bandwidth(bandwidth)}; calibrate again on an"
+                 " idle machine"]
+    # a bandwidth no copy can tell from infinite is written as the largest a spec holds
+    return min(bandwidth, MAX_BANDWIDTH), notes
 
 
 def cluster_yaml(cal: Calibration, name: str | None = None, command: str = "") -> str:
@@ -420,4 +533,44 @@ def cluster_yaml(cal: Calibration, name: str | None = None, command: str = "") -
              "# measured / predicted, median per call: "
              + ", ".join(f"{k} {v:.2f}" for k, v in best.ratios.items()) + ".",
              "# Every level is the same machine, so outer levels reach each other through the loopback."]
+    lines += _device_lines(cal)
+    lines += [f"# Note: {note}" for note in cal.notes]
     return "\n".join(lines) + "\n" + yaml.safe_dump(cal.spec(name), sort_keys=False)
+
+
+def _device_lines(cal: Calibration) -> list[str]:
+    """Comment lines saying how the device's compute numbers were measured (empty without a profile)."""
+    p = cal.profile
+    if not p:
+        return []
+    sides = [round((f / 2) ** (1 / 3)) for f, _ in p["matmul"]]
+    dtype = p.get("dtype", "float32")
+    dtypes = " and ".join([dtype, *p.get("dtype_matmul", {})])
+    rates = "".join(f", dtype_flops.{d} {units.format_flop_rate(v)}" for d, v in cal.dtype_flops.items())
+    half = (cal.compute or {}).get("half_efficiency_flops", 0.0)
+    line = _how(fit_matmul, p["matmul"], p["overhead"], "the compute model's line")
+    lines = [f"# Device (fastest run of each, median over processes): single {dtypes} matrix multiplies of side"
+             f" {sides[0]} to {sides[-1]} ({len(sides)} sizes, {BEST_OF} runs each), an empty kernel"
+             f" ({OVERHEAD_RUNS} runs),",
+             f"# {line}: flops {units.format_flop_rate(cal.flops)} ({dtype}){rates}, half of it at"
+             f" {units.format_flops(half)} per multiply, kernel_overhead {units.format_time(p['overhead'])}."]
+    copies = p.get("copies")
+    if copies and cal.memory_bandwidth:
+        moved = [m for m, _ in copies]
+        error = math.sqrt(statistics.fmean(((p["overhead"] + m / cal.memory_bandwidth) / t - 1) ** 2
+                                           for m, t in copies if m > 0 and t > 0))
+        lines += [f"# Copies of {units.format_bytes(min(moved) / 2)} to {units.format_bytes(max(moved) / 2)}"
+                  f" ({len(copies)} sizes, each read once and written once, {BEST_OF} runs each),",
+                  f"# {_how(fit_stream, copies, p['overhead'], 'kernel_overhead + bytes moved / memory_bandwidth')}:"
+                  f" memory_bandwidth {units.format_bandwidth(cal.memory_bandwidth)} (rms relative error"
+                  f" {error:.2f}; memory_efficiency 1)."]
+    return lines
+
+
+def _how(fitter, points, overhead: float, model: str) -> str:
+    """'fitted to MODEL', or why not (a fallback's note says what was written instead)."""
+    try:
+        fitter(points, overhead)
+        return f"fitted to {model}"
+    except ValueError:
+        return f"too disturbed to fit to {model} (see the note)"
