@@ -32,6 +32,10 @@ waiting for a busy port only delays tasks.
   the last chain op waits for the last round trip and the backwards before it
   (:func:`phase_time`); exact for equal stages.
 
+  **Neighbour cycle** (:mod:`.neighbor`): the same reading between two neighbouring stages
+  only, whose cycle comes every 2 micro-batches under 1F1B (more under eager-1F1B): a slow
+  link between them paces both (counted with the cycle bound).
+
   Under GPipe a channel ``p -> q`` carries all ``B`` activations, then ``q``'s last forward
   and a round trip pass before its first backward, then all ``B`` gradients::
 
@@ -64,6 +68,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from .neighbor import neighbor_bound, neighbor_path
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
 from .ports import port_classes
@@ -170,6 +175,12 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
             C = f[p] + R[p] + ch[p] + before_f
             cycle = max(cycle, H[p] + j * C + f[p] + R[p] + (B - j * W) * b[p] - (b[p] - ch[p]) + D[p])
             phase = max(phase, H[p] + phase_time(f[p], b[p], ch[p], R[p], W, B) + D[p])
+        # the neighbour cycle (neighbor.py): a slow link paces the two stages it joins
+        for p in range(S - 1):
+            path = neighbor_path(schedule, S, p, B) if (p, p + 1) in act else None
+            if path is not None:
+                jump = f[p] + act[p, p + 1] + f[p + 1] + ch[p + 1] + grad[p, p + 1] + ch[p]
+                cycle = max(cycle, float(neighbor_bound(path, H[p], f[p], ch[p], jump, R[p], D[p])))
     if schedule.kind == "gpipe":
         # every forward before any backward: a channel carries all its activations, the
         # receiver's last forward and a round trip pass, then it carries all the gradients

@@ -1,6 +1,6 @@
 """One (mesh shape, micro-batch count) pair: its plans, and exact dynamic programs over them.
 
-``R = max(R1, R2, R3)`` relaxes the objective of :mod:`.objective` so that contiguous stages
+``R = max(R1, ..., R5)`` relaxes the objective of :mod:`.objective` so that contiguous stages
 can be handled by dynamic programs, each exact for its own part:
 
 * R1, the stage bound's fill and drain through the first stage: ``max_p (T2_p, A_p + T1_p)``
@@ -16,7 +16,13 @@ can be handled by dynamic programs, each exact for its own part:
   each cell with the least fill reaching it and the least round trip after it (a necessary
   condition, :meth:`PairProblem._ymaxes`), and whole plans exactly;
 * R4, the port bound's load and head, per class of ports: a forward and a backward
-  program per class (:meth:`PairProblem._port_loads`, :meth:`PairProblem._port_masks`).
+  program per class (:meth:`PairProblem._port_loads`, :meth:`PairProblem._port_masks`);
+* R5, the neighbour cycle (:mod:`.neighbor`: a slow link between two stages paces both)
+  with R2's fill, the round trip through the next stage only and the gradient tail: a term
+  per pair of neighbouring stages, so its program keeps the cells reachable forwards and
+  backwards through pairs that pass (:meth:`PairProblem._neighbor_masks`); only on pairs
+  small enough (``NEIGHBOR_PAIRS``).  On random instances of at most 16 devices it took
+  a 29% gap to 18% and proved two more plans OPTIMAL (``benchmarks/small_gaps.py``).
 
 "Is there a plan with ``R <= tau``?" is, for R1 and R2, a forward program over (stage,
 first layer) keeping the least accumulator (a smaller one never hurts a later stage; seed
@@ -37,6 +43,7 @@ programs run over the cells that fit in memory and whose own term is below the c
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -44,12 +51,14 @@ import numpy as np
 
 from .costs import StageConfig, StageCosts
 from .objective import deferred_weights, family_split, phase_time
+from .neighbor import neighbor_bound, neighbor_path
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
 _SLACK = 1e-12
+_UIDS = itertools.count()          # names each list of cells (R5 remembers its pairs per list)
 
 
 def cheap_bound(costs: StageCosts, split: bool = True) -> float:
@@ -184,7 +193,7 @@ class PairProblem:
             ok &= keep
         return ok
 
-    _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF")
+    _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF", "XG")
 
     def stage(self, p: int) -> dict[str, np.ndarray]:
         """Stage p's terms on its band, each (configs, n, n); ``T2`` and the increments are inf
@@ -193,7 +202,8 @@ class PairProblem:
         ``INC1``); R2 adds ``INC2 = f + x(p->p+1)`` (the fill); R3 (the cycle) uses
         ``K3 = f + x(p->p+1)``, ``INC3 = f + c + x(p->p-1) + x(p->p+1)``, ``Bk = b``, ``BC = b - c``
         and the gradient tail ``G`` (the drain after the stage's last op is at least that);
-        with ``F = f`` and ``XF = x(p->p+1)`` also the phase bound."""
+        with ``F = f`` and ``XF = x(p->p+1)`` also the phase bound; R5 (the neighbour cycle)
+        also reads ``XG = x(p->p-1)``."""
         if p in self._stage:
             return self._stage[p]
         c, S, n = self.costs, self.S, self.n
@@ -231,7 +241,8 @@ class PairProblem:
             values = {"T1": t1, "T2": arr["T2"][band, band] + tie, "INC1": inc1, "INC2": f + xf[None, :],
                       "INC3": f + ch + xf[None, :] + xg[:, None], "K3": f + xf[None, :],
                       "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band] + tie,
-                      "F": f, "XF": np.broadcast_to(xf[None, :], (n, n))}
+                      "F": f, "XF": np.broadcast_to(xf[None, :], (n, n)),
+                      "XG": np.broadcast_to(xg[:, None], (n, n))}
             for key in self._KEYS:
                 out[key].append(np.where(ok, values[key], np.inf))
         self._stage[p] = {key: np.stack(v) for key, v in out.items()}
@@ -374,6 +385,124 @@ class PairProblem:
                     after[c["firsts"]] = np.minimum.reduceat(val, c["starts_k"])
         return out
 
+    # R5 is used when its program's cell pairs are at most this many (S n (n configs)^2):
+    # small pairs, where a slow link between two stages sets the time and nothing else sees it
+    NEIGHBOR_PAIRS = 2_000_000
+
+    def _neighbor_on(self) -> bool:
+        if "neighbor_on" not in self._stage:
+            pairs = self.S * self.n * (self.n * len(self.configs)) ** 2
+            self._stage["neighbor_on"] = bool(self.costs.comm and self.S > 1 and pairs <= self.NEIGHBOR_PAIRS)
+        return self._stage["neighbor_on"]
+
+    def _neighbor_paths(self, p: int) -> list:
+        """The counts of stage p's neighbour paths (neighbor.py), one per member of the family
+        and without those another member's counts all undercut (the bound grows with each
+        count, so the least over the family is the least over these); empty when some member
+        has none (the family's least would then be no bound)."""
+        key = ("neighbor", p)
+        if key not in self._stage:
+            paths = {neighbor_path(s, self.S, p, self.B) for s in self.schedules}
+            if None in paths:
+                self._stage[key] = []
+            else:
+                self._stage[key] = sorted(x for x in paths if not any(
+                    y != x and all(u <= v for u, v in zip(y, x)) for y in paths))
+        return self._stage[key]
+
+    def _neighbor_term(self, p: int, a, b):
+        """R5's term of stage p (cell values ``a``) before stage p + 1 (``b``), without the fill
+        (R2's ``H``, which the callers add): the least over the family of the neighbour cycle
+        bound (neighbor.py) with the round trip through stage p + 1 only and the gradient tail
+        as the drain (element-wise on arrays)."""
+        f, c = a["F"], a["Bk"] - a["BC"]
+        there = a["XF"] + b["F"] + (b["Bk"] - b["BC"]) + b["XG"]
+        jump = f + c + there
+        out = None
+        for path in self._neighbor_paths(p):
+            v = neighbor_bound(path, 0.0, f, c, jump, there, a["G"])
+            out = v if out is None else np.minimum(out, v)
+        return out
+
+    def _neighbor_masks(self, tau, prefix, vals, cells, masks, fills) -> list | None:
+        """``masks`` with every cell removed that lies on no completion whose R5 terms all stay
+        at most tau (forward and backward reachability over pairs of neighbouring cells),
+        each with the least fill reaching its cell (``fills``: R2's program's accumulators,
+        as for R3 in :meth:`_ymaxes`); None: there is no such completion."""
+        j0 = len(prefix)
+        fill = [0.0]
+        for v in vals:
+            fill.append(fill[-1] + v["INC2"])
+        for p in range(j0 - 1):
+            if self._neighbor_paths(p) and fill[p] + self._neighbor_term(p, vals[p], vals[p + 1]) > tau:
+                return None
+        keep = [np.ones(len(c["k"]), dtype=bool) if m is None else ~m for m, c in zip(masks, cells)]
+        keep[0] &= cells[0]["k"] == (prefix[-1].last + 1 if prefix else 0)
+        if j0 and self._neighbor_paths(j0 - 1):
+            keep[0] &= fill[j0 - 1] + self._neighbor_term(j0 - 1, vals[-1], cells[0]) <= tau
+        budgets = [tau - acc[c["k"]] for acc, c in zip(fills, cells)]      # -inf where R2 reaches no cell
+        # forward: cells reached through passing pairs; then backward: cells with a passing
+        # completion (the last stage's cells end the plan)
+        reach = [keep[0]]
+        for q in range(1, len(cells)):
+            reach.append(keep[q] & self._neighbor_step(j0 + q - 1, cells[q - 1], reach[q - 1], cells[q],
+                                                       budgets[q - 1], True))
+        good = reach[-1]
+        out = list(masks)
+        out[-1] = ~good
+        for q in range(len(cells) - 2, -1, -1):
+            good = reach[q] & self._neighbor_step(j0 + q, cells[q], good, cells[q + 1], budgets[q], False)
+            out[q] = ~good
+            if not good.any():
+                return None
+        if not out[-1].size or out[-1].all():
+            return None
+        return out
+
+    def _neighbor_pairs(self, p: int, ca: dict, cb: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pairs of a cell of ``ca`` (stage p) and a cell of ``cb`` (stage p + 1) that
+        follows it, as index arrays, and R5's term of stage p on each without the fill (-inf
+        when stage p has none).  Remembered in ``ca`` for ``cb``: they do not depend on tau."""
+        memo = ca.setdefault("neighbor", {})
+        if cb["uid"] in memo:
+            return memo[cb["uid"]]
+        ia_parts, ib_parts = [], []
+        bk = cb["k"][cb["by_k"]]
+        for start, layer in zip(ca["starts"], ca["ends"] + 1):
+            lo, hi = np.searchsorted(bk, layer), np.searchsorted(bk, layer, side="right")
+            if lo == hi:
+                continue
+            stop = np.searchsorted(ca["i"], layer - 1, side="right")
+            ia = np.arange(start, stop)
+            ib = cb["by_k"][lo:hi]
+            ia_parts.append(np.repeat(ia, len(ib)))
+            ib_parts.append(np.tile(ib, len(ia)))
+        ia = np.concatenate(ia_parts) if ia_parts else np.zeros(0, dtype=int)
+        ib = np.concatenate(ib_parts) if ib_parts else np.zeros(0, dtype=int)
+        if self._neighbor_paths(p) and len(ia):
+            a = {key: ca[key][ia] for key in ("F", "Bk", "BC", "XF", "G")}
+            b = {key: cb[key][ib] for key in ("F", "Bk", "BC", "XG")}
+            nb = np.asarray(self._neighbor_term(p, a, b), dtype=float)
+        else:
+            nb = np.full(len(ia), -np.inf)
+        memo[cb["uid"]] = (ia, ib, nb)
+        return ia, ib, nb
+
+    def _neighbor_step(self, p: int, ca: dict, ok_a: np.ndarray, cb: dict, budget: np.ndarray,
+                       forward: bool) -> np.ndarray:
+        """Forward: which cells of ``cb`` (stage p + 1) follow some cell of ``ca`` kept by
+        ``ok_a`` with R5's term of stage p (without the fill) at most the cell's ``budget``.
+        Backward: which cells of ``ca`` precede some cell of ``cb`` kept by ``ok_a``."""
+        ia, ib, nb = self._neighbor_pairs(p, ca, cb)
+        ok = nb <= budget[ia]
+        if forward:
+            out = np.zeros(len(cb["k"]), dtype=bool)
+            out[ib[ok & ok_a[ia]]] = True
+        else:
+            out = np.zeros(len(ca["k"]), dtype=bool)
+            out[ia[ok & ok_a[ib]]] = True
+        return out
+
     def _tie_floor(self, p: int, t: int) -> np.ndarray | float:
         """On stage p's band: the least all-reduce of a tied copy a stage of layers k..i holds
         (tensor degree ``t``).  A stage holding layer b without the layer a it shares waits,
@@ -412,7 +541,7 @@ class PairProblem:
         order = np.lexsort((j, k, i))
         j, k, i = j[order], k[order], i[order]
         cells = {key: st[key][j, k, i] for key in self._KEYS}
-        cells.update({"limit": limit, "j": j, "k": k + p, "i": i + p})
+        cells.update({"limit": limit, "j": j, "k": k + p, "i": i + p, "uid": next(_UIDS)})
         cells["starts"] = np.flatnonzero(np.r_[True, i[1:] != i[:-1]]) if len(i) else np.zeros(0, dtype=int)
         cells["ends"] = (i + p)[cells["starts"]] if len(i) else np.zeros(0, dtype=int)
         by_k = np.argsort(k, kind="stable")
@@ -489,8 +618,8 @@ class PairProblem:
             R = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
         return R - xf
 
-    def terms(self, stages) -> tuple[float, float, float, float]:
-        """(R1, R2, R3, R4) of a whole plan."""
+    def terms(self, stages) -> tuple[float, float, float, float, float]:
+        """(R1, R2, R3, R4, R5) of a whole plan."""
         stages = tuple(stages)
         if self._last_terms[0] == stages:
             return self._last_terms[1]
@@ -498,10 +627,10 @@ class PairProblem:
         self._last_terms = (stages, out)
         return out
 
-    def _terms(self, stages: tuple) -> tuple[float, float, float, float]:
+    def _terms(self, stages: tuple) -> tuple[float, float, float, float, float]:
         vals = [self._value(p, st) for p, st in enumerate(stages)]
         if len(stages) != self.S or any(v is None for v in vals) or stages[-1].last != self.L - 1:
-            return math.inf, math.inf, math.inf, math.inf
+            return math.inf, math.inf, math.inf, math.inf, math.inf
         A = H = 0.0
         r1 = r2 = 0.0
         fill = []
@@ -518,10 +647,15 @@ class PairProblem:
         r4 = 0.0
         for arrays, _ in self._port_loads():
             r4 = max(r4, sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(stages) if p in arrays))
-        return r1, r2, r3, r4
+        r5 = 0.0
+        if self._neighbor_on():
+            for p in range(self.S - 1):
+                if self._neighbor_paths(p):
+                    r5 = max(r5, fill[p] + float(self._neighbor_term(p, vals[p], vals[p + 1])))
+        return r1, r2, r3, r4, r5
 
     def relaxation(self, stages) -> float:
-        """R = max(R1, R2, R3, R4) of a whole plan, from the same arrays as the dynamic programs."""
+        """R = max(R1, ..., R5) of a whole plan, from the same arrays as the dynamic programs."""
         return max(self.terms(tuple(stages)))
 
     def prefix_state(self, prefix: tuple[StagePlan, ...]) -> tuple[float, float, int]:
@@ -554,6 +688,11 @@ class PairProblem:
         masks = self._port_masks(tau, prefix, cells, masks)
         if masks is None:
             return None
+        if self._neighbor_on():
+            fills = self._forward(tau, prefix, vals, cells, masks, "INC2")
+            masks = None if fills is None else self._neighbor_masks(tau, prefix, vals, cells, masks, fills)
+            if masks is None:
+                return None
         plan = self._programs(tau, prefix, vals, cells, masks)
         if plan is not None and self.relaxation(plan) > tau:
             # the three programs passed through different cells: filter the cells that lie
