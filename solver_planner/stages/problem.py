@@ -440,7 +440,10 @@ class PairProblem:
         keep[0] &= cells[0]["k"] == (prefix[-1].last + 1 if prefix else 0)
         if j0 and self._neighbor_paths(j0 - 1):
             keep[0] &= fill[j0 - 1] + self._neighbor_term(j0 - 1, vals[-1], cells[0]) <= tau
-        budgets = [tau - acc[c["k"]] for acc, c in zip(fills, cells)]      # -inf where R2 reaches no cell
+        budgets = []                      # per cell: tau less its least fill; -inf where R2 reaches none
+        for acc, c in zip(fills, cells):
+            hk = acc[c["k"]]
+            budgets.append(np.where(np.isfinite(hk), tau - np.where(np.isfinite(hk), hk, 0.0), -np.inf))
         # forward: cells reached through passing pairs; then backward: cells with a passing
         # completion (the last stage's cells end the plan)
         reach = [keep[0]]
