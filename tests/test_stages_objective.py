@@ -102,18 +102,30 @@ def instances(draw, max_layers=6, comm=True):
 
 
 def tie_floor(plan: Partition, p: int) -> float:
-    """The least all-reduce stage p's tied copy can wait for: over the stages that may hold
-    the layer it shares (every stage holds a layer), device j with device j."""
+    """The least all-reduce stage p waits for as one side of a tie: holding the copy, over
+    the stages that may hold the layer it shares (every stage holds a layer); holding the
+    shared layer, over the stages that may hold the copy and every configuration's tensor
+    degree.  Device j with device j."""
     c = plan.costs
     st = plan.stages[p]
+    S, L = c.stages, c.model.num_layers
+    size = c.shape.size
     out = 0.0
-    for a, b in c.model.ties():
-        if p == 0 or not c.comm or not (a < st.first <= b <= st.last):
-            continue
-        size, t = c.shape.size, st.tensor
+    if not c.comm:
+        return out
+
+    def allreduce(sa: int, sb: int, t: int, b: int) -> float:
         nbytes = c.model.layers[b].tied_params / t
-        out = max(out, min(c.tables[t].cost.collective("allreduce", [[sa * size + j, p * size + j] for j in range(size)],
-                                                       nbytes).time for sa in range(min(p - 1, a) + 1)))
+        return c.tables[t].cost.collective("allreduce", [[sa * size + j, sb * size + j] for j in range(size)],
+                                           nbytes).time
+
+    for a, b in c.model.ties():
+        if p > 0 and a < st.first <= b <= st.last:
+            out = max(out, min(allreduce(sa, p, st.tensor, b) for sa in range(min(p - 1, a) + 1)))
+        if st.first <= a <= st.last < b:
+            copies = range(max(p + 1, S - L + b), min(S - 1, b) + 1)
+            if len(copies):
+                out = max(out, min(allreduce(p, sb, cfg.tensor, b) for sb in copies for cfg in c.configs))
     return out
 
 
@@ -174,7 +186,7 @@ def relaxation(plan: Partition, schedules) -> float:
         values.append(B * w + g + tie_floor(plan, p))
         xg, xf = edge_time(plan, p, p - 1), edge_time(plan, p, p + 1)
         if p == 0:
-            acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf)
+            acc = min(gf if has_whole else math.inf, bw[0] + gw if has_split else math.inf) + tie_floor(plan, 0)
         else:
             values.append(acc + xg + B * w - (b[p] - ch[p]) * kk[p])
         acc = acc + f[p] + xf + ch[p] + xg

@@ -43,6 +43,9 @@ waiting for a busy port only delays tasks.
 
 * **Port bound**.  The tasks holding one port (transfers, gradient reductions, tied
   all-reduces) run one at a time: ``PB_r = earliest start + sum of durations + least tail``.
+  A channel sends its micro-batches in order, so the last of its transfers a port serves is
+  micro-batch ``B - 1``'s, whose tail is the last micro-batch's drain (``D``, tied
+  all-reduces included).
 
 ``objective = max(LB, CB, phase, PB)``, for the schedule simulated; over a family of schedules
 the least over its members that fit in memory.  It equals the simulated time when the
@@ -143,13 +146,10 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
     H = [0.0] * S
     for q in range(1, S):
         H[q] = max((H[p] + f[p] + act[p, q] for p in ins[q]), default=0.0)
-    # drain after the last chain op, for the last micro-batch (D) and for any (Dm)
+    # drain after the last chain op, for the last micro-batch
     D = [0.0] * S
-    Dm = [0.0] * S
     for p in range(S):
-        outs = ins[p]
-        D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in outs])
-        Dm[p] = max([b[p] - ch[p]] + [grad[q, p] + ch[q] + Dm[q] for q in outs])
+        D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in ins[p]])
     stage = max(H[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
     R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
     cycle = phase = 0.0
@@ -188,7 +188,7 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
     if max(stage, cycle, phase) >= enough:
         return Bounds(stage, cycle, -math.inf, phase)
-    port = _port_bound(plan, B, H, R, f, w, ch, Dm, act, grad)
+    port = _port_bound(plan, B, H, R, f, w, ch, D, act, grad)
     return Bounds(stage, cycle, port, phase)
 
 
@@ -219,7 +219,7 @@ def phase_time(f: float, b: float, c: float, R: float, W: int, B: int) -> float:
     return max(max(f + R, B * f) + (B - 1) * b + c, B * f + R + c)
 
 
-def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float:
+def _port_bound(plan: Partition, B: int, H, R, f, w, ch, D, act, grad) -> float:
     c = plan.costs
     if not c.comm:
         return 0.0
@@ -229,8 +229,11 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, Dm, act, grad) -> float
         calls.append((resources, duration, start, tail))
 
     for p, q in plan.channels:
-        add(plan.transfer_ports(p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + Dm[q])
-        add(plan.transfer_ports(q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + Dm[p])
+        # a channel sends its micro-batches in order, so of its B transfers the last one a
+        # port serves is micro-batch B - 1's, after which the last micro-batch's drain (D,
+        # tied all-reduces and gradient tails included) is still to come
+        add(plan.transfer_ports(p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + D[q])
+        add(plan.transfer_ports(q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + D[p])
     for p, st in enumerate(plan.stages):
         cc = c[st.config]
         if cc.data == 1:
