@@ -37,7 +37,7 @@ import functools
 
 import numpy as np
 
-from .schedule import Schedule, _mesh_order
+from .schedule import Schedule, mesh_order
 
 __all__ = ["neighbor_path", "neighbor_bound"]
 
@@ -45,7 +45,7 @@ __all__ = ["neighbor_path", "neighbor_bound"]
 def _chain_sequence(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple | None:
     """Stage p's forwards and chain ops in order (``BW`` dropped), the same with and without
     weight delaying (None otherwise: the path would depend on the plan)."""
-    seqs = [tuple((op, m) for op, _, m in _mesh_order(schedule, stages, p, microbatches, delay) if op != "BW")
+    seqs = [tuple((op, m) for op, _, m in mesh_order(schedule, stages, p, microbatches, delay) if op != "BW")
             for delay in (False, True)]
     return seqs[0] if seqs[0] == seqs[1] else None
 
