@@ -266,7 +266,13 @@ class CostModel:
 
     def transfers_time(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> float:
         """Time until the last of several concurrent transfers of ``nbytes`` each completes."""
-        edges = [Edge(a, b) for a, b in pairs if a != b]
+        return self.flows_time([(a, b, 1.0) for a, b in pairs], nbytes)
+
+    def flows_time(self, flows: Sequence[tuple[int, int, float]], nbytes: float) -> float:
+        """Time until the last of concurrent transfers ``(src, dst, weight)`` completes, each
+        moving ``weight * nbytes``: a transfer ends when every port on its route has moved all
+        the bytes crossing it (``latency + nbytes * load / bandwidth``)."""
+        edges = [Edge(a, b, w) for a, b, w in flows if a != b and w > 0]
         if not edges:
             return 0.0
         load = self._loads(edges)

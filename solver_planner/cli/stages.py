@@ -44,6 +44,19 @@ def _plan_table(row: dict, memory: float) -> Table:
     return table
 
 
+def meshes_text(mesh: list) -> str:
+    """``2x4``, or each stage's shape when they differ (runs of one shape as ``1x8 x3``)."""
+    if not mesh or not isinstance(mesh[0], list):
+        return "x".join(map(str, mesh))
+    out: list[list] = []
+    for m in mesh:
+        if out and out[-1][0] == m:
+            out[-1][1] += 1
+        else:
+            out.append([m, 1])
+    return " ".join("x".join(map(str, m)) + (f" x{n}" if n > 1 else "") for m, n in out)
+
+
 def _config(row: dict) -> str:
     """d,t,p,k; a degree that differs between stages as its values, e.g. 2/4."""
     c = row["config"]
@@ -83,6 +96,10 @@ def stages(
                                               " micro-batches); the best layer split unless --split."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
     devices: Optional[int] = DEVICES_OPT,
+    meshes: str = typer.Option("equal", "--meshes", help="equal: every stage on one mesh shape; unequal: each stage"
+                               " on its own shape of Alpa's set (1x1, 1x2, ..., 1xM inside a host, or n whole hosts),"
+                               " on up to all the devices (1f1b, eager-1f1b, gpipe; not with --config, --split,"
+                               " --stages, --top or --target)."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
@@ -127,7 +144,8 @@ def stages(
             rep = plan_stages(topo, spec, schedule, method, time_limit, seed, comm=not no_comm, stages=num_stages,
                               top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
                               baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
-                              compute=compute, top_gap=top_gap, target=target, devices=devices)
+                              compute=compute, top_gap=top_gap, target=target, devices=devices,
+                              meshes=meshes)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -151,7 +169,7 @@ def stages(
 def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
     c = data["config"]
-    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {'x'.join(map(str, data['mesh']))} meshes,"
+    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {meshes_text(data['mesh'])} meshes,"
               f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
     idle = data.get("devices", {})
@@ -167,6 +185,9 @@ def _print(data: dict, model: str, cluster: str) -> None:
     out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"
               f" {units.format_time(data['solve_time'])}; {_work(s)}{s.get('simulations', 0)} simulation(s)"
               f" over {s['pairs']} mesh/micro-batch pairs)")
+    if s.get("meshes") == "unequal":
+        out.print(f"  unequal meshes (Alpa's space) searched too: {s['unequal_simulated']} more plan(s) simulated; the"
+                  f" bound holds over equal and unequal meshes")
     if "best_1f1b" in data:
         b = data["best_1f1b"]
         speed = data["eager_speedup"]

@@ -339,6 +339,28 @@ class StageCosts:
         self._transfers: dict[tuple, tuple[float, float]] = {}
 
     @property
+    def key(self) -> tuple:
+        return (self.shape,)
+
+    def of(self, mesh: int) -> "StageCosts":
+        """The tables of mesh ``mesh``: every mesh has this shape (:class:`.meshes.MeshCosts`
+        answers per mesh for unequal ones)."""
+        return self
+
+    def first_device(self, mesh: int) -> int:
+        return mesh * self.shape.size
+
+    def mesh_size(self, mesh: int) -> int:
+        return self.shape.size
+
+    def pipe_time(self, t_src: int, src: int, t_dst: int, dst: int, per_sample: float) -> float:
+        """One micro-batch's tensor of ``per_sample`` bytes per sample from mesh ``src`` to ``dst``."""
+        return self.transfer_time(t_src, src, dst, per_sample * self.samples(t_src))
+
+    def pipe_ports(self, t_src: int, src: int, t_dst: int, dst: int) -> list:
+        return self.transfer_resources(t_src, src, dst)
+
+    @property
     def compute(self):
         """The compute model every table of this mesh uses (:mod:`solver_planner.compute`)."""
         return next(iter(self.tables.values())).cost.compute

@@ -161,7 +161,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     pieces: list[list[float]] = []
     piece_buckets: list[list[list[float]]] = []
     for p, st in enumerate(plan.stages):
-        cc = c[st.config]
+        cc = plan.table(p)
         reduces = c.comm and cc.data > 1
         overlap = model.options.gradient_overlap and reduces
         last_op = orders[mesh[p]][final_pos[p]][0]
@@ -183,7 +183,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         tie_dur.append(float(d))
         tie_stages.append((plan.owner[a], q))
         raw.append(res)
-    opt_dur = [float(c[st.config].optimizer[st.first, st.last]) for st in plan.stages]
+    opt_dur = [float(plan.table(p).optimizer[st.first, st.last]) for p, st in enumerate(plan.stages)]
     mesh_chunks = [[k for k in range(K) if mesh[k] == r] for r in range(S)]
 
     classes, shared, groups = port_classes(c, raw)

@@ -139,7 +139,7 @@ def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
     costs = partition.costs
     out = [{"weights": 0.0, "gradients": 0.0, "optimizer": 0.0} for _ in range(costs.stages)]
     for st, m in zip(partition.stages, partition.mesh):
-        w, g, o = costs.static_split(st.config)
+        w, g, o = costs.of(m).static_split(st.config)
         for key, x in (("weights", w), ("gradients", g), ("optimizer", o)):
             out[m][key] += float(x[st.first, st.last])
     for m, parts in enumerate(out):

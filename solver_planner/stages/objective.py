@@ -235,7 +235,7 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, D, act, grad) -> float:
         add(plan.transfer_ports(p, q), B * act[p, q], H[p] + f[p], f[q] + R[q] + ch[q] + D[q])
         add(plan.transfer_ports(q, p), B * grad[p, q], H[q] + f[q] + R[q] + ch[q], ch[p] + D[p])
     for p, st in enumerate(plan.stages):
-        cc = c[st.config]
+        cc = plan.table(p)
         if cc.data == 1:
             continue
         if c.model.options.gradient_overlap:

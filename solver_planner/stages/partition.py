@@ -25,7 +25,8 @@ class StagePlan:
 
 
 class Partition:
-    """A full plan for one (mesh shape, micro-batch count).
+    """A full plan for one (mesh shape, micro-batch count), or for meshes of unequal shapes
+    when ``costs`` is a :class:`~.meshes.MeshCosts` (``costs.of(m)``: mesh m's tables).
 
     Stage ``p`` runs ``forward[p]`` per micro-batch, ``backward_act[p] + backward_weight[p]``
     backward; ``channels[(p, q)]`` are the bytes per sample that go from stage ``p`` to a
@@ -48,9 +49,10 @@ class Partition:
         if stages[0].first != 0 or stages[-1].last != L - 1 or any(
                 a.last + 1 != b.first for a, b in zip(stages, stages[1:])) or any(s.first > s.last for s in stages):
             raise ValueError(f"not a partition of {L} layers into {len(stages)} stages: {stages}")
-        for st in stages:
-            if st.config not in costs.configs:
-                raise ValueError(f"configuration {st.config} is not possible on {costs.shape} with"
+        for m, st in zip(mesh, stages):
+            own = costs.of(m)
+            if st.config not in own.configs:
+                raise ValueError(f"configuration {st.config} is not possible on {own.shape} with"
                                  f" {costs.microbatches} micro-batches")
         config_of: dict[int, object] = {}
         if any(config_of.setdefault(m, st.config) != st.config for m, st in zip(mesh, stages)):
@@ -66,7 +68,7 @@ class Partition:
 
     @property
     def key(self) -> tuple:
-        return (self.costs.shape, self.costs.microbatches, self.stages, self.mesh)
+        return (self.costs.key, self.costs.microbatches, self.stages, self.mesh)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Partition) and self.key == other.key
@@ -76,10 +78,25 @@ class Partition:
 
     def __repr__(self) -> str:
         cuts = ", ".join(f"{s.first}-{s.last}:{s.config}" for s in self.stages)
-        return f"Partition({self.costs.shape}, B={self.costs.microbatches}, [{cuts}])"
+        return f"Partition({self.meshes}, B={self.costs.microbatches}, [{cuts}])"
+
+    @property
+    def meshes(self) -> str:
+        """The mesh shape, or each mesh's shape when they differ."""
+        shapes = [self.costs.of(m).shape for m in range(self.costs.stages)]
+        return str(shapes[0]) if len(set(shapes)) == 1 else " ".join(map(str, shapes))
+
+    @property
+    def equal(self) -> bool:
+        """Every mesh has the same shape."""
+        return len({self.costs.of(m).shape for m in range(self.costs.stages)}) == 1
+
+    def table(self, p: int):
+        """The :class:`~.costs.ConfigCosts` of stage (chunk) ``p``: its configuration on its mesh."""
+        return self.costs.of(self.mesh[p])[self.stages[p].config]
 
     def _per_stage(self, attr: str) -> list[float]:
-        return [float(getattr(self.costs[s.config], attr)[s.first, s.last]) for s in self.stages]
+        return [float(getattr(self.table(p), attr)[s.first, s.last]) for p, s in enumerate(self.stages)]
 
     @cached_property
     def forward(self) -> list[float]:
@@ -108,7 +125,7 @@ class Partition:
     def memory(self, live: list[int]) -> list[float]:
         """Peak bytes per device of each stage with ``live[p]`` micro-batches kept."""
         c = self.costs
-        return [float(c.memory(s.config, n)[s.first, s.last]) for s, n in zip(self.stages, live)]
+        return [float(c.of(m).memory(s.config, n)[s.first, s.last]) for m, s, n in zip(self.mesh, self.stages, live)]
 
     def mesh_memory(self, orders: list[list[tuple[str, int, int]]]) -> tuple[list[float], list[int]]:
         """Peak bytes per device of each mesh running ``orders`` ((op, chunk, micro-batch) per
@@ -118,7 +135,8 @@ class Partition:
         the largest transient of a backward.  A tied copy on the mesh of its original is
         counted like one elsewhere (a little memory too much, never too little)."""
         c = self.costs
-        parts = [tuple(float(x[s.first, s.last]) for x in c.memory_parts(s.config)) for s in self.stages]
+        parts = [tuple(float(x[s.first, s.last]) for x in c.of(m).memory_parts(s.config))
+                 for m, s in zip(self.mesh, self.stages)]
         out, counts = [], []
         for p, order in enumerate(orders):
             chunks = [k for k in range(len(self.stages)) if self.mesh[k] == p]
@@ -157,22 +175,22 @@ class Partition:
         """One micro-batch's tensors from stage p to stage q (0 if none, or on one mesh)."""
         if (p, q) not in self.channels:
             return 0.0
-        t = self.stages[p].tensor
-        return self.costs.transfer_time(t, self.mesh[p], self.mesh[q], self.channels[p, q] * self.costs.samples(t))
+        return self.costs.pipe_time(self.stages[p].tensor, self.mesh[p], self.stages[q].tensor, self.mesh[q],
+                                    self.channels[p, q])
 
     def gradient_time(self, q: int, p: int) -> float:
         """One micro-batch's gradients from stage q back to stage p < q (0 if none)."""
         if (p, q) not in self.channels:
             return 0.0
-        t = self.stages[q].tensor
-        return self.costs.transfer_time(t, self.mesh[q], self.mesh[p], self.channels[p, q] * self.costs.samples(t))
+        return self.costs.pipe_time(self.stages[q].tensor, self.mesh[q], self.stages[p].tensor, self.mesh[p],
+                                    self.channels[p, q])
 
     def transfer_ports(self, p: int, q: int) -> list:
         """The ports one micro-batch's tensors from stage (chunk) ``p`` to ``q`` hold (none
         between chunks of one mesh)."""
         if self.mesh[p] == self.mesh[q]:
             return []
-        return self.costs.transfer_resources(self.stages[p].tensor, self.mesh[p], self.mesh[q])
+        return self.costs.pipe_ports(self.stages[p].tensor, self.mesh[p], self.stages[q].tensor, self.mesh[q])
 
     @cached_property
     def copies(self) -> list[tuple[int, int, int]]:

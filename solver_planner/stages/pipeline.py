@@ -117,7 +117,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     the mesh's order; its transfers, buckets and optimizer step use its mesh's devices.
     """
     c = plan.costs
-    model, S, size = c.model, c.stages, c.shape.size
+    model, S = c.model, c.stages
     K = len(plan.stages)                       # chunks (= stages without interleaving)
     mesh = plan.mesh
     orders = mesh_orders(plan, schedule, transfers)
@@ -141,7 +141,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 deps.append(prev)
             tid = sim.add(f"{kind} {src}->{dst} mb{m}", duration, ports, deps, stream="comm",
                           category="activation" if kind == "act" else "gradient",
-                          devices=(mesh[src] * size,))
+                          devices=(c.first_device(mesh[src]),))
             sends[key] = last_send[kind, src, dst] = tid
         return sends[key]
 
@@ -149,13 +149,13 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 "BW": plan.backward_weight[p]} for p in range(K)]
     # the kernels' share of each op (the rest is tensor-parallel and ZeRO-3 collectives),
     # recorded on its task for the plan's breakdown
-    kernels = [c.compute_times(st.config) for st in plan.stages]
+    kernels = [c.of(mesh[p]).compute_times(st.config) for p, st in enumerate(plan.stages)]
     op_compute = []
     for p, st in enumerate(plan.stages):
         f, a, w = (float(x[st.first:st.last + 1].sum()) for x in kernels[p])
         op_compute.append({"F": f, "B": a + w, "BA": a, "BW": w})
     exec_of = [[exec_res[mesh[p]]] for p in range(K)]
-    device_of = [(mesh[p] * size,) for p in range(K)]
+    device_of = [(c.first_device(mesh[p]),) for p in range(K)]
     # each chunk's last op: its gradients are complete after it (the reductions follow it)
     final_at = {k: (r, i) for r, order in enumerate(orders) for i, (_, k, _) in enumerate(order)}
 
@@ -167,7 +167,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
             return sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
                            devices=device_of[p], args={"compute": op_compute[p][op]})
         st = plan.stages[p]
-        cc = c[st.config]
+        cc = plan.table(p)
         # the stage's last backward: with buckets to reduce while it runs, one piece per
         # layer (last layer first), each layer's buckets reduced behind its piece
         reduces = c.comm and cc.data > 1
@@ -244,7 +244,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         p = plan.owner[a]
         duration, res = c.tie_sync(plan, a, b)
         tid = sim.add(f"tie {a}<->{b}", duration, res, last_task[p] + last_task[q], stream="comm",
-                      category="gradient-reduction", devices=(mesh[p] * size, mesh[q] * size),
+                      category="gradient-reduction", devices=(c.first_device(mesh[p]), c.first_device(mesh[q])),
                       priority=_LATE + len(sim))
         ties[p].append(tid)
         ties[q].append(tid)
@@ -255,7 +255,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         # gradients, then calls one optimizer step); one task per chunk, one after another
         after = [prev[r]] + [t for p in range(K) if mesh[p] == r for t in last_task[p] + ties[p]]
         for p, st in enumerate(plan.stages):
-            duration = float(c[st.config].optimizer[st.first, st.last])
+            duration = float(plan.table(p).optimizer[st.first, st.last])
             if mesh[p] == r and duration > 0:
                 after = [sim.add(f"optimizer {p}", duration, exec_of[p], after, stream="compute",
                                  category="optimizer", devices=device_of[p])]

@@ -7,14 +7,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import PlannerError
+from ..errors import OptionError, PlannerError, unknown_choice
 from ..solve import SolveResult
 from ..spec.model import ModelSpec
 from ..topology import Topology
 from .costs import MeshShape
 from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
-from ..errors import OptionError
 from .schedule import VIRTUAL
 from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
@@ -80,7 +79,7 @@ def plan_config(cand: Candidate) -> dict:
     """(data, tensor, pipeline, micro-batches); data and tensor as lists when stages differ."""
     c = cand.plan.costs
     tensors = [st.tensor for st in cand.plan.stages]
-    datas = [c.shape.size // t for t in tensors]
+    datas = [c.mesh_size(m) // st.tensor for m, st in zip(cand.plan.mesh, cand.plan.stages)]
     return {"data": datas[0] if len(set(datas)) == 1 else datas,
             "tensor": tensors[0] if len(set(tensors)) == 1 else tensors,
             "pipeline": c.stages, "microbatches": c.microbatches}
@@ -92,15 +91,16 @@ def plan_row(cand: Candidate) -> dict:
     c = plan.costs
     rows = []
     for p, st in enumerate(plan.stages):
-        cc = c[st.config]
+        cc = plan.table(p)
         grad = float(cc.grad_bytes[st.first, st.last])
         m = plan.mesh[p]                    # the pipeline stage (mesh) this model chunk runs on
+        own = c.of(m)
         rows.append({
             "layers": [st.first, st.last],
             "layer_names": [c.model.layers[st.first].name, c.model.layers[st.last].name],
-            "mesh": c.shape.as_list(),
+            "mesh": own.shape.as_list(),
             "pipeline_stage": m,
-            "devices": [m * c.shape.size, (m + 1) * c.shape.size - 1],
+            "devices": [c.first_device(m), c.first_device(m) + own.shape.size - 1],
             "data": cc.data,
             "tensor": st.tensor,
             "recompute": st.config.recompute,
@@ -112,13 +112,14 @@ def plan_row(cand: Candidate) -> dict:
             "gradient_bytes": grad,
             "gradient_reduction": float(cc.reduction_all[st.first, st.last]) if c.comm else 0.0,
             "gradient_tail": (plan.tail_weight if cand.schedule.split else plan.tail_full)[p],
-            "gradient_program": c.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket))
+            "gradient_program": own.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket))
             if c.comm and cc.data > 1 and grad > 0 else "none",
         })
     exact = abs(cand.bounds.value - cand.time) <= 1e-9 * cand.time
     return {
         "config": plan_config(cand),
-        "mesh": c.shape.as_list(),
+        # one shape, or each pipeline stage's when they differ (Alpa's unequal sub-meshes)
+        "mesh": c.of(0).shape.as_list() if plan.equal else [c.of(m).shape.as_list() for m in range(c.stages)],
         "microbatch_size": c.micro_size,
         "stages": rows,
         "iteration_time": cand.time,
@@ -265,16 +266,29 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
                 progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-                top_gap: float = DEFAULT_TOP_GAP, target: str = "native", devices: int | None = None
-                ) -> StagesReport:
+                top_gap: float = DEFAULT_TOP_GAP, target: str = "native", devices: int | None = None,
+                meshes: str = "equal") -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
     or one given configuration; for eager-1F1B the best 1F1B plan too; optionally baselines.
     ``target``: only what that framework runs (:mod:`solver_planner.targets.search`); the
     schedule is then the one given, or every one it runs when ``schedule`` is None.
     ``devices``: at most this many of the cluster's devices (its first ones); the plans use
     the most that equal meshes can tile (:mod:`.devices`; the report's ``use`` says how
-    many and why the rest idle)."""
+    many and why the rest idle).  ``meshes="unequal"``: stages may also take sub-meshes of
+    different shapes (Alpa's space, :mod:`.unequal`), on up to all the devices."""
     lm = layer_model(model)
+    if meshes not in ("equal", "unequal"):
+        raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
+    if meshes == "unequal":
+        fixed = [name for name, v in (("--config", config), ("--split", layer_counts), ("--stages", stages),
+                                      ("--top", top > 1 or None)) if v is not None]
+        if target != "native":
+            fixed.append(f"--target {target}")
+        if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
+            fixed.append(f"--schedule {schedule}")
+        if fixed:
+            raise OptionError(f"--meshes unequal searches every stage count, split and configuration under 1f1b,"
+                              f" eager-1f1b or gpipe; it does not take {', '.join(fixed)}")
     # the options are checked against each other before any device is chosen
     if layer_counts is not None:
         if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
@@ -297,6 +311,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
     from ..subcluster import first_devices
 
+    full = topology
     topology = first_devices(topology, use.used)
     if config is not None:
         restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
@@ -315,6 +330,11 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                                               **restrict), method, **args)
             incumbents = base.solutions
         result = plan_partition(search, method, incumbents=incumbents, **args)
+        if meshes == "unequal":
+            from .unequal import search_unequal
+
+            whole = first_devices(full, devices) if devices is not None and devices < full.num_devices else full
+            result = search_unequal(StageSearch(lm, whole, schedule, comm, compute=compute), result, progress)
     except PlannerError as exc:
         if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
             exc.args = (f"{exc} (on the first {use.used:,} of {use.devices:,} devices: {use.reason})", *exc.args[1:])

@@ -1,0 +1,258 @@
+"""The stage search over unequal sub-meshes (Alpa's space, Alpa §5.2): each stage takes its own
+shape from Alpa's set -- ``(1, 2^k)`` inside a host or ``(n, M)`` for ``n = 1..hosts`` -- with the
+sizes summing to at most the cluster (:mod:`.meshes` places and prices such plans).
+
+A lower bound valid for every plan of the space, equal meshes included.  It is the
+relaxation R1 of :mod:`.problem` without its transfer and tie terms, which depend on where
+neighbouring meshes sit (both are >= 0, so dropping them keeps a lower bound).  Every stage
+``p`` of a plan has
+
+    A_p = B w_p + g_p                    (its own ops, then its gradient tail)
+    a_p + sum_{q < p} s_q                (the fill through earlier stages, its ops, and the
+                                          last micro-batch's chain back through them)
+
+with ``w = f + b``, ``s = f + c`` (``c`` the chain op: ``BA`` when the schedule splits the
+backward, else ``B``), ``a = B w - (b - c)`` and ``g`` the least gradient tail of the
+family's schedules.  The simulated time is at least the largest of them (tested against the
+simulator on random plans).  Two dynamic programs over (first layer of the rest, devices
+left, stages in the rest ``s``) give the least largest ``A`` and the least largest second
+term over every plan:
+
+    X(k, n, s) = min over stages k..i on shape m:  max(A, X(i + 1, n - |m|, s - 1))
+    Y(k, n, s) = min over stages k..i on shape m:  max(a, s + Y(i + 1, n - |m|, s - 1))
+
+(``X(L, n, 0) = Y(L, n, 0) = -inf``; max-plus recurrences are monotone in the rest, so its
+least value is the one to extend).  A stage heading ``s`` stages keeps the activations of
+the fewest micro-batches any schedule of the family keeps there (1F1B: ``min(s, B)``,
+Alpa's ``max_n_succ_stages`` rule), and only configurations that fit with them count.  In
+``Y`` the least ``a`` and the least ``s`` over those configurations are used apart (a
+relaxation).  The bound is ``max(min_s X(0, N, s), min_s Y(0, N, s))``.
+
+Candidates: the plans both programs pick for every stage count (each placed by
+:func:`.meshes.pack`), simulated with the family's schedules that fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import math
+
+import numpy as np
+
+from .costs import MeshShape, StageCosts
+from .meshes import MeshCosts, pack
+from .objective import family_split
+from .partition import Partition, StagePlan
+from .schedule import Schedule, family, live_count
+
+__all__ = ["alpa_shapes", "UnequalSpace", "MAX_CELLS"]
+
+MAX_CELLS = 400_000_000   # layers^2 x devices x stages x shapes one dynamic program may touch
+
+
+def alpa_shapes(hosts: int, devices_per_host: int) -> list[MeshShape]:
+    """Alpa's shapes (``get_submesh_choices``, space "all"): ``(1, 2^k)`` dividing a host, then
+    ``(n, M)`` for every ``n`` up to the hosts."""
+    out = []
+    k = 1
+    while k < devices_per_host:
+        if devices_per_host % k == 0:
+            out.append(MeshShape(1, k))
+        k *= 2
+    return out + [MeshShape(n, devices_per_host) for n in range(1, hosts + 1)]
+
+
+@dataclass
+class _Shape:
+    """One shape's tables: configurations stacked on axis 0 (``[c, k, i]``), and per stage
+    count ``s`` heading the rest (``[k, i, s]``) the least ``A``, ``a`` and ``s`` over the
+    configurations that fit with the micro-batches such a stage keeps."""
+
+    shape: MeshShape
+    costs: StageCosts
+    configs: list
+    A: np.ndarray
+    a: np.ndarray
+    s: np.ndarray
+    fit: np.ndarray           # [c, k, i, s]
+    A_min: np.ndarray
+    a_min: np.ndarray
+    s_min: np.ndarray
+
+
+class UnequalSpace:
+    """Plans on unequal meshes for one micro-batch count and schedule family (module docstring)."""
+
+    def __init__(self, model, topology, B: int, kind: str, tables, comm: bool = True, shapes=None):
+        if kind not in ("1f1b", "gpipe", "eager-1f1b"):
+            raise ValueError(f"unequal meshes are searched under 1f1b, eager-1f1b and gpipe, not {kind}")
+        self.model, self.topology, self.B, self.kind = model, topology, B, kind
+        self.L, self.N = model.num_layers, topology.num_devices
+        self.S = min(self.L, self.N)
+        # whether some member splits the backward does not depend on the stage count
+        has_split, has_whole = family_split(family(kind, 2))
+        # the fewest micro-batches any member keeps on a stage heading s stages
+        live = np.array([0] + [min(live_count(sch, s, 0, B) for sch in family(kind, s)) for s in range(1, self.S + 1)])
+        self.shapes: list[_Shape] = []
+        upper = np.triu(np.ones((self.L, self.L), dtype=bool))
+        for shape in shapes or alpa_shapes(topology.num_hosts, topology.devices_per_host):
+            if shape.size > self.N:
+                continue
+            costs = StageCosts(model, topology, shape, B, tables(shape), comm)
+            cfgs, As, as_, ss, fits = [], [], [], [], []
+            for cfg in costs.configs:
+                cc = costs[cfg]
+                f, b, ba = cc.forward, cc.backward_act + cc.backward_weight, cc.backward_act
+                ch = ba if has_split else b
+                g = np.minimum(cc.tail_full if has_whole else np.inf, cc.tail_weight if has_split else np.inf)
+                static, act, transient = costs.memory_parts(cfg)
+                fit = (static + transient)[:, :, None] + act[:, :, None] * live[None, None, :] <= costs.device_memory
+                fit &= upper[:, :, None]
+                fit[:, :, 0] = False
+                w = f + b
+                As.append(B * w + g)
+                as_.append(B * w - (b - ch))
+                ss.append(f + ch)
+                fits.append(fit)
+                cfgs.append(cfg)
+            if not cfgs:
+                continue
+            A, a, sv, fit = np.array(As), np.array(as_), np.array(ss), np.array(fits)
+
+            def least(x):
+                return np.min(np.where(fit, x[:, :, :, None], np.inf), axis=0)
+
+            self.shapes.append(_Shape(shape, costs, cfgs, A, a, sv, fit, least(A), least(a), least(sv)))
+
+    @property
+    def cells(self) -> int:
+        return self.L * self.L * (self.N + 1) * (self.S + 1) * len(self.shapes) // 2
+
+    def _dp(self, which: str):
+        """X (``which="A"``) or Y (``"a"``) of the module docstring, ``[k, n, s]``, and each cell's
+        choice (last layer, shape)."""
+        L, N, S = self.L, self.N, self.S
+        W = np.full((L + 1, N + 1, S + 1), np.inf)
+        W[L, :, 0] = -1e300      # -inf, without inf - inf where no configuration fits
+        pick = np.full((L, N + 1, S + 1, 2), -1, dtype=np.int64)
+        for k in range(L - 1, -1, -1):
+            best = np.full((N + 1, S + 1), np.inf)
+            for j, sh in enumerate(self.shapes):
+                n0 = sh.shape.size
+                rest = np.full((L - k, N + 1, S + 1), np.inf)     # W(i + 1, n - size, s - 1), rows i = k..L-1
+                rest[:, n0:, 1:] = W[k + 1:, :N + 1 - n0, :S]
+                if which == "A":
+                    cand = np.maximum(sh.A_min[k, k:, None, :], rest)
+                else:
+                    cand = np.maximum(sh.a_min[k, k:, None, :], sh.s_min[k, k:, None, :] + rest)
+                arg = np.argmin(cand, axis=0)
+                val = np.take_along_axis(cand, arg[None], axis=0)[0]
+                better = val < best
+                best = np.where(better, val, best)
+                pick[k][better] = np.stack([k + arg, np.full_like(arg, j)], axis=-1)[better]
+            W[k] = best
+        return W, pick
+
+    def bound(self) -> float:
+        """A lower bound of the simulated time of every plan with this micro-batch count, on
+        unequal or equal meshes (module docstring)."""
+        x = float(np.min(self._dp("A")[0][0, self.N]))
+        y = float(np.min(self._dp("a")[0][0, self.N]))
+        return max(x, y)
+
+    def _walk(self, which: str, W, pick, stages: int) -> list[tuple[int, int, int, int]] | None:
+        """(first, last, shape index, config index) of each stage of the plan the program picked
+        for ``stages`` stages; each stage's configuration: the one fitting that minimises its
+        own term given the rest."""
+        out, k, n, s = [], 0, self.N, stages
+        while k < self.L:
+            i, j = (int(x) for x in pick[k, n, s])
+            if i < 0:
+                return None
+            sh = self.shapes[j]
+            rest = W[i + 1, n - sh.shape.size, s - 1]
+            ok = sh.fit[:, k, i, s]
+            term = sh.A[:, k, i] if which == "A" else np.maximum(sh.a[:, k, i], sh.s[:, k, i] + rest)
+            # ties: the cheaper stage (A) first, then the configuration order
+            c = int(np.lexsort((np.arange(len(ok)), sh.A[:, k, i], np.where(ok, term, np.inf)))[0])
+            if not ok[c]:
+                return None
+            out.append((k, i, j, c))
+            k, n, s = i + 1, n - sh.shape.size, s - 1
+        return out
+
+    def plans(self) -> tuple[float, list[Partition]]:
+        """The bound and the plans both programs pick for every stage count, placed and priced."""
+        out, seen, values = [], set(), []
+        for which in ("A", "a"):
+            W, pick = self._dp(which)
+            values.append(float(np.min(W[0, self.N])))
+            for stages in range(1, self.S + 1):
+                if not np.isfinite(W[0, self.N, stages]):
+                    continue
+                plan = self._walk(which, W, pick, stages)
+                if plan is None or tuple(plan) in seen:
+                    continue
+                seen.add(tuple(plan))
+                shapes = [self.shapes[j] for _, _, j, _ in plan]
+                layout = pack([sh.shape for sh in shapes], self.topology)
+                costs = MeshCosts([sh.costs for sh in shapes], layout)
+                out.append(Partition(costs, [StagePlan(k, i, sh.configs[c])
+                                             for (k, i, _, c), sh in zip(plan, shapes)]))
+        return max(values), out
+
+    def schedules(self, plan: Partition) -> list[Schedule]:
+        return family(self.kind, plan.costs.stages)
+
+
+def search_unequal(search, equal=None, progress=None):
+    """The fastest simulated plan over unequal and equal meshes, with a bound over both.
+
+    ``equal``: the equal-mesh search's result (its plans are incumbents: this search returns
+    nothing slower).  For each micro-batch count, by increasing bound, the dynamic programs'
+    plans are priced (the objective of :mod:`.objective`) and simulated while they can beat
+    the best; a micro-batch count whose bound cannot is skipped.  The bound returned is the
+    least over micro-batch counts (each holds for every plan, equal meshes included), so
+    OPTIMAL here is over the whole space."""
+    from ..errors import RefusedError
+    from ..solve import SolveResult, Status, Stopwatch
+    from .search import TOLERANCE, _price, evaluate
+
+    with Stopwatch() as sw:
+        best = equal.solution if equal is not None else None
+        spaces = []
+        for B in search.microbatch_options():
+            if search.model.global_batch % B:
+                continue
+            space = UnequalSpace(search.model, search.topology, B, search.schedule, search.tables, search.comm)
+            if space.cells > MAX_CELLS:
+                raise RefusedError(f"unequal meshes: the dynamic program over {space.L} layers, {space.N} devices,"
+                                   f" up to {space.S} stages and {len(space.shapes)} mesh shapes would touch"
+                                   f" {space.cells:,} cells (limit {MAX_CELLS:,}); search equal meshes instead")
+            if progress is not None:
+                progress(f"unequal meshes: {B} micro-batches")
+            bound, plans = space.plans()
+            spaces.append((bound, B, space, plans))
+        simulated = 0
+        for bound, B, space, plans in sorted(spaces, key=lambda x: (x[0], x[1])):
+            if best is not None and bound >= best.time * (1 - TOLERANCE):
+                continue
+            priced = sorted(((_price(p, space.schedules(p)), p) for p in plans), key=lambda x: (
+                x[0][0][0].value if x[0] else math.inf, x[1].stages))
+            for members, plan in priced:
+                if not members or (best is not None and members[0][0].value >= best.time * (1 - TOLERANCE)):
+                    continue
+                cand = evaluate(plan, members, bound, best.time if best is not None else math.inf)
+                simulated += 1
+                if cand is not None and (best is None or cand.time < best.time):
+                    best = cand
+        if best is None:
+            return None
+        bound = min([b for b, *_ in spaces] + [best.time])
+        info = dict(equal.info) if equal is not None else {}
+        info.update(meshes="unequal", unequal_simulated=simulated,
+                    unequal_bounds={B: b for b, B, *_ in sorted(spaces, key=lambda x: x[1])})
+    status = Status.OPTIMAL if bound >= best.time * (1 - TOLERANCE) else Status.FEASIBLE
+    seconds = sw.seconds + (equal.wall_time if equal is not None else 0.0)
+    return SolveResult(status, "dp", best, best.time, bound, seconds, solutions=[best], info=info)
