@@ -150,12 +150,12 @@ def stages(
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
     if trace is not None:
-        write_trace(rep.run.timeline, trace, rep.topology, trace_detail, rep.partition.costs.shape.size)
+        write_trace(rep.run.timeline, trace, rep.topology, trace_detail, rep.partition.stage_size)
     if plot is not None:
         from ..report.pipeline import plot_pipeline
         from ..stages.memory import stage_memory
 
-        path = plot_pipeline(plot, rep.run, rep.partition.costs.shape.size, rep.device_memory,
+        path = plot_pipeline(plot, rep.run, rep.partition.stage_size, rep.device_memory,
                              f"{spec.name} on {topo.name}{rep.use.part}, {rep.best.schedule}",
                              memory=stage_memory(rep.partition, rep.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)

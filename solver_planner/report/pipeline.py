@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .style import OKABE_ITO, bytes_unit, figure, save, time_unit
+from ..simulate.trace import stage_of
 
 __all__ = ["KINDS", "kind_of", "stage_bars", "pipeline_figure", "plot_pipeline", "figure_height", "MERGE_PIXELS",
            "MAX_LABELS", "ZOOM_ABOVE"]
@@ -47,7 +48,7 @@ def stage_bars(records, stage_size: int, stages: int, makespan: float, merge: bo
     tol = makespan / MERGE_PIXELS if merge else -1e-300
     raw: dict[tuple[int, str], list] = {}
     for r in records:
-        p = min(r.devices[0] // stage_size, stages - 1) if r.devices else 0
+        p = min(stage_of(r.devices[0], stage_size), stages - 1) if r.devices else 0
         raw.setdefault((p, kind_of(r)), []).append((r.start, r.end, r.name))
     out = {}
     for key, spans in raw.items():
@@ -170,9 +171,9 @@ def _zoom_windows(records, stage_size: int, stages: int, T: float) -> list[tuple
     k = _count(records)
     last, first = stages - 1, 0
     warm = [r.end for r in records if kind_of(r) == "backward" and r.devices
-            and min(r.devices[0] // stage_size, last) == last and int(_microbatch(r.name) or 0) <= stages]
+            and min(stage_of(r.devices[0], stage_size), last) == last and int(_microbatch(r.name) or 0) <= stages]
     cool = [r.start for r in records if kind_of(r) == "forward" and r.devices
-            and r.devices[0] // stage_size == first and int(_microbatch(r.name) or 0) >= k - stages]
+            and stage_of(r.devices[0], stage_size) == first and int(_microbatch(r.name) or 0) >= k - stages]
     return [(0.0, max(warm, default=T / 10), "warm-up"), (min(cool, default=T * 0.9), T, "cool-down")]
 
 
@@ -240,7 +241,7 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
     for r in records:
         k = kind_of(r)
         if (0, k) in busy:
-            busy[min(r.devices[0] // stage_size, stages - 1), k] += r.end - r.start
+            busy[min(stage_of(r.devices[0], stage_size), stages - 1), k] += r.end - r.start
     bottom = [0.0] * stages
     for k in ("forward", "backward", "weight gradient"):
         values = [busy[p, k] / scale for p in range(stages)]

@@ -171,6 +171,20 @@ def _dumps(event: dict[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"))
 
 
+def stage_of(device: int, stage_size) -> int:
+    """The pipeline stage drawn for ``device``: ``device // stage_size`` when every stage has
+    ``stage_size`` devices, else ``stage_size[device]``'s stage (``{device: (stage, devices)}``,
+    unequal meshes)."""
+    return device // stage_size if isinstance(stage_size, int) else stage_size[device][0]
+
+
+def stage_devices(stage: int, stage_size) -> int:
+    """The devices of ``stage`` (see :func:`stage_of`)."""
+    if isinstance(stage_size, int):
+        return stage_size
+    return next(n for p, n in stage_size.values() if p == stage)
+
+
 def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE_ABOVE, keep: int = KEEP,
                    level_of: dict[str, str] | None = None) -> dict[str, Any]:
     """The aggregated trace (see the module docstring).  ``stage_size``: devices per stage
@@ -214,8 +228,8 @@ def to_stage_trace(timeline: Timeline, stage_size: int, merge_above: int = MERGE
         for name, k in held.items():
             busy.setdefault(name, []).extend(((rec.start, k), (rec.end, -k)))
         if rec.devices:
-            stages = sorted({d // stage_size for d in rec.devices})
-            places = [(f"stage {p} ({stage_size} devices)", rec.stream) for p in stages]
+            stages = sorted({stage_of(d, stage_size) for d in rec.devices})
+            places = [(f"stage {p} ({stage_devices(p, stage_size)} devices)", rec.stream) for p in stages]
         else:
             places = [("resources", str(rec.resources[0]) if rec.resources else rec.stream)]
         mb = middle(rec)

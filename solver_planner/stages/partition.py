@@ -91,6 +91,15 @@ class Partition:
         """Every mesh has the same shape."""
         return len({self.costs.of(m).shape for m in range(self.costs.stages)}) == 1
 
+    @property
+    def stage_size(self):
+        """What the pictures place tasks by: the devices per mesh, or on unequal meshes
+        ``{device: (mesh, its devices)}`` (:func:`solver_planner.simulate.trace.stage_of`)."""
+        c = self.costs
+        if self.equal:
+            return c.mesh_size(0)
+        return {c.first_device(m) + j: (m, c.mesh_size(m)) for m in range(c.stages) for j in range(c.mesh_size(m))}
+
     def table(self, p: int):
         """The :class:`~.costs.ConfigCosts` of stage (chunk) ``p``: its configuration on its mesh."""
         return self.costs.of(self.mesh[p])[self.stages[p].config]

@@ -1,0 +1,112 @@
+"""Our stage search on unequal sub-meshes beside Alpa's stage DP, on the same cost tables.
+
+For each instance (cluster, model, micro-batch count ``B``, schedule 1F1B):
+
+* ``alpa``: Alpa's ``training_dp`` (the port in ``benchmarks/alpa_dp.py``, Alpa OSDI'22 §5.2)
+  minimises its objective ``sum of stage costs + (B - 1) * max`` over Alpa's submesh shapes;
+  its plan is then placed (:func:`solver_planner.stages.meshes.pack`) and simulated by our
+  simulator, the time every plan here is judged by;
+* ``ours``: ``stages --meshes unequal`` restricted to that ``B`` (the equal-mesh branch and
+  bound, then the unequal dynamic programs of ``solver_planner/stages/unequal.py``), its
+  simulated time and the lower bound it proves over every plan with that ``B``.
+
+Columns: simulated seconds of each plan, ``ours/alpa`` (at most 1 means ours is as fast or
+faster), our gap to our bound, wall seconds of each search and their ratio (Alpa's DP time
+excludes building its inputs from our tables; ours includes building its own tables).
+
+    python benchmarks/alpa_compare.py            # every instance (a few minutes on 2 cores)
+    python benchmarks/alpa_compare.py --quick    # the 8-GPU clusters only
+
+Printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from alpa_dp import alpa_inputs  # noqa: E402
+from unequal import INSTANCES, QUICK, load_model, microbatch_counts  # noqa: E402
+from solver_planner.errors import PlannerError  # noqa: E402
+from solver_planner.stages.costs import MeshShape, StageCosts  # noqa: E402
+from solver_planner.stages.meshes import MeshCosts, pack  # noqa: E402
+from solver_planner.stages.partition import Partition, StagePlan  # noqa: E402
+from solver_planner.stages.pipeline import simulate_schedule  # noqa: E402
+from solver_planner.stages.schedule import Schedule  # noqa: E402
+from solver_planner.stages.search import StageSearch, plan_partition  # noqa: E402
+from solver_planner.stages.unequal import search_unequal  # noqa: E402
+from solver_planner.topology import load_topology  # noqa: E402
+
+
+def alpa_plan_time(topo, model, inputs, solution, search) -> float:
+    """Our simulated 1F1B time of Alpa's plan."""
+    shapes = [MeshShape(*inputs.submesh_choices[m]) for _, m, _ in solution]
+    parts = [StageCosts(model, topo, s, inputs.microbatches, search.tables(s)) for s in shapes]
+    plan = Partition(MeshCosts(parts, pack(shapes, topo)),
+                     [StagePlan(a, b - 1, inputs.configs[c]) for (a, b), _, c in solution])
+    return simulate_schedule(plan, Schedule("1f1b")).iteration_time
+
+
+def row(cells, widths):
+    return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the 8-GPU clusters only")
+    args = ap.parse_args(argv)
+    head = ["cluster", "model", "B", "alpa s", "ours s", "ours/alpa", "our gap", "alpa dp s", "ours s", "speed-up",
+            "our meshes"]
+    widths = [16, 9, 4, 9, 9, 9, 7, 9, 7, 8, 0]
+    print(row(head, widths))
+    ratios, speed, gaps, rows = [], [], [], 0
+    for cluster, name in INSTANCES:
+        if args.quick and cluster not in QUICK:
+            continue
+        topo = load_topology(ROOT / "specs" / "clusters" / f"{cluster}.yaml")
+        model = load_model(name)
+        for B in microbatch_counts(model):
+            search = StageSearch(model, topo, "1f1b", microbatches=[B])
+            inputs = alpa_inputs(topo, model, B, search=search)
+            stats: dict = {}
+            _, solution = inputs.solve(stats=stats)
+            t0 = time.perf_counter()
+            try:
+                equal = plan_partition(search)
+            except PlannerError:
+                equal = None
+            ours = search_unequal(search, equal)
+            ours_s = time.perf_counter() - t0
+            if solution is None and ours is None:
+                continue
+            alpa_t = alpa_plan_time(topo, model, inputs, solution, search) if solution else math.inf
+            ours_t = ours.objective if ours else math.inf
+            gap = (ours.objective - ours.bound) / ours.objective if ours else math.nan
+            rows += 1
+            ratio = ours_t / alpa_t if math.isfinite(alpa_t) else 0.0
+            ratios.append(ratio)
+            speed.append(stats["seconds"] / ours_s)
+            gaps.append(gap)
+            meshes = ours.solution.plan.meshes if ours else "-"
+            print(row([cluster, name, B, f"{alpa_t:.4f}" if solution else "no plan", f"{ours_t:.4f}",
+                       f"{ratio:.4f}" if solution else "-", f"{100 * gap:.2f}%", f"{stats['seconds']:.2f}",
+                       f"{ours_s:.2f}", f"{stats['seconds'] / ours_s:.1f}x", meshes], widths), flush=True)
+    worse = [r for r in ratios if r > 1 + 1e-9]
+    print(f"\n{rows} instances: ours as fast or faster on {rows - len(worse)}"
+          + (f" (slower on {len(worse)}, by up to {100 * (max(worse) - 1):.2f}%)" if worse else "")
+          + f"; ours/alpa median {statistics.median(ratios):.4f}, best {min(ratios):.4f};"
+          f" our gap median {100 * statistics.median(gaps):.2f}%, worst {100 * max(gaps):.2f}%;"
+          f" speed-up over training_dp median {statistics.median(speed):.1f}x, least {min(speed):.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Stages on unequal sub-meshes (Alpa's space): placement, transfers between meshes of
+unequal data degrees, the simulators and objective on such plans, the lower bound of
+stages/unequal.py against brute force over every plan of tiny instances, and the CLI."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.cost import CostModel
+from solver_planner.stages import Layer, LayerModel, MemoryOptions, Schedule, family, simulate_schedule
+from solver_planner.stages.costs import MeshShape, StageCosts, cost_tables
+from solver_planner.stages.fastsim import iteration
+from solver_planner.stages.meshes import MeshCosts, _overlaps, pack
+from solver_planner.stages.objective import bounds, fits
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.search import StageSearch, plan_partition
+from solver_planner.stages.unequal import UnequalSpace, alpa_shapes, search_unequal
+from test_stages_objective import topology
+
+REL = 1e-9
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _model(draw, n: int, tie: bool) -> LayerModel:
+    layers = []
+    for i in range(n):
+        f = draw(st.floats(0.05, 3.0)) * 1e11
+        back = f * draw(st.floats(0.5, 3.0))
+        act = draw(st.floats(0.0, 40.0)) * 2**20
+        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
+                            act, act * 2, act / 2, allreduces=draw(st.integers(0, 2)), weight=back / 2))
+    if tie and n >= 3:
+        layers[-1] = Layer(**{**layers[-1].__dict__, "tied_to": 0, "tied_params": layers[0].params + 2**20,
+                              "tied_optimizer": layers[0].optimizer})
+    opts = MemoryOptions(("none",), draw(st.sampled_from(["none", "zero-1", "zero-3"])), draw(st.booleans()),
+                         draw(st.booleans()), 4 * 2**20)
+    return LayerModel("random", layers, 16, None, options=opts)
+
+
+def _tables(topo):
+    cost = CostModel(topo)
+    memo: dict = {}
+
+    def tables(shape):
+        if shape not in memo:
+            memo[shape] = cost_tables(topo, cost, shape)
+        return memo[shape]
+    return tables
+
+
+@st.composite
+def unequal_plans(draw):
+    """A random plan whose stages take random shapes of Alpa's set (and where they go)."""
+    hosts, gpus = draw(st.sampled_from([(2, 2), (2, 4), (1, 4), (3, 2)]))
+    topo = topology(hosts, gpus, draw(st.sampled_from(["1 GB/s", "40 GB/s"])), draw(st.sampled_from(["host", "device"])))
+    n = draw(st.integers(2, 6))
+    model = _model(draw, n, draw(st.booleans()))
+    B = draw(st.sampled_from([1, 2, 4, 8]))
+    tables = _tables(topo)
+    shapes, left = [], topo.num_devices
+    S = draw(st.integers(1, min(n, topo.num_devices)))
+    for _ in range(S):
+        fit = [s for s in alpa_shapes(hosts, gpus) if s.size <= left - (S - len(shapes) - 1)]
+        if not fit:
+            return None
+        shapes.append(draw(st.sampled_from(fit)))
+        left -= shapes[-1].size
+    parts = [StageCosts(model, topo, s, B, tables(s)) for s in shapes]
+    if any(not c.configs for c in parts):
+        return None
+    costs = MeshCosts(parts, pack(shapes, topo))
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=S - 1, max_size=S - 1)))
+    edges = [0] + cuts + [n]
+    stages = [StagePlan(edges[j], edges[j + 1] - 1, draw(st.sampled_from(parts[j].configs))) for j in range(S)]
+    return Partition(costs, stages), family(draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])), S)
+
+
+def test_overlaps_split_a_micro_batch_exactly():
+    for a, b in itertools.product(range(1, 9), repeat=2):
+        parts = _overlaps(a, b)
+        assert math.isclose(sum(w for _, _, w in parts), 1.0)
+        for i in range(a):
+            assert math.isclose(sum(w for x, _, w in parts if x == i), 1 / a)
+        for j in range(b):
+            assert math.isclose(sum(w for _, y, w in parts if y == j), 1 / b)
+
+
+@given(st.lists(st.sampled_from(alpa_shapes(3, 8)), min_size=1, max_size=8))
+def test_pack_places_meshes_inside_hosts_without_overlap(shapes):
+    topo = topology(3, 8, "1 GB/s", "host")
+    layout = pack(shapes, topo)
+    if sum(s.size for s in shapes) > topo.num_devices:
+        assert layout is None
+        return
+    used = [d for p in range(len(shapes)) for d in layout.devices(p)]
+    assert len(used) == len(set(used)) and max(used) < topo.num_devices
+    for p, s in enumerate(shapes):
+        devs = layout.devices(p)
+        if s.devices_per_host < 8:       # inside one host
+            assert devs[0] // 8 == devs[-1] // 8
+        else:                            # whole hosts
+            assert devs[0] % 8 == 0
+    if len(set(shapes)) == 1:
+        assert layout.offsets == tuple(p * shapes[0].size for p in range(len(shapes)))
+
+
+@SETTINGS
+@given(st.data())
+def test_equal_shapes_through_mesh_costs_are_the_equal_plan(data):
+    """The special case: MeshCosts with one shape prices and simulates exactly as StageCosts."""
+    hosts, gpus = data.draw(st.sampled_from([(2, 2), (2, 4), (4, 2)]))
+    topo = topology(hosts, gpus, "4 GB/s", data.draw(st.sampled_from(["host", "device"])))
+    n = data.draw(st.integers(2, 6))
+    model = _model(data.draw, n, data.draw(st.booleans()))
+    shape = data.draw(st.sampled_from([s for s in alpa_shapes(hosts, gpus) if topo.num_devices // s.size <= n
+                                       and topo.num_devices % s.size == 0]))
+    tables = _tables(topo)
+    B = data.draw(st.sampled_from([1, 2, 4]))
+    costs = StageCosts(model, topo, shape, B, tables(shape))
+    if not costs.configs:
+        return
+    S = costs.stages
+    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), min_size=S - 1, max_size=S - 1)))
+    edges = [0] + cuts + [n]
+    stages = [StagePlan(edges[j], edges[j + 1] - 1, data.draw(st.sampled_from(costs.configs))) for j in range(S)]
+    if len({s.tensor for s in stages}) > 1:
+        stages = [StagePlan(s.first, s.last, stages[0].config) for s in stages]
+    equal = Partition(costs, stages)
+    mixed = Partition(MeshCosts([costs] * S, pack([shape] * S, topo)), stages)
+    for sch in family("eager-1f1b", S):
+        a, b = simulate_schedule(equal, sch), simulate_schedule(mixed, sch)
+        # equal up to rounding: a transfer is priced per lane on one side, per micro-batch on the other
+        assert math.isclose(a.iteration_time, b.iteration_time, rel_tol=1e-12)
+        x, y = bounds(equal, sch), bounds(mixed, sch)
+        for field in ("stage", "cycle", "port", "phase", "value"):
+            assert math.isclose(getattr(x, field), getattr(y, field), rel_tol=1e-12, abs_tol=1e-15), field
+
+
+@SETTINGS
+@given(unequal_plans())
+def test_unequal_plans_objective_below_simulation_and_fast_simulator_exact(case):
+    if case is None:
+        return
+    plan, schedules = case
+    for sch in schedules:
+        run = simulate_schedule(plan, sch)
+        fast = iteration(plan, sch)
+        assert math.isclose(fast.time, run.iteration_time, rel_tol=REL), (plan, sch)
+        b = bounds(plan, sch)
+        assert b.value <= run.iteration_time * (1 + REL), (plan, sch, b, run.iteration_time)
+
+
+def _all_plans(space: UnequalSpace):
+    """Every plan of the space: shapes per stage (sizes within the cluster), cuts, configs."""
+    L, N = space.L, space.N
+    for S in range(1, min(L, N) + 1):
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            edges = (0,) + cuts + (L,)
+            for shapes in itertools.product(space.shapes, repeat=S):
+                if sum(sh.shape.size for sh in shapes) > N:
+                    continue
+                costs = MeshCosts([sh.costs for sh in shapes], pack([sh.shape for sh in shapes], space.topology))
+                for cfgs in itertools.product(*[sh.configs for sh in shapes]):
+                    yield Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, cfgs[j]) for j in range(S)])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_unequal_bound_is_below_every_plan_and_optimal_is_brute_forces(data):
+    """Brute force over every plan of a 4-device cluster (every shape sequence, split and
+    configuration): the bound of stages/unequal.py is at most the fastest plan's simulated time
+    for that micro-batch count, and the search's OPTIMAL plan is the fastest."""
+    topo = topology(2, 2, data.draw(st.sampled_from(["1 GB/s", "40 GB/s"])), "host",
+                    memory=data.draw(st.sampled_from(["64 GiB", "3 GiB"])))
+    n = data.draw(st.integers(2, 4))
+    model = _model(data.draw, n, data.draw(st.booleans()))
+    kind = data.draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"]))
+    search = StageSearch(model, topo, kind, microbatches=[data.draw(st.sampled_from([2, 4]))])
+    B = search.microbatches[0]
+    space = UnequalSpace(model, topo, B, kind, search.tables)
+    best = math.inf
+    for plan in _all_plans(space):
+        for sch in family(kind, plan.costs.stages):
+            if fits(plan, sch):
+                best = min(best, simulate_schedule(plan, sch).iteration_time)
+    assert space.bound() <= best * (1 + REL)
+    result = search_unequal(search)
+    if result is None:
+        assert best == math.inf
+        return
+    assert result.bound <= best * (1 + REL) and result.objective >= best * (1 - REL)
+    if result.status.value == "OPTIMAL":
+        assert math.isclose(result.objective, best, rel_tol=1e-9)
+
+
+def test_unequal_search_never_loses_to_the_equal_one():
+    import yaml
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.topology import load_topology
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    topo = load_topology(root / "specs/clusters/local-2x4.yaml")
+    model = layer_model(load_model_spec(root / "specs/models/gpt-tiny.yaml"))
+    search = StageSearch(model, topo, "1f1b")
+    equal = plan_partition(search)
+    both = search_unequal(search, equal)
+    assert both.objective <= equal.objective
+    assert both.bound <= both.objective * (1 + REL)
+
+
+def test_cli_unequal_meshes(tmp_path):
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    runner = CliRunner()
+    args = ["stages", "specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml", "--meshes", "unequal",
+            "--no-baselines"]
+    res = runner.invoke(app, args + ["--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["search"]["meshes"] == "unequal" and doc["bound"] <= doc["iteration_time"]
+    used = [d for st in doc["stages"] for d in range(st["devices"][0], st["devices"][1] + 1)]
+    assert len(used) == len(set(used))
+    res = runner.invoke(app, args + ["--config", "1,2,4,1024"])
+    assert res.exit_code == 2 and "--config" in res.output
