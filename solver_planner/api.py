@@ -363,8 +363,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
            budget: int | None = None, simulations: int | None = None, top_gap: float | None = None,
            progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-           devices: int | None = None) -> StagesReport:
-    """Cut the model's layers into pipeline stages on equal sub-meshes, choose each
+           devices: int | None = None, meshes: str = "equal") -> StagesReport:
+    """Cut the model's layers into pipeline stages on equal sub-meshes (or unequal ones), choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
     simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
 
@@ -413,6 +413,10 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         Use at most this many of the cluster's devices (its first ones); the plans use as
         many as equal meshes can tile (``.use``: how many, and why the rest idle;
         ``.topology``: the cluster they form).
+    meshes : {'equal', 'unequal'}
+        'unequal': each stage may also take its own shape of Alpa's set (Alpa's space), on up
+        to all the devices; under 1f1b, eager-1f1b or gpipe, without config, split,
+        num_stages, top or a target.
 
     Returns
     -------
@@ -451,7 +455,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
               if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
-                       compute=compute, devices=devices, **limits)
+                       compute=compute, devices=devices, meshes=meshes, **limits)
 
 
 def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",

@@ -116,7 +116,8 @@ def stages(
                                         " solver-planner[plot])."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Cut MODEL's layers into pipeline stages on equal sub-meshes of CLUSTER, choose each
+    """Cut MODEL's layers into pipeline stages on equal sub-meshes of CLUSTER (or, with
+    --meshes unequal, sub-meshes of Alpa's shapes that may differ per stage), choose each
     stage's data x tensor degrees (and recomputation) and the number of micro-batches; every
     candidate is simulated and the fastest wins.  The objective printed is a proven lower
     bound of the simulated time; the bound and gap hold over every plan of the search space.
