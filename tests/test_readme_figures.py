@@ -62,7 +62,7 @@ def test_distir_table_2_every_pure_strategy_winner_on_the_shipped_and_the_datash
 
 def test_the_unequal_mesh_example_is_what_stages_prints():
     # `solver-planner stages specs/clusters/aws-p3.8xlarge-4.yaml specs/models/gpt3-6.7b.yaml --meshes unequal`
-    from solver_planner.cli.stages import meshes_text
+    from solver_planner.stages.meshes import format_meshes as meshes_text
 
     text = README[README.index("**Unequal sub-meshes**"):README.index("**Plans on part of a cluster**")]
     head = re.search(r"gpt3-6.7b on aws-p3.8xlarge-4: (\d+) stages of (.*) meshes, (\d+) micro-batches", text).groups()

@@ -60,6 +60,11 @@ def job_of(model: Path, plan: Path, steps: int = 3):
     return run_job(report.plan, spec, steps=steps)
 
 
+# a heavy first layer and cheap ones with large gradients: the unequal search gives the first
+# stage more devices than the others (pure data parallelism pays for the gradients)
+UNEQUAL = [{"name": "big", "params": "1 MiB", "activations": "1 KiB", "flops": "2 MFLOP"},
+           {"name": "l", "repeat": 5, "params": "1 MiB", "activations": "1 KiB", "flops": "0.1 MFLOP"}]
+
 # name -> (model spec arguments, plan options, what the plan must hold)
 CASES = {
     "uniform, eager-1F1B, weight delay, tied, adam": (
@@ -90,6 +95,9 @@ CASES = {
     "untied, four stages": (
         dict(transformer=TINY, tied_embeddings=False), ("--config", "2,1,4,4"),
         lambda j: not j.shape.tied and len(j.stages) == 4),
+    "unequal meshes (Alpa's space): 4, 2 and 2 devices": (
+        dict(layers=UNEQUAL), ("--schedule", "1f1b", "--meshes", "unequal"),
+        lambda j: [len(s.ranks) for s in j.stages] == [4, 2, 2] and j.world == 8),
     "a layers: spec (no architecture)": (
         dict(layers=[{"name": "l", "repeat": 6, "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"}]),
         ("--config", "2,2,2,4"),
@@ -131,6 +139,20 @@ def test_a_plan_on_part_of_the_cluster_runs_on_its_first_devices(tmp_path):
     model = model_file(tmp_path, "part", transformer=TINY)
     job = job_of(model, plan_file(tmp_path, model, "--schedule", "1f1b", "--config", "1,2,2,4"), steps=2)
     assert job.world == 4 and len(job.stages) == 2
+    (res,) = run_plans([job])
+    for got, want in zip(res.losses, res.reference_losses):
+        assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+    assert res.max_parameter_difference <= 1e-5
+
+
+def test_an_unequal_plan_on_part_of_the_cluster_runs_on_its_first_devices(tmp_path):
+    """Unequal meshes of 4, 1, 1 and 1 devices: the last of the 8 idles; 7 processes train as one."""
+    from solver_planner.run.launch import run_plans
+
+    layers = [{**x, "params": "8 MiB"} for x in UNEQUAL]
+    model = model_file(tmp_path, "uneq", layers=layers)
+    job = job_of(model, plan_file(tmp_path, model, "--schedule", "1f1b", "--meshes", "unequal"), steps=2)
+    assert job.world == 7 and [len(s.ranks) for s in job.stages] == [4, 1, 1, 1]
     (res,) = run_plans([job])
     for got, want in zip(res.losses, res.reference_losses):
         assert abs(got - want) <= 1e-6 * abs(want), (got, want)

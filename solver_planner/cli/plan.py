@@ -15,6 +15,7 @@ from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
+from ..stages.meshes import format_meshes
 
 
 def _progress(text: str) -> None:
@@ -50,6 +51,8 @@ def plan(
     config: Optional[str] = typer.Option(None, "--config", help="One configuration d,t,p,k (as for 'stages')."),
     split: Optional[str] = typer.Option(None, "--split", help="Layers per stage, e.g. 10,12,12,10."),
     devices: Optional[int] = DEVICES_OPT,
+    meshes: str = typer.Option("equal", "--meshes", help="equal: every stage on one mesh shape; unequal: each stage"
+                               " on its own shape of Alpa's set, on up to all the devices (as for stages)."),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.001, max=86400,
                                      help="CP-SAT limit per subproblem (roughly seconds)."),
     proof_timeout: float = typer.Option(30.0, "--proof-timeout", min=0.001, max=86400,
@@ -105,7 +108,8 @@ def plan(
             result = make_plan(topo, spec, schedule, method, cross_mesh, overlap, num_stages,
                                parse_config(config) if config is not None else None,
                                parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
-                               candidates, progress=_progress, compute=compute, target=target, devices=devices)
+                               candidates, progress=_progress, compute=compute, target=target, devices=devices,
+                               meshes=meshes)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)
@@ -116,7 +120,7 @@ def plan(
         export.write_text(doc["target"]["export"], encoding="utf-8")
         typer.echo(f"wrote {export} ({target} configuration)", err=True)
     if trace is not None:
-        write_trace(result.run.timeline, trace, result.topology, trace_detail, result.partition.costs.shape.size, links=True)
+        write_trace(result.run.timeline, trace, result.topology, trace_detail, result.partition.stage_size, links=True)
     if emit is not None:
         emitted = emit_execute_specs(result, cluster, emit, doc, model)
         typer.echo(f"wrote {emit}/commands.yaml ({len(emitted['commands'])} commands)", err=True)
@@ -126,7 +130,7 @@ def plan(
         from ..stages.memory import stage_memory
 
         c = result.partition.costs
-        path = plot_pipeline(plot, result.run, c.shape.size, c.device_memory,
+        path = plot_pipeline(plot, result.run, result.partition.stage_size, c.device_memory,
                              f"{spec.name} on {topo.name}{result.use.part if result.use is not None else ''},"
                              f" {result.schedule}", breakdown(result),
                              stage_memory(result.partition, result.run.peak_memory))
@@ -170,7 +174,7 @@ def _print(doc: dict) -> None:
     v = s["virtual"]
     chunks = f" x {v} model chunks" if v > 1 else ""
     out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {len(doc['stages']) // v} stages{chunks} of"
-              f" {'x'.join(map(str, doc['mesh']))} meshes, {doc['microbatches']} micro-batches of"
+              f" {format_meshes(doc['mesh'])} meshes, {doc['microbatches']} micro-batches of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
                  if s["kind"] == "eager-1f1b" else ""))

@@ -13,6 +13,7 @@ from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check
                      handles_errors, model_of, print_json, topology_of, write_trace)
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
+from ..stages.meshes import format_meshes
 
 
 def _progress(text: str) -> None:
@@ -42,19 +43,6 @@ def _plan_table(row: dict, memory: float) -> Table:
                       f"{units.format_bytes(st['memory'])} / {units.format_bytes(memory)}",
                       units.format_time(st["gradient_reduction"]), units.format_time(st["gradient_tail"]))
     return table
-
-
-def meshes_text(mesh: list) -> str:
-    """``2x4``, or each stage's shape when they differ (runs of one shape as ``1x8 x3``)."""
-    if not mesh or not isinstance(mesh[0], list):
-        return "x".join(map(str, mesh))
-    out: list[list] = []
-    for m in mesh:
-        if out and out[-1][0] == m:
-            out[-1][1] += 1
-        else:
-            out.append([m, 1])
-    return " ".join("x".join(map(str, m)) + (f" x{n}" if n > 1 else "") for m, n in out)
 
 
 def _config(row: dict) -> str:
@@ -99,7 +87,7 @@ def stages(
     meshes: str = typer.Option("equal", "--meshes", help="equal: every stage on one mesh shape; unequal: each stage"
                                " on its own shape of Alpa's set (1x1, 1x2, ..., 1xM inside a host, or n whole hosts),"
                                " on up to all the devices (1f1b, eager-1f1b, gpipe; not with --config, --split,"
-                               " --stages, --top or --target)."),
+                               " --stages, --top, --devices or --target)."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
@@ -170,7 +158,7 @@ def stages(
 def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
     c = data["config"]
-    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {meshes_text(data['mesh'])} meshes,"
+    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stages of {format_meshes(data['mesh'])} meshes,"
               f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
     idle = data.get("devices", {})

@@ -45,7 +45,9 @@ from ..solve import SolveResult, Status
 from ..spec.model import ModelSpec
 from ..stages import Partition, Schedule, StagePlan, StageSearch, simulate_schedule
 from ..stages.schedule import VIRTUAL, mesh_of
-from ..stages.costs import MeshShape, StageConfig, port_names
+from ..stages.costs import MeshShape, StageConfig, StageCosts, port_names
+from ..stages.meshes import MeshCosts, pack
+from ..stages.unequal import alpa_shapes
 from ..stages.layers import layer_model
 from ..stages.devices import DeviceUse
 from ..stages.report import Config, parse_config
@@ -217,20 +219,31 @@ class _Checker:
             self.fail("inputs", "model", f"the plan is for model {show(doc.get('model'))}, not {show(self.model.name)}")
             raise _Stop
         used = topo.num_devices
-        if "idle" in doc:
+        # a plan of the unequal search lists each stage's mesh shape (stages/unequal.py): it runs
+        # on the whole cluster, its meshes packed from device 0
+        mesh = doc.get("mesh")
+        self.unequal = isinstance(mesh, list) and bool(mesh) and all(isinstance(m, list) for m in mesh)
+        if "idle" in doc and self.unequal:
+            used = self.get("inputs", ("idle", "used"), int)
+            if not 1 <= used < topo.num_devices:
+                self.fail("inputs", ("idle", "used"), f"{show(used)} is not a number of devices fewer than"
+                                                      f" {show(topo.name)}'s {topo.num_devices}")
+                raise _Stop
+        elif "idle" in doc:
             used = self.get("inputs", ("idle", "used"), int)
             if not 1 <= used < topo.num_devices or not representable(topo, used):
                 self.fail("inputs", ("idle", "used"), f"{show(used)} is not a whole part of {show(topo.name)}'s"
                                                       f" {topo.num_devices} devices, fewer than all")
                 raise _Stop
             self.topology = first_devices(topo, used)
+        self.used = used
         self.ok("inputs", f"cluster {show(topo.name)}, model {show(self.model.name)}"
                           + (f", its first {used:,} devices" if used < topo.num_devices else ""))
 
     def device_use(self) -> DeviceUse:
         """The file's account of the devices the plan uses (the plan is checked on them);
         the search run again derives it (:meth:`search`), else it is not compared twice."""
-        used, N = self.topology.num_devices, self.cluster.num_devices
+        used, N = self.used, self.cluster.num_devices
         reason = self.doc.get("idle", {}).get("reason", "") if isinstance(self.doc.get("idle"), dict) else ""
         return DeviceUse(N, used, reason if isinstance(reason, str) else "")
 
@@ -263,6 +276,9 @@ class _Checker:
             devices = field(opts, ("devices",), int) if "devices" in opts else None
             if devices is not None and not 1 <= devices <= self.cluster.num_devices:
                 raise FieldError(("devices",), f"{devices} is not 1..{self.cluster.num_devices} devices")
+            meshes = field(opts, ("meshes",), str) if "meshes" in opts else "equal"
+            if meshes not in ("equal", "unequal"):
+                raise FieldError(("meshes",), f"{show(meshes)} is not equal or unequal")
             if not 1 <= candidates <= 50 or not 0 < time_limit <= 86400 or not 0 <= seed < 2**31:
                 raise FieldError((), "candidates must be 1..50, time_limit in (0, 86400] s and seed in 0..2^31-1")
         except FieldError as exc:
@@ -271,9 +287,70 @@ class _Checker:
         except PlannerError as exc:
             self.fail("search", where + ("config",), str(exc))
             return None
-        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices)
+        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices, meshes)
 
     def partition(self, options: SearchOptions | None) -> Partition:
+        if self.unequal:
+            costs, mesh, entries = self.unequal_meshes()
+        else:
+            costs, mesh, entries = self.equal_meshes(options)
+        return self.stage_plans(costs, mesh, entries)
+
+    def unequal_meshes(self):
+        """The per-stage meshes of a plan of the unequal search, placed as the search places them."""
+        topo, part_name = self.topology, "stages"
+        lm = layer_model(self.model)
+        allowed = alpa_shapes(topo.num_hosts, topo.devices_per_host)
+        shapes = []
+        for m in range(len(self.doc["mesh"])):
+            hosts = self.get(part_name, ("mesh", m, 0), int)
+            per_host = self.get(part_name, ("mesh", m, 1), int)
+            if len(self.doc["mesh"][m]) != 2 or MeshShape(hosts, per_host) not in allowed:
+                self.fail(part_name, ("mesh", m), f"{show(self.doc['mesh'][m])} is not one of Alpa's mesh shapes on"
+                                                  f" {show(topo.name)}: {', '.join(map(str, allowed))}")
+                raise _Stop
+            shapes.append(MeshShape(hosts, per_host))
+        B = self.microbatch_count(lm)
+        compute = self.compute_model()
+        layout = pack(shapes, topo)
+        if layout is None:
+            each = ", ".join(f"mesh[{m}] {s}" for m, s in enumerate(shapes))
+            self.fail(part_name, "mesh", f"the meshes take {sum(s.size for s in shapes):,} devices ({each});"
+                                         f" {show(topo.name)} has {topo.num_devices:,}")
+            raise _Stop
+        if layout.used != self.used:
+            said = f"idle.used says {self.used:,}" if "idle" in self.doc else "the file has no idle block saying so"
+            each = ", ".join(f"mesh[{m}] {s}" for m, s in enumerate(shapes))
+            self.fail("inputs", "idle", f"the plan's meshes ({each}) use {layout.used:,} of {topo.num_devices:,}"
+                                        f" devices; {said}")
+            raise _Stop
+        if self.chunking().virtual > 1:
+            self.fail("iteration", "schedule.virtual", "unequal meshes run one model chunk per stage")
+            raise _Stop
+        search = StageSearch(lm, topo, "1f1b", microbatches=[B], compute=compute)
+        costs = MeshCosts([StageCosts(lm, topo, s, B, search.tables(s)) for s in shapes], layout)
+        entries = self.get(part_name, ("stages",), list)
+        if len(entries) != len(shapes):
+            self.fail(part_name, "stages", f"the plan lists {len(shapes)} meshes and {len(entries)} stages")
+            raise _Stop
+        return costs, tuple(range(len(shapes))), entries
+
+    def microbatch_count(self, lm) -> int:
+        B = self.get("stages", ("microbatches",), int)
+        if B < 1 or lm.global_batch % B:
+            self.fail("stages", "microbatches", f"{B} micro-batches do not divide the global batch of"
+                                                f" {lm.global_batch}")
+            raise _Stop
+        return B
+
+    def compute_model(self) -> str:
+        compute = self.get("stages", ("compute",), str)
+        if compute not in COMPUTE_MODELS:
+            self.fail("stages", "compute", f"{show(compute)} is not a compute model ({', '.join(COMPUTE_MODELS)})")
+            raise _Stop
+        return compute
+
+    def equal_meshes(self, options: SearchOptions | None):
         topo, part_name = self.topology, "stages"
         lm = layer_model(self.model)
         hosts = self.get(part_name, ("mesh", 0), int)
@@ -281,21 +358,14 @@ class _Checker:
         if len(self.doc["mesh"]) != 2 or hosts < 1 or per_host < 1:
             self.fail(part_name, "mesh", f"must be [hosts, devices per host], got {show(self.doc['mesh'])}")
             raise _Stop
-        B = self.get(part_name, ("microbatches",), int)
-        if B < 1 or lm.global_batch % B:
-            self.fail(part_name, "microbatches", f"{B} micro-batches do not divide the global batch of"
-                                                 f" {lm.global_batch}")
-            raise _Stop
+        B = self.microbatch_count(lm)
         shape = MeshShape(hosts, per_host)
         if shape.size > topo.num_devices or topo.num_devices % shape.size or per_host > topo.devices_per_host \
                 or (hosts > 1 and per_host != topo.devices_per_host):
             self.fail(part_name, "mesh", f"{hosts}x{per_host} meshes do not tile {show(topo.name)}"
                                          f" ({topo.num_devices} devices, {topo.devices_per_host} per host)")
             raise _Stop
-        compute = self.get(part_name, ("compute",), str)
-        if compute not in COMPUTE_MODELS:
-            self.fail(part_name, "compute", f"{show(compute)} is not a compute model ({', '.join(COMPUTE_MODELS)})")
-            raise _Stop
+        compute = self.compute_model()
         # a framework target's plans price its flat gradient collective (targets/search.py)
         native = options is None or options.target == "native"
         pairs = StageSearch(lm, topo, "1f1b", shapes=[shape], microbatches=[B], compute=compute,
@@ -324,6 +394,13 @@ class _Checker:
             self.fail(part_name, "stages", f"{what} tile the cluster with {shape} meshes; the plan lists {len(entries)}")
             raise _Stop
         mesh = tuple(mesh_of(schedule, costs.stages, k) for k in range(len(entries)))
+        return costs, mesh, entries
+
+    def stage_plans(self, costs, mesh: tuple, entries: list) -> Partition:
+        """Each stage's layers and configuration, checked against its mesh's tables."""
+        part_name, lm = "stages", costs.model
+        schedule = self.chunking()
+        B = costs.microbatches
         plans, expect = [], 0
         for p in range(len(entries)):
             first = self.get(part_name, ("stages", p, "layers", 0), int)
@@ -346,9 +423,10 @@ class _Checker:
                           f"{stage}, but {schedule} runs chunk {p} on pipeline stage {mesh[p]}")
                 raise _Stop
             config = StageConfig(t, rec)
-            if config not in costs.configs:
+            own = costs.of(mesh[p])
+            if config not in own.configs:
                 self.fail(part_name, ("stages", p), f"tensor {t} with recompute {show(rec)} is not possible on"
-                                                    f" {shape} meshes with {B} micro-batches")
+                                                    f" {own.shape} meshes with {B} micro-batches")
                 raise _Stop
             plans.append(StagePlan(first, last, config))
             expect = last + 1
@@ -361,8 +439,9 @@ class _Checker:
         except ValueError as exc:        # the chunks of one stage with different configurations
             self.fail(part_name, "stages", str(exc))
             raise _Stop from None
+        v = part.virtual
         chunks = f" x {v} model chunks" if v > 1 else ""
-        self.ok(part_name, f"{len(plans) // v} stages{chunks} of contiguous layers on {shape} meshes, {B}"
+        self.ok(part_name, f"{len(plans) // v} stages{chunks} of contiguous layers on {part.meshes} meshes, {B}"
                            " micro-batches")
         return part
 
@@ -421,11 +500,11 @@ class _Checker:
     def launch(self, parts: list[StagePart]) -> None:
         stages = [{"chunks": [[s.first, s.last] for s in chunks], "devices": list(chunks[0].devices)}
                   for chunks in held_chunks(parts)]
-        problems = launch_problems(self.doc.get("launch"), self.topology, stages)
+        problems = launch_problems(self.doc.get("launch"), self.topology, stages, self.used)
         for path, message in problems:
             self.fail("launch", path, message)
         if not problems:
-            self.ok("launch", f"{self.topology.num_devices} ranks, each once; every stage's tensor and data groups"
+            self.ok("launch", f"{self.used} ranks, each once; every stage's tensor and data groups"
                               " partition it")
 
     def boundaries(self, part: Partition, parts: list[StagePart], options: SearchOptions | None
@@ -634,7 +713,7 @@ class _Checker:
             return
         if best is not plan:
             self.fail("search", "stages", f"with the recorded options the search composes a faster plan:"
-                                          f" {best.partition.costs.shape} meshes, {best.partition.costs.microbatches}"
+                                          f" {best.partition.meshes} meshes, {best.partition.costs.microbatches}"
                                           f" micro-batches, {best.iteration_time:.9g} s per iteration")
             return
         plan.search = search

@@ -24,7 +24,7 @@ from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
 from .parts import StagePart, stage_parts
 
-__all__ = ["TrainingPlan", "SearchOptions", "search_stages", "compose_candidates", "make_plan", "compose", "members", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops"]
+__all__ = ["TrainingPlan", "SearchOptions", "search_stages", "compose_candidates", "make_plan", "compose", "members", "simulate_plan", "breakdown", "BREAKDOWN_PARTS", "model_flops", "mesh_list"]
 
 
 @dataclass
@@ -67,8 +67,18 @@ class TrainingPlan:
         """Model FLOPs utilization: the model's forward and backward FLOPs per second (no
         recomputation counted) over the peak of the devices the plan uses, for the training
         dtype (Narayanan et al. 2021's definition; idle devices are reported apart)."""
-        peak = self.topology.num_devices * self.topology.device.peak(self.partition.costs.model.dtype)
+        used = self.use.used if self.use is not None else self.topology.num_devices
+        peak = used * self.topology.device.peak(self.partition.costs.model.dtype)
         return model_flops(self.partition) / (self.iteration_time * peak) if self.iteration_time > 0 else 0.0
+
+
+def mesh_list(plan: Partition) -> list:
+    """``[hosts, devices per host]`` of every mesh, or, for a plan of the unequal search
+    (:mod:`solver_planner.stages.unequal`), each pipeline stage's."""
+    c = plan.costs
+    if getattr(c, "layout", None) is None:
+        return c.shape.as_list()
+    return [c.of(m).shape.as_list() for m in range(c.stages)]
 
 
 def model_flops(plan: Partition) -> float:
@@ -163,13 +173,15 @@ class SearchOptions:
     seed: int = 0
     target: str = "native"          # a framework's space only (solver_planner.targets)
     devices: int | None = None      # at most this many of the cluster's devices (stages/devices.py)
+    meshes: str = "equal"           # "unequal": Alpa's space too (stages/unequal.py)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "stages": self.stages,
                 "config": None if self.config is None else str(self.config),
                 "split": None if self.split is None else list(self.split), "candidates": self.candidates,
                 "time_limit": self.time_limit, "seed": self.seed, "target": self.target,
-                **({"devices": self.devices} if self.devices is not None else {})}
+                **({"devices": self.devices} if self.devices is not None else {}),
+                **({"meshes": self.meshes} if self.meshes != "equal" else {})}
 
 
 def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: SearchOptions,
@@ -180,7 +192,7 @@ def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: 
     o = options
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
                       layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target,
-                      devices=o.devices)
+                      devices=o.devices, meshes=o.meshes)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
               "bound": rep.result.bound, "gap": rep.result.gap, "objective": rep.best.time,
               "candidates": len(rep.result.solutions)}
@@ -201,7 +213,7 @@ def compose_candidates(topology: Topology, model: ModelSpec, rep, search: dict, 
     failure: InfeasibleError | None = None
     for n, cand in enumerate(rep.result.solutions):
         say(f"composing candidate {n + 1} of {len(rep.result.solutions)}")
-        entry = {"stage_planner_time": cand.time, "mesh": cand.plan.costs.shape.as_list(),
+        entry = {"stage_planner_time": cand.time, "mesh": mesh_list(cand.plan),
                  "microbatches": cand.plan.costs.microbatches}
         if known is not None and known.partition == cand.plan:
             out = known
@@ -230,7 +242,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
               config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
               progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-              target: str = "native", devices: int | None = None) -> TrainingPlan:
+              target: str = "native", devices: int | None = None, meshes: str = "equal") -> TrainingPlan:
     """Plan ``model`` on ``topology`` end to end.
 
     The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
@@ -246,6 +258,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
 
     ``devices``: at most this many of the cluster's devices; the plan runs on the first ones
     the stage search uses (``plan.use`` says how many and why the rest idle).
+    ``meshes="unequal"``: stages may take sub-meshes of different shapes (Alpa's space).
     """
     say = progress or (lambda _t: None)
     if schedule is None:
@@ -259,7 +272,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
         # a free transfer takes no time: synchronous or not, the iteration is the same
         raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
     options = SearchOptions(method, stages, config, None if layer_counts is None else tuple(layer_counts),
-                            candidates, time_limit, seed, target, devices)
+                            candidates, time_limit, seed, target, devices, meshes)
     t0 = time.perf_counter()
     say("searching stages")
     rep, search = search_stages(topology, model, schedule, options, compute)

@@ -72,7 +72,7 @@ def emit_execute_specs(plan: TrainingPlan, cluster_file: Path, out: Path, docume
             skipped.append(f"stage {part.index}: sub-mesh specs are written for two-level clusters only")
             continue
         c = plan.partition.costs
-        grad = float(c[plan.partition.stages[part.index].config].grad_bytes[part.first, part.last])
+        grad = float(plan.partition.table(part.index).grad_bytes[part.first, part.last])
         nbytes = int(min(grad, c.model.options.gradient_bucket))
         key = (part.mesh, part.data, part.tensor, part.program, nbytes)
         if key in done:

@@ -50,11 +50,14 @@ def launch_layout(plan: TrainingPlan) -> dict[str, Any]:
             for j, dev in enumerate(row):
                 ranks[dev] = {"rank": dev, "host": plan.topology.host(dev), "stage": stage, "chunks": layers,
                               "layer_names": names, "data": i, "tensor": j}
-    return {"world_size": plan.topology.num_devices, "stages": stages_out,
+    # the devices the plan uses: its cluster's, or the first ones unequal meshes are packed on
+    world = plan.use.used if plan.use is not None else plan.topology.num_devices
+    return {"world_size": world, "stages": stages_out,
             "ranks": [ranks[d] for d in sorted(ranks)]}
 
 
-def launch_problems(layout: Any, topology, stages: list[dict[str, Any]]) -> list[tuple[tuple, str]]:
+def launch_problems(layout: Any, topology, stages: list[dict[str, Any]], world: int | None = None
+                    ) -> list[tuple[tuple, str]]:
     """Why ``layout`` (a plan file's ``launch``) is not a valid construction for a job whose
     pipeline stage ``p`` runs the chunks ``stages[p]["chunks"]`` (``[first, last]`` layers
     each) on devices ``stages[p]["devices"]``:
@@ -70,7 +73,7 @@ def launch_problems(layout: Any, topology, stages: list[dict[str, Any]]) -> list
     where = ("launch",)
     if not isinstance(layout, dict):
         return [(where, "missing, or not a mapping: a launcher reads every rank's groups from it")]
-    world = topology.num_devices
+    world = topology.num_devices if world is None else world      # the devices the plan uses
     if layout.get("world_size") != world or isinstance(layout.get("world_size"), bool):
         out.append((where + ("world_size",), f"is {layout.get('world_size')!s}; the cluster has {world} devices"))
     meshes = layout.get("stages")

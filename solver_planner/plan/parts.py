@@ -124,27 +124,29 @@ def stage_parts(plan: Partition, topology: Topology, memory: list[float] | None 
     (``memory`` per stage, when known, is recorded with them).  A chunk runs on its pipeline
     stage's devices, and reduces its own gradients there."""
     c = plan.costs
-    mesh = (c.shape.hosts, c.shape.devices_per_host)
     names = topology.level_names
     out = []
     proofs: dict[tuple, tuple[str, str, float]] = {}
     for p, st in enumerate(plan.stages):
-        cc = c[st.config]
+        cc = plan.table(p)
+        own = c.of(plan.mesh[p])                # the tables of the stage's mesh shape
+        mesh = (own.shape.hosts, own.shape.devices_per_host)
         matrix, count = stage_matrix(mesh, cc.data, st.tensor)
         grad = float(cc.grad_bytes[st.first, st.last])
         reduces = c.comm and cc.data > 1 and grad > 0
-        bucket = c.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket)) if reduces else "none"
+        bucket = own.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket)) if reduces else "none"
         program = program_text(bucket) if reduces else "none"
         if program != "none":
             program = format_program(parse_program(program))     # canonical text
-        key = (matrix, program)
+        key = (matrix, mesh, program)
         if key not in proofs:      # equal stages share one proof (same hierarchy, same program)
             proofs[key] = prove_program(matrix, mesh, names, program, timeout)
         status, detail, seconds = proofs[key]
         out.append(StagePart(
             index=p, first=st.first, last=st.last,
             layer_names=(c.model.layers[st.first].name, c.model.layers[st.last].name),
-            devices=tuple(range(plan.mesh[p] * c.shape.size, (plan.mesh[p] + 1) * c.shape.size)), mesh=mesh,
+            devices=tuple(range(c.first_device(plan.mesh[p]), c.first_device(plan.mesh[p]) + own.shape.size)),
+            mesh=mesh,
             data=cc.data, stage=plan.mesh[p],
             tensor=st.tensor, recompute=st.config.recompute, matrix=matrix, program=program, proof=status,
             proof_detail=detail, proof_time=seconds, memory=memory[p] if memory else 0.0,

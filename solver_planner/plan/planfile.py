@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import PlannerError
 from ..resharding import TIME_UNIT
-from .compose import TrainingPlan, breakdown
+from .compose import TrainingPlan, breakdown, mesh_list
 from .fields import kind_of
 from . import yamltext
 from .launch import launch_layout
@@ -84,7 +84,7 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
         "schedule": {"family": plan.family, "kind": s.kind, "eagerness": s.eagerness, "weight_delay": s.weight_delay,
                      "virtual": s.virtual},
         "cross_mesh": plan.cross_mesh, "overlap": plan.overlap, "compute": c.compute.mode,
-        "mesh": c.shape.as_list(), "microbatches": c.microbatches, "microbatch_size": c.micro_size,
+        "mesh": mesh_list(plan.partition), "microbatches": c.microbatches, "microbatch_size": c.micro_size,
         "global_batch": c.model.global_batch,
         "iteration_time": plan.iteration_time,
         "throughput": plan.throughput, "mfu": plan.mfu, "bubble_ratio": run.bubble_ratio,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .style import figure, svg_text
+from ..stages.meshes import format_meshes
 
 __all__ = ["plan_report", "write_plan_report", "link_utilisation", "MAX_BOUNDARIES"]
 
@@ -85,7 +86,7 @@ def _figures(plan) -> list[tuple[str, str]]:
     c = plan.partition.costs
     out = []
     with figure(11, figure_height(plan.run)) as fig:
-        pipeline_figure(fig, plan.run, c.shape.size, c.device_memory,
+        pipeline_figure(fig, plan.run, plan.partition.stage_size, c.device_memory,
                         f"{plan.model.name} on {plan.topology.name}, {plan.schedule}", breakdown(plan),
                         stage_memory(plan.partition, plan.run.peak_memory))
         out.append(("The simulated iteration: pipeline per stage, memory per stage, where the time goes.",
@@ -133,7 +134,7 @@ def _programs(plan) -> list[tuple[str, str]]:
         lowering = stage_lowering(part.matrix, part.mesh, plan.topology.level_names)
         program = parse_program(part.program)
         steps = system_steps(lowering, program)
-        grad = float(c[plan.partition.stages[part.index].config].grad_bytes[part.first, part.last])
+        grad = float(plan.partition.table(part.index).grad_bytes[part.first, part.last])
         nbytes = min(grad, c.model.options.gradient_bucket)
         panels = len(steps) + 1
         with figure(10, 2.6 * -(-panels // 4) + 0.8) as fig:
@@ -235,7 +236,7 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>{e(doc['model'])} on {e(doc['cluster'])}: plan</title><style>{CSS}</style></head><body>",
              f"<h1>{e(doc['model'])} on {e(doc['cluster'])}</h1>",
-             f"<p>{len(doc['stages'])} stages of {'x'.join(map(str, doc['mesh']))} meshes, {doc['microbatches']}"
+             f"<p>{len(doc['stages'])} stages of {format_meshes(doc['mesh'])} meshes, {doc['microbatches']}"
              f" micro-batches of {doc['microbatch_size']}, schedule {e(s['kind'])}; iteration"
              f" <b>{e(units.format_time(doc['iteration_time']))}</b> (simulated), {doc['throughput']:.1f} samples/s,"
              f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}; cross-mesh boundaries {e(doc['cross_mesh'])},"

@@ -224,7 +224,7 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks (parameters,"
                      " gradients and optimizer state sharded: ZeRO-3's memory; its reduce-scatter replaces the"
                      " gradient program)")
-    return RunJob(shape=shape, world=plan.topology.num_devices, stages=stages, boundaries=boundaries,
+    return RunJob(shape=shape, world=plan.use.used if plan.use is not None else plan.topology.num_devices, stages=stages, boundaries=boundaries,
                   microbatches=part.costs.microbatches, microbatch_size=part.costs.micro_size, schedule=kind,
                   orders=orders, schedule_name=str(sched), optimizer=training.optimizer if training else "adam",
                   sharded=sharding != "none", sequence_parallel=bool(training and training.sequence_parallel),

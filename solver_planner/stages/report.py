@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import OptionError, PlannerError, unknown_choice
+from ..errors import InfeasibleError, OptionError, PlannerError, UnknownError, unknown_choice
 from ..solve import SolveResult
 from ..spec.model import ModelSpec
 from ..topology import Topology
@@ -281,13 +281,13 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
         raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
     if meshes == "unequal":
         fixed = [name for name, v in (("--config", config), ("--split", layer_counts), ("--stages", stages),
-                                      ("--top", top > 1 or None)) if v is not None]
+                                      ("--top", top > 1 or None), ("--devices", devices)) if v is not None]
         if target != "native":
             fixed.append(f"--target {target}")
         if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
             fixed.append(f"--schedule {schedule}")
         if fixed:
-            raise OptionError(f"--meshes unequal searches every stage count, split and configuration under 1f1b,"
+            raise OptionError(f"--meshes unequal searches every stage count, split, configuration and device count under 1f1b,"
                               f" eager-1f1b or gpipe; it does not take {', '.join(fixed)}")
     # the options are checked against each other before any device is chosen
     if layer_counts is not None:
@@ -329,12 +329,27 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
             base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute,
                                               **restrict), method, **args)
             incumbents = base.solutions
-        result = plan_partition(search, method, incumbents=incumbents, **args)
         if meshes == "unequal":
             from .unequal import search_unequal
 
-            whole = first_devices(full, devices) if devices is not None and devices < full.num_devices else full
+            try:
+                result = plan_partition(search, method, incumbents=incumbents, **args)
+            except (InfeasibleError, UnknownError) as exc:      # no equal plan: the unequal ones may fit
+                result, equal_error = None, exc
+            whole = full
             result = search_unequal(StageSearch(lm, whole, schedule, comm, compute=compute), result, progress)
+            if result is None:
+                raise equal_error
+        else:
+            result = plan_partition(search, method, incumbents=incumbents, **args)
+        if meshes == "unequal":
+            layout = getattr(result.solution.plan.costs, "layout", None)
+            if layout is not None:
+                # a plan of the unequal search runs on the cluster (or its first --devices); its
+                # meshes are packed from device 0, so the devices it leaves idle are the last
+                topology, used = whole, layout.used
+                use = DeviceUse(full.num_devices, used, "" if used == full.num_devices else
+                                f"unequal meshes use the first {used:,} devices")
     except PlannerError as exc:
         if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
             exc.args = (f"{exc} (on the first {use.used:,} of {use.devices:,} devices: {use.reason})", *exc.args[1:])
