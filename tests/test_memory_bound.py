@@ -203,3 +203,23 @@ def test_plan_and_check_on_the_largest_cluster_under_the_bound(tmp_path):
         assert "Traceback" not in result.stderr
     assert "\n  devices: 160\n  used: 99840\n" in plan.read_text()
     assert "every field equals the plan re-derived" in result.stdout
+
+
+@pytest.mark.slow
+def test_unequal_meshes_on_the_largest_instance_the_limit_accepts(tmp_path):
+    """stages --meshes unequal: GPT-3 175B (98 layers) on 64 A100s is about the most cells its
+    dynamic programs accept (2.2e8 of 4e8); under the 8 GiB bound set from outside it finishes
+    (measured: 21 s, 3 GB).  Twice the nodes with 50 layers is over the limit: refused before any search starts."""
+    result = subprocess.run([sys.executable, "-m", "solver_planner", "stages", str(CLUSTERS / "dgx-a100-8x8.yaml"),
+                             str(ROOT / "specs" / "models" / "gpt3-175b.yaml"), "--meshes", "unequal",
+                             "--no-baselines"], capture_output=True, text=True, cwd=ROOT,
+                            preexec_fn=outside_limit(memory.STAGES_BOUND))
+    assert result.returncode == 0, result.stderr[-2000:]
+    cluster = tmp_path / "dgx-32x8.yaml"
+    cluster.write_text((CLUSTERS / "dgx-a100-8x8.yaml").read_text().replace("{name: node, count: 8}",
+                                                                            "{name: node, count: 32}"))
+    result = subprocess.run([sys.executable, "-m", "solver_planner", "stages", str(cluster),
+                             str(ROOT / "specs" / "models" / "gpt3-39b.yaml"), "--meshes", "unequal",
+                             "--no-baselines"], capture_output=True, text=True, cwd=ROOT,
+                            preexec_fn=outside_limit(memory.STAGES_BOUND))
+    assert result.returncode == 2 and "cells (limit 400,000,000)" in result.stderr, result.stderr[-2000:]

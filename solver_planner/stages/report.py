@@ -286,6 +286,10 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
             fixed.append(f"--target {target}")
         if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
             fixed.append(f"--schedule {schedule}")
+        if not fixed:
+            from .unequal import check_size
+
+            check_size(lm.num_layers, topology)        # a refusal before any search starts
         if fixed:
             raise OptionError(f"--meshes unequal searches every stage count, split, configuration and device count under 1f1b,"
                               f" eager-1f1b or gpipe; it does not take {', '.join(fixed)}")

@@ -40,13 +40,14 @@ import math
 
 import numpy as np
 
+from ..errors import RefusedError
 from .costs import MeshShape, StageCosts
 from .meshes import MeshCosts, pack
 from .objective import family_split
 from .partition import Partition, StagePlan
 from .schedule import Schedule, family, live_count
 
-__all__ = ["alpa_shapes", "UnequalSpace", "MAX_CELLS"]
+__all__ = ["alpa_shapes", "UnequalSpace", "MAX_CELLS", "check_size", "search_unequal"]
 
 MAX_CELLS = 400_000_000   # layers^2 x devices x stages x shapes one dynamic program may touch
 
@@ -61,6 +62,24 @@ def alpa_shapes(hosts: int, devices_per_host: int) -> list[MeshShape]:
             out.append(MeshShape(1, k))
         k *= 2
     return out + [MeshShape(n, devices_per_host) for n in range(1, hosts + 1)]
+
+
+def cells_of(layers: int, devices: int, shapes: int) -> int:
+    """Cells one dynamic program touches: (first, last layer) pairs x devices left x stages x shapes."""
+    return layers * layers * (devices + 1) * (min(layers, devices) + 1) * shapes // 2
+
+
+def check_size(layers: int, topology, shapes=None) -> list[MeshShape]:
+    """The shapes searched, or a refusal when the dynamic programs would touch more than
+    :data:`MAX_CELLS` cells (made before any table is built: their memory grows with the shapes)."""
+    N = topology.num_devices
+    candidates = [x for x in shapes or alpa_shapes(topology.num_hosts, topology.devices_per_host) if x.size <= N]
+    cells = cells_of(layers, N, len(candidates))
+    if cells > MAX_CELLS:
+        raise RefusedError(f"unequal meshes: the dynamic program over {layers} layers, {N} devices, up to"
+                           f" {min(layers, N)} stages and {len(candidates)} mesh shapes would touch {cells:,} cells"
+                           f" (limit {MAX_CELLS:,}); search equal meshes instead")
+    return candidates
 
 
 @dataclass
@@ -90,15 +109,14 @@ class UnequalSpace:
         self.model, self.topology, self.B, self.kind = model, topology, B, kind
         self.L, self.N = model.num_layers, topology.num_devices
         self.S = min(self.L, self.N)
+        candidates = check_size(self.L, topology, shapes)
         # whether some member splits the backward does not depend on the stage count
         has_split, has_whole = family_split(family(kind, 2))
         # the fewest micro-batches any member keeps on a stage heading s stages
         live = np.array([0] + [min(live_count(sch, s, 0, B) for sch in family(kind, s)) for s in range(1, self.S + 1)])
         self.shapes: list[_Shape] = []
         upper = np.triu(np.ones((self.L, self.L), dtype=bool))
-        for shape in shapes or alpa_shapes(topology.num_hosts, topology.devices_per_host):
-            if shape.size > self.N:
-                continue
+        for shape in candidates:
             costs = StageCosts(model, topology, shape, B, tables(shape), comm)
             cfgs, As, as_, ss, fits = [], [], [], [], []
             for cfg in costs.configs:
@@ -127,7 +145,7 @@ class UnequalSpace:
 
     @property
     def cells(self) -> int:
-        return self.L * self.L * (self.N + 1) * (self.S + 1) * len(self.shapes) // 2
+        return cells_of(self.L, self.N, len(self.shapes))
 
     def _dp(self, which: str):
         """X (``which="A"``) or Y (``"a"``) of the module docstring, ``[k, n, s]``, and each cell's
@@ -215,7 +233,6 @@ def search_unequal(search, equal=None, progress=None):
     the best; a micro-batch count whose bound cannot is skipped.  The bound returned is the
     least over micro-batch counts (each holds for every plan, equal meshes included), so
     OPTIMAL here is over the whole space."""
-    from ..errors import RefusedError
     from ..solve import SolveResult, Status, Stopwatch
     from .search import TOLERANCE, _price, evaluate
 
@@ -226,10 +243,6 @@ def search_unequal(search, equal=None, progress=None):
             if search.model.global_batch % B:
                 continue
             space = UnequalSpace(search.model, search.topology, B, search.schedule, search.tables, search.comm)
-            if space.cells > MAX_CELLS:
-                raise RefusedError(f"unequal meshes: the dynamic program over {space.L} layers, {space.N} devices,"
-                                   f" up to {space.S} stages and {len(space.shapes)} mesh shapes would touch"
-                                   f" {space.cells:,} cells (limit {MAX_CELLS:,}); search equal meshes instead")
             if progress is not None:
                 progress(f"unequal meshes: {B} micro-batches")
             bound, plans = space.plans()
