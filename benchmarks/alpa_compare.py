@@ -83,7 +83,9 @@ def main(argv=None) -> int:
                 equal = plan_partition(search)
             except PlannerError:
                 equal = None
-            ours = search_unequal(search, equal)
+            # as stages --meshes unequal does: the equal search's bound covers its pairs
+            covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
+            ours = search_unequal(search, equal, None, covered, equal.bound if equal is not None else math.inf)
             ours_s = time.perf_counter() - t0
             if solution is None and ours is None:
                 continue

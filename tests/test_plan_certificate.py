@@ -201,6 +201,7 @@ def test_every_edit_of_what_a_plan_on_part_of_a_cluster_says_is_refused(idle):
         assert _refused(idle, new).exit_code == 1, gone
 
 
+@pytest.mark.slow
 def test_every_edit_of_the_meshes_of_an_unequal_plan_is_refused(unequal, unequal_idle):
     """Each stage's mesh shape, the devices each stage holds, the search's meshes option, the
     devices used and why the rest idle."""

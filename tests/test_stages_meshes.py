@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solver_planner.cost import CostModel
+from solver_planner.errors import PlannerError
 from solver_planner.stages import Layer, LayerModel, MemoryOptions, Schedule, family, simulate_schedule
 from solver_planner.stages.costs import MeshShape, StageCosts, cost_tables
 from solver_planner.stages.fastsim import iteration
@@ -169,7 +170,7 @@ def _all_plans(space: UnequalSpace):
                     yield Partition(costs, [StagePlan(edges[j], edges[j + 1] - 1, cfgs[j]) for j in range(S)])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_unequal_bound_is_below_every_plan_and_optimal_is_brute_forces(data):
     """Brute force over every plan of a 4-device cluster (every shape sequence, split and
@@ -189,13 +190,20 @@ def test_the_unequal_bound_is_below_every_plan_and_optimal_is_brute_forces(data)
             if fits(plan, sch):
                 best = min(best, simulate_schedule(plan, sch).iteration_time)
     assert space.bound() <= best * (1 + REL)
-    result = search_unequal(search)
-    if result is None:
-        assert best == math.inf
-        return
-    assert result.bound <= best * (1 + REL) and result.objective >= best * (1 - REL)
-    if result.status.value == "OPTIMAL":
-        assert math.isclose(result.objective, best, rel_tol=1e-9)
+    # with the equal-mesh search first: its bound covers its pairs, the unequal bound the rest
+    try:
+        equal = plan_partition(search)
+    except PlannerError:
+        equal = None
+    covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
+    for result in (search_unequal(search), search_unequal(search, equal, None, covered,
+                                                          equal.bound if equal else math.inf)):
+        if result is None:
+            assert best == math.inf
+            continue
+        assert result.bound <= best * (1 + REL) and result.objective >= best * (1 - REL)
+        if result.status.value == "OPTIMAL":
+            assert math.isclose(result.objective, best, rel_tol=1e-9)
 
 
 def test_unequal_search_never_loses_to_the_equal_one():
@@ -230,3 +238,64 @@ def test_cli_unequal_meshes(tmp_path):
     assert len(used) == len(set(used))
     res = runner.invoke(app, args + ["--config", "1,2,4,1024"])
     assert res.exit_code == 2 and "--config" in res.output
+
+
+def test_plans_of_an_equal_shape_the_equal_search_does_not_cover_stay_under_the_bound():
+    """The fastest plan of this instance is one stage on one device (all of one shape, but not a
+    pair of the equal-mesh search, whose 1x1 plans have 4 stages): the bound combined from the
+    equal search's and the unequal programs' must stay under it (brute force over every plan)."""
+    topo = topology(2, 2, "1 GB/s", "host", memory="1024 GiB")
+    layers = [Layer(f"l{i}", 1e10, 2e10, 2**30, 0.0, 64 * 2**20, 64 * 2**20, 0.0, weight=1e10) for i in range(4)]
+    model = LayerModel("m", layers, 8, None, options=MemoryOptions())
+    search = StageSearch(model, topo, "1f1b", microbatches=[4])
+    space = UnequalSpace(model, topo, 4, "1f1b", search.tables)
+    best, fastest = math.inf, None
+    for plan in _all_plans(space):
+        for sch in family("1f1b", plan.costs.stages):
+            if fits(plan, sch) and simulate_schedule(plan, sch).iteration_time < best:
+                best, fastest = simulate_schedule(plan, sch).iteration_time, plan
+    assert fastest.costs.layout.shapes == (MeshShape(1, 1),)
+    equal = plan_partition(search)
+    covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
+    assert (MeshShape(1, 1), 4, 4) in covered and equal.objective > best
+    result = search_unequal(search, equal, None, covered, equal.bound)
+    assert result.bound <= best * (1 + REL)
+    assert math.isclose(result.objective, best, rel_tol=1e-9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_stage_program_is_exact_per_stage_count_and_shape_flag(data):
+    """X(0, N, s, flag) of stages/unequal.py against every (shapes, split) of s stages: the least
+    largest A, where flag is the tracked shape all stages take or 'other' (what lets the bound leave
+    out the equal search's pairs)."""
+    hosts, gpus = data.draw(st.sampled_from([(2, 2), (1, 4), (3, 2)]))
+    topo = topology(hosts, gpus, "4 GB/s", "host", memory=data.draw(st.sampled_from(["64 GiB", "3 GiB"])))
+    n = data.draw(st.integers(2, 5))
+    model = _model(data.draw, n, False)
+    B = data.draw(st.sampled_from([2, 4]))
+    space = UnequalSpace(model, topo, B, data.draw(st.sampled_from(["1f1b", "eager-1f1b"])), _tables(topo))
+    # the shapes whose one-shape plans get their own flag (the equal search's, in a search)
+    tracked = tuple(sorted(data.draw(st.sets(st.integers(0, len(space.shapes) - 1)))))
+    T = len(tracked)
+    X = space._dp("A", tracked)[0][0, space.N]
+    want = np.full(X.shape, np.inf)
+    for S in range(1, min(n, topo.num_devices) + 1):
+        for cuts in itertools.combinations(range(1, n), S - 1):
+            edges = (0,) + cuts + (n,)
+            for js in itertools.product(range(len(space.shapes)), repeat=S):
+                if sum(space.shapes[j].shape.size for j in js) > topo.num_devices:
+                    continue
+                value = max(space.shapes[j].A_min[edges[p], edges[p + 1] - 1, S - p] for p, j in enumerate(js))
+                flag = tracked.index(js[0]) if len(set(js)) == 1 and js[0] in tracked else T
+                want[S, flag] = min(want[S, flag], value)
+    assert np.array_equal(X[:, :T + 1], want[:, :T + 1])
+    # leaving out (shape, stage count) pairs of tracked shapes removes exactly those cells
+    Xt, Yt = space._dp("A", tracked)[0], space._dp("a", tracked)[0]
+    Y = Yt[0, space.N]
+    for t, j in enumerate(tracked):
+        for S in range(1, space.S + 1):
+            keep = np.ones(X.shape, dtype=bool)
+            keep[S, t] = False
+            expect = max(np.min(np.where(keep, X, np.inf)), np.min(np.where(keep, Y, np.inf)))
+            assert space._bound(Xt, Yt, tracked, [(space.shapes[j].shape, S)]) == expect

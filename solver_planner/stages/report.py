@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from dataclasses import dataclass, field
 from typing import Callable
@@ -338,10 +339,16 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
 
             try:
                 result = plan_partition(search, method, incumbents=incumbents, **args)
+                covered_bound = result.bound
             except (InfeasibleError, UnknownError) as exc:      # no equal plan: the unequal ones may fit
                 result, equal_error = None, exc
+                covered_bound = getattr(exc, "bound", None) if isinstance(exc, UnknownError) else math.inf
+                covered_bound = -math.inf if covered_bound is None else covered_bound
+            # the equal search's bound holds over its pairs: the unequal one is over the rest
+            covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
             whole = full
-            result = search_unequal(StageSearch(lm, whole, schedule, comm, compute=compute), result, progress)
+            result = search_unequal(StageSearch(lm, whole, schedule, comm, compute=compute), result, progress,
+                                    covered, covered_bound)
             if result is None:
                 raise equal_error
         else:

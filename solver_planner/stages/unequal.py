@@ -28,6 +28,11 @@ Alpa's ``max_n_succ_stages`` rule), and only configurations that fit with them c
 ``Y`` the least ``a`` and the least ``s`` over those configurations are used apart (a
 relaxation).  The bound is ``max(min_s X(0, N, s), min_s Y(0, N, s))``.
 
+The equal-mesh search runs first, and its (much stronger) bound holds over its pairs: every
+stage on one shape, as many stages as tile its devices.  So the programs carry a flag --
+every stage of the rest on one tracked shape, or anything else -- and the bound over the
+unequal space leaves those pairs' cells out; the bound reported is the least of the two.
+
 Candidates: the plans both programs pick for every stage count (each placed by
 :func:`.meshes.pack`), simulated with the family's schedules that fit.
 """
@@ -147,49 +152,94 @@ class UnequalSpace:
     def cells(self) -> int:
         return cells_of(self.L, self.N, len(self.shapes))
 
-    def _dp(self, which: str):
-        """X (``which="A"``) or Y (``"a"``) of the module docstring, ``[k, n, s]``, and each cell's
-        choice (last layer, shape)."""
+    def _dp(self, which: str, tracked=()):
+        """X (``which="A"``) or Y (``"a"``) of the module docstring, ``[k, n, s, flag]``, and each
+        cell's choice (last layer, shape, flag of the rest).  ``flag`` ``t`` (below ``T =
+        len(tracked)``): every stage of the rest is on shape ``tracked[t]``; ``T``: any other
+        rest (several shapes, or one shape not tracked); ``T + 1``: no stage (only at ``k = L``).
+        The bound can then leave out plans of one tracked shape that the equal-mesh search has
+        bounded already."""
         L, N, S = self.L, self.N, self.S
-        W = np.full((L + 1, N + 1, S + 1), np.inf)
-        W[L, :, 0] = -1e300      # -inf, without inf - inf where no configuration fits
-        pick = np.full((L, N + 1, S + 1, 2), -1, dtype=np.int64)
+        T = len(tracked)
+        MIX, EMPTY = T, T + 1
+        flag_of = {j: t for t, j in enumerate(tracked)}
+        W = np.full((L + 1, N + 1, S + 1, T + 2), np.inf)
+        W[L, :, 0, EMPTY] = -1e300      # -inf, without inf - inf where no configuration fits
+        pick = np.full((L, N + 1, S + 1, T + 2, 3), -1, dtype=np.int32)
+        # per row of W: the least and second least over its non-empty flags, and where they are
+        # (a stage on shape j before a rest of another flag makes an "other" plan)
+        A1 = np.full((L + 1, N + 1, S + 1), MIX, dtype=np.int64)
+        A2 = np.full((L + 1, N + 1, S + 1), MIX, dtype=np.int64)
+        M1 = np.full((L + 1, N + 1, S + 1), np.inf)
+        M2 = np.full((L + 1, N + 1, S + 1), np.inf)
         for k in range(L - 1, -1, -1):
-            best = np.full((N + 1, S + 1), np.inf)
+            best = np.full((N + 1, S + 1, T + 2), np.inf)
+            R = W[k + 1:]                                      # the rest after a stage k..i, rows i
+            a1, a2, m1, m2 = A1[k + 1:], A2[k + 1:], M1[k + 1:], M2[k + 1:]
+            empty = R[..., EMPTY]
             for j, sh in enumerate(self.shapes):
                 n0 = sh.shape.size
-                rest = np.full((L - k, N + 1, S + 1), np.inf)     # W(i + 1, n - size, s - 1), rows i = k..L-1
-                rest[:, n0:, 1:] = W[k + 1:, :N + 1 - n0, :S]
-                if which == "A":
-                    cand = np.maximum(sh.A_min[k, k:, None, :], rest)
-                else:
-                    cand = np.maximum(sh.a_min[k, k:, None, :], sh.s_min[k, k:, None, :] + rest)
-                arg = np.argmin(cand, axis=0)
-                val = np.take_along_axis(cand, arg[None], axis=0)[0]
-                better = val < best
-                best = np.where(better, val, best)
-                pick[k][better] = np.stack([k + arg, np.full_like(arg, j)], axis=-1)[better]
+                t = flag_of.get(j)
+                if t is None:        # any rest, or none: an "other" plan
+                    moves = [(MIX, np.minimum(m1, empty), np.where(m1 <= empty, a1, EMPTY))]
+                else:                # the same shape (or nothing) after it, or any other rest
+                    moves = [(t, np.minimum(R[..., t], empty), np.where(R[..., t] <= empty, t, EMPTY)),
+                             (MIX, np.where(a1 == t, m2, m1), np.where(a1 == t, a2, a1))]
+                for target, rest, flag in moves:
+                    shifted = np.full((L - k, N + 1, S + 1), np.inf)   # W(i + 1, n - size, s - 1)
+                    shifted[:, n0:, 1:] = rest[:, :N + 1 - n0, :S]
+                    if which == "A":
+                        cand = np.maximum(sh.A_min[k, k:, None, :], shifted)
+                    else:
+                        cand = np.maximum(sh.a_min[k, k:, None, :], sh.s_min[k, k:, None, :] + shifted)
+                    arg = np.argmin(cand, axis=0)
+                    val = np.take_along_axis(cand, arg[None], axis=0)[0]
+                    better = val < best[..., target]
+                    best[..., target] = np.where(better, val, best[..., target])
+                    nn, ss = np.nonzero(better)
+                    ii = arg[nn, ss]
+                    pick[k, nn, ss, target] = np.stack(
+                        [k + ii, np.full_like(ii, j), flag[ii, np.maximum(nn - n0, 0), np.maximum(ss - 1, 0)]], axis=-1)
             W[k] = best
+            if T:
+                two = np.argsort(best[..., :EMPTY], axis=-1, kind="stable")[..., :2]
+                A1[k], A2[k] = two[..., 0], two[..., 1]
+                M2[k] = np.take_along_axis(best, A2[k][..., None], axis=-1)[..., 0]
+            M1[k] = np.take_along_axis(best, A1[k][..., None], axis=-1)[..., 0]
         return W, pick
 
-    def bound(self) -> float:
+    def bound(self, leave_out=()) -> float:
         """A lower bound of the simulated time of every plan with this micro-batch count, on
-        unequal or equal meshes (module docstring)."""
-        x = float(np.min(self._dp("A")[0][0, self.N]))
-        y = float(np.min(self._dp("a")[0][0, self.N]))
+        unequal or equal meshes, but those of ``leave_out`` ((shape, stage count) pairs: all
+        stages on that shape; module docstring)."""
+        tracked = self._tracked(leave_out)
+        return self._bound(self._dp("A", tracked)[0], self._dp("a", tracked)[0], tracked, leave_out)
+
+    def _tracked(self, leave_out) -> tuple[int, ...]:
+        shapes = {shape for shape, stages in leave_out if stages <= self.S}
+        return tuple(j for j, sh in enumerate(self.shapes) if sh.shape in shapes)
+
+    def _bound(self, X, Y, tracked, leave_out) -> float:
+        keep = np.ones((self.S + 1, len(tracked) + 2), dtype=bool)
+        flag = {self.shapes[j].shape: t for t, j in enumerate(tracked)}
+        for shape, stages in leave_out:
+            if shape in flag and stages <= self.S:
+                keep[stages, flag[shape]] = False
+        x = float(np.min(np.where(keep, X[0, self.N], np.inf)))
+        y = float(np.min(np.where(keep, Y[0, self.N], np.inf)))
         return max(x, y)
 
-    def _walk(self, which: str, W, pick, stages: int) -> list[tuple[int, int, int, int]] | None:
+    def _walk(self, which: str, W, pick, stages: int, flag: int) -> list[tuple[int, int, int, int]] | None:
         """(first, last, shape index, config index) of each stage of the plan the program picked
-        for ``stages`` stages; each stage's configuration: the one fitting that minimises its
-        own term given the rest."""
-        out, k, n, s = [], 0, self.N, stages
+        for ``stages`` stages and ``flag``; each stage's configuration: the one fitting that
+        minimises its own term given the rest."""
+        out, k, n, s, f = [], 0, self.N, stages, flag
         while k < self.L:
-            i, j = (int(x) for x in pick[k, n, s])
+            i, j, g = (int(x) for x in pick[k, n, s, f])
             if i < 0:
                 return None
             sh = self.shapes[j]
-            rest = W[i + 1, n - sh.shape.size, s - 1]
+            rest = W[i + 1, n - sh.shape.size, s - 1, g]
             ok = sh.fit[:, k, i, s]
             term = sh.A[:, k, i] if which == "A" else np.maximum(sh.a[:, k, i], sh.s[:, k, i] + rest)
             # ties: the cheaper stage (A) first, then the configuration order
@@ -197,19 +247,22 @@ class UnequalSpace:
             if not ok[c]:
                 return None
             out.append((k, i, j, c))
-            k, n, s = i + 1, n - sh.shape.size, s - 1
+            k, n, s, f = i + 1, n - sh.shape.size, s - 1, g
         return out
 
-    def plans(self) -> tuple[float, list[Partition]]:
-        """The bound and the plans both programs pick for every stage count, placed and priced."""
-        out, seen, values = [], set(), []
+    def plans(self, leave_out=()) -> tuple[float, list[Partition]]:
+        """The bound (see :meth:`bound`) and the plans both programs pick for every stage count,
+        placed and priced."""
+        out, seen, tables = [], set(), {}
+        tracked = self._tracked(leave_out)
         for which in ("A", "a"):
-            W, pick = self._dp(which)
-            values.append(float(np.min(W[0, self.N])))
+            W, pick = tables[which] = self._dp(which, tracked)
             for stages in range(1, self.S + 1):
-                if not np.isfinite(W[0, self.N, stages]):
+                row = W[0, self.N, stages]
+                flag = int(np.argmin(row))
+                if not np.isfinite(row[flag]):
                     continue
-                plan = self._walk(which, W, pick, stages)
+                plan = self._walk(which, W, pick, stages, flag)
                 if plan is None or tuple(plan) in seen:
                     continue
                 seen.add(tuple(plan))
@@ -218,20 +271,22 @@ class UnequalSpace:
                 costs = MeshCosts([sh.costs for sh in shapes], layout)
                 out.append(Partition(costs, [StagePlan(k, i, sh.configs[c])
                                              for (k, i, _, c), sh in zip(plan, shapes)]))
-        return max(values), out
+        return self._bound(tables["A"][0], tables["a"][0], tracked, leave_out), out
 
     def schedules(self, plan: Partition) -> list[Schedule]:
         return family(self.kind, plan.costs.stages)
 
 
-def search_unequal(search, equal=None, progress=None):
+def search_unequal(search, equal=None, progress=None, covered=(), covered_bound: float = math.inf):
     """The fastest simulated plan over unequal and equal meshes, with a bound over both.
 
     ``equal``: the equal-mesh search's result (its plans are incumbents: this search returns
-    nothing slower).  For each micro-batch count, by increasing bound, the dynamic programs'
-    plans are priced (the objective of :mod:`.objective`) and simulated while they can beat
-    the best; a micro-batch count whose bound cannot is skipped.  The bound returned is the
-    least over micro-batch counts (each holds for every plan, equal meshes included), so
+    nothing slower).  ``covered``: the (shape, micro-batch count, stage count) of the plans
+    that search bounded by ``covered_bound`` (its pairs: every stage on that shape).  For each
+    micro-batch count, by increasing bound, the dynamic programs' plans are priced (the
+    objective of :mod:`.objective`) and simulated while they can beat the best; a micro-batch
+    count whose bound cannot is skipped.  The bound returned is the least of
+    ``covered_bound`` and each micro-batch count's bound over the plans not covered, so
     OPTIMAL here is over the whole space."""
     from ..solve import SolveResult, Status, Stopwatch
     from .search import TOLERANCE, _price, evaluate
@@ -245,7 +300,14 @@ def search_unequal(search, equal=None, progress=None):
             space = UnequalSpace(search.model, search.topology, B, search.schedule, search.tables, search.comm)
             if progress is not None:
                 progress(f"unequal meshes: {B} micro-batches")
-            bound, plans = space.plans()
+            if best is not None:
+                # the programs without flags first (half the work): a micro-batch count whose
+                # plans cannot beat the incumbent needs nothing more
+                cheap = space.bound()
+                if cheap >= best.time * (1 - TOLERANCE):
+                    spaces.append((cheap, B, space, []))
+                    continue
+            bound, plans = space.plans([(shape, S) for shape, b, S in covered if b == B])
             spaces.append((bound, B, space, plans))
         simulated = 0
         for bound, B, space, plans in sorted(spaces, key=lambda x: (x[0], x[1])):
@@ -262,7 +324,7 @@ def search_unequal(search, equal=None, progress=None):
                     best = cand
         if best is None:
             return None
-        bound = min([b for b, *_ in spaces] + [best.time])
+        bound = min([b for b, *_ in spaces] + [best.time, covered_bound])
         info = dict(equal.info) if equal is not None else {}
         info.update(meshes="unequal", unequal_simulated=simulated,
                     unequal_bounds={B: b for b, B, *_ in sorted(spaces, key=lambda x: x[1])})
