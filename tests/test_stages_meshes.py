@@ -21,6 +21,7 @@ from solver_planner.stages.objective import bounds, fits
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.search import StageSearch, plan_partition
 from solver_planner.stages.unequal import UnequalSpace, alpa_shapes, search_unequal
+from conftest import ROOT
 from test_stages_objective import topology
 
 REL = 1e-9
@@ -207,15 +208,12 @@ def test_the_unequal_bound_is_below_every_plan_and_optimal_is_brute_forces(data)
 
 
 def test_unequal_search_never_loses_to_the_equal_one():
-    import yaml
     from solver_planner.spec import load_model_spec
     from solver_planner.stages.layers import layer_model
     from solver_planner.topology import load_topology
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    topo = load_topology(root / "specs/clusters/local-2x4.yaml")
-    model = layer_model(load_model_spec(root / "specs/models/gpt-tiny.yaml"))
+    topo = load_topology(ROOT / "specs/clusters/local-2x4.yaml")
+    model = layer_model(load_model_spec(ROOT / "specs/models/gpt-tiny.yaml"))
     search = StageSearch(model, topo, "1f1b")
     equal = plan_partition(search)
     both = search_unequal(search, equal)
@@ -228,7 +226,8 @@ def test_cli_unequal_meshes(tmp_path):
     from solver_planner.cli import app
 
     runner = CliRunner()
-    args = ["stages", "specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml", "--meshes", "unequal",
+    args = ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-2.yaml"), str(ROOT / "specs/models/gpt3-2.6b.yaml"),
+            "--meshes", "unequal",
             "--no-baselines"]
     res = runner.invoke(app, args + ["--json"])
     assert res.exit_code == 0, res.output
@@ -238,6 +237,20 @@ def test_cli_unequal_meshes(tmp_path):
     assert len(used) == len(set(used))
     res = runner.invoke(app, args + ["--config", "1,2,4,1024"])
     assert res.exit_code == 2 and "--config" in res.output
+
+
+def test_the_picture_of_an_unequal_plan_says_each_stages_devices(tmp_path):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    svg = tmp_path / "p.svg"
+    res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-4.yaml"),
+                                   str(ROOT / "specs/models/gpt3-6.7b.yaml"),
+                                   "--meshes", "unequal", "--no-baselines", "--plot", str(svg)])
+    assert res.exit_code == 0, res.output
+    text = svg.read_text()
+    assert "1 device" in text and "2 devices" in text and "4 devices" in text
 
 
 def test_plans_of_an_equal_shape_the_equal_search_does_not_cover_stay_under_the_bound():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .style import OKABE_ITO, bytes_unit, figure, save, time_unit
-from ..simulate.trace import stage_of
+from ..simulate.trace import stage_devices, stage_of
 
 __all__ = ["KINDS", "kind_of", "stage_bars", "pipeline_figure", "plot_pipeline", "figure_height", "MERGE_PIXELS",
            "MAX_LABELS", "ZOOM_ABOVE"]
@@ -133,7 +133,7 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
                             color="white")
                     labels += 1
     ax.set_yticks(range(stages))
-    ax.set_yticklabels([f"stage {p}" for p in range(stages)])
+    ax.set_yticklabels([f"stage {p}" + _devices_label(p, stage_size) for p in range(stages)])
     ax.set_ylim(stages - 0.5, -0.5)
     ax.set_xlim(0, T / scale * 1.005 if T > 0 else 1)
     ax.set_xlabel(f"time ({unit})")
@@ -163,6 +163,14 @@ ZOOM_ABOVE = 64   # micro-batches: above this the chart adds warm-up and cool-do
 
 def _count(records) -> int:
     return 1 + max((int(m) for r in records if (m := _microbatch(r.name)) is not None), default=-1)
+
+
+def _devices_label(p: int, stage_size) -> str:
+    """On unequal meshes, each stage's devices under its name (they differ from stage to stage)."""
+    if isinstance(stage_size, int):
+        return ""
+    n = stage_devices(p, stage_size)
+    return f"\n{n} device{'s' * (n > 1)}"
 
 
 def _zoom_windows(records, stage_size: int, stages: int, T: float) -> list[tuple[float, float, str]]:

@@ -262,6 +262,35 @@ def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, s
                           rule=lambda S, B: has_plans(lm.layers, S, B, kinds, restrict.get("splits")))
 
 
+def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbents, args: dict, progress,
+                  use: DeviceUse) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
+    """The equal-mesh search, then the unequal one (:mod:`.unequal`) over the whole cluster with
+    its plan as the incumbent and its bound over its pairs; the result, and the cluster and
+    device use of the plan it returns."""
+    from .unequal import search_unequal
+
+    try:
+        equal = plan_partition(search, method, incumbents=incumbents, **args)
+        covered_bound = equal.bound
+    except (InfeasibleError, UnknownError) as exc:      # no equal plan: an unequal one may fit
+        equal, equal_error = None, exc
+        # no equal plan fits (inf), or none was found within the limits: what was proven, if anything
+        covered_bound = math.inf if isinstance(exc, InfeasibleError) else (
+            exc.bound if exc.bound is not None else -math.inf)
+    covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
+    result = search_unequal(StageSearch(search.model, cluster, search.schedule, search.comm, compute=search.compute),
+                            equal, progress, covered, covered_bound)
+    if result is None:
+        raise equal_error
+    layout = getattr(result.solution.plan.costs, "layout", None)
+    if layout is None:                       # the equal search's plan: its part of the cluster
+        return result, search.topology, use
+    # a plan of the unequal search runs on the cluster; its meshes are packed from device 0,
+    # so the devices it leaves idle are the last ones
+    reason = "" if layout.used == cluster.num_devices else f"unequal meshes use the first {layout.used:,} devices"
+    return result, cluster, DeviceUse(cluster.num_devices, layout.used, reason)
+
+
 def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", method: str = "auto",
                 time_limit: float = 10.0, seed: int = 0, comm: bool = True, stages: int | None = None,
                 top: int = 1, config: Config | None = None, layer_counts: tuple[int, ...] | None = None,
@@ -287,13 +316,12 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
             fixed.append(f"--target {target}")
         if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
             fixed.append(f"--schedule {schedule}")
-        if not fixed:
-            from .unequal import check_size
-
-            check_size(lm.num_layers, topology)        # a refusal before any search starts
         if fixed:
-            raise OptionError(f"--meshes unequal searches every stage count, split, configuration and device count under 1f1b,"
-                              f" eager-1f1b or gpipe; it does not take {', '.join(fixed)}")
+            raise OptionError(f"--meshes unequal searches every stage count, split, configuration and device count"
+                              f" under 1f1b, eager-1f1b or gpipe; it does not take {', '.join(fixed)}")
+        from .unequal import check_size
+
+        check_size(lm.num_layers, topology)        # a refusal before any search starts
     # the options are checked against each other before any device is chosen
     if layer_counts is not None:
         if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
@@ -335,32 +363,9 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                                               **restrict), method, **args)
             incumbents = base.solutions
         if meshes == "unequal":
-            from .unequal import search_unequal
-
-            try:
-                result = plan_partition(search, method, incumbents=incumbents, **args)
-                covered_bound = result.bound
-            except (InfeasibleError, UnknownError) as exc:      # no equal plan: the unequal ones may fit
-                result, equal_error = None, exc
-                covered_bound = getattr(exc, "bound", None) if isinstance(exc, UnknownError) else math.inf
-                covered_bound = -math.inf if covered_bound is None else covered_bound
-            # the equal search's bound holds over its pairs: the unequal one is over the rest
-            covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
-            whole = full
-            result = search_unequal(StageSearch(lm, whole, schedule, comm, compute=compute), result, progress,
-                                    covered, covered_bound)
-            if result is None:
-                raise equal_error
+            result, topology, use = _with_unequal(search, full, method, incumbents, args, progress, use)
         else:
             result = plan_partition(search, method, incumbents=incumbents, **args)
-        if meshes == "unequal":
-            layout = getattr(result.solution.plan.costs, "layout", None)
-            if layout is not None:
-                # a plan of the unequal search runs on the cluster (or its first --devices); its
-                # meshes are packed from device 0, so the devices it leaves idle are the last
-                topology, used = whole, layout.used
-                use = DeviceUse(full.num_devices, used, "" if used == full.num_devices else
-                                f"unequal meshes use the first {used:,} devices")
     except PlannerError as exc:
         if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
             exc.args = (f"{exc} (on the first {use.used:,} of {use.devices:,} devices: {use.reason})", *exc.args[1:])
