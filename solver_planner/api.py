@@ -415,8 +415,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         ``.topology``: the cluster they form).
     meshes : {'equal', 'unequal'}
         'unequal': each stage may also take its own shape of Alpa's set (Alpa's space), on up
-        to all the devices; under 1f1b, eager-1f1b or gpipe, without config, split,
-        num_stages, top, devices or a target.
+        to all the devices; under 1f1b, eager-1f1b or gpipe, without config, split, top or
+        a target.
 
     Returns
     -------

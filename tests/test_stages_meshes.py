@@ -312,3 +312,41 @@ def test_the_stage_program_is_exact_per_stage_count_and_shape_flag(data):
             keep[S, t] = False
             expect = max(np.min(np.where(keep, X, np.inf)), np.min(np.where(keep, Y, np.inf)))
             assert space._bound(Xt, Yt, tracked, [(space.shapes[j].shape, S)]) == expect
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_bounds_with_a_stage_count_or_a_device_cap_hold_over_those_plans(data):
+    """--stages and --devices: the bound over plans of that many stages (or at most that many
+    devices) is at most the fastest of them (brute force) and at least the unrestricted bound."""
+    topo = topology(2, 2, "4 GB/s", "host")
+    n = data.draw(st.integers(2, 4))
+    model = _model(data.draw, n, False)
+    tables = _tables(topo)
+    stages = data.draw(st.integers(1, min(n, 4)))
+    devices = data.draw(st.integers(1, 3))
+    free = UnequalSpace(model, topo, 2, "1f1b", tables).bound()
+    for space, keep in ((UnequalSpace(model, topo, 2, "1f1b", tables, stages=stages),
+                         lambda plan: plan.costs.stages == stages),
+                        (UnequalSpace(model, topo, 2, "1f1b", tables, devices=devices),
+                         lambda plan: plan.costs.layout.used <= devices)):
+        best = math.inf
+        for plan in _all_plans(UnequalSpace(model, topo, 2, "1f1b", tables)):
+            if keep(plan) and fits(plan, Schedule("1f1b")):
+                best = min(best, simulate_schedule(plan, Schedule("1f1b")).iteration_time)
+        assert free <= space.bound() <= best * (1 + REL)
+        _, plans = space.plans()
+        assert all(keep(plan) for plan in plans)
+
+
+def test_cli_unequal_meshes_take_a_stage_count_and_a_device_cap():
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-4.yaml"),
+                                   str(ROOT / "specs/models/gpt3-6.7b.yaml"), "--meshes", "unequal", "--no-baselines",
+                                   "--stages", "5", "--devices", "14", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert len(doc["stages"]) == 5 and doc["devices"]["used"] <= 14
+    assert doc["devices"]["reason"].endswith("(--devices 14)")

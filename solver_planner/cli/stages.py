@@ -87,7 +87,7 @@ def stages(
     meshes: str = typer.Option("equal", "--meshes", help="equal: every stage on one mesh shape; unequal: each stage"
                                " on its own shape of Alpa's set (1x1, 1x2, ..., 1xM inside a host, or n whole hosts),"
                                " on up to all the devices (1f1b, eager-1f1b, gpipe; not with --config, --split,"
-                               " --stages, --top, --devices or --target)."),
+                               " --top or --target)."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
     budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,

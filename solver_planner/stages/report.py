@@ -263,10 +263,10 @@ def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, s
 
 
 def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbents, args: dict, progress,
-                  use: DeviceUse) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
-    """The equal-mesh search, then the unequal one (:mod:`.unequal`) over the whole cluster with
-    its plan as the incumbent and its bound over its pairs; the result, and the cluster and
-    device use of the plan it returns."""
+                  use: DeviceUse, devices: int | None) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
+    """The equal-mesh search, then the unequal one (:mod:`.unequal`) over the cluster (at most
+    ``devices`` of its first devices) with its plan as the incumbent and its bound over its
+    pairs; the result, and the cluster and device use of the plan it returns."""
     from .unequal import search_unequal
 
     try:
@@ -278,16 +278,19 @@ def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbent
         covered_bound = math.inf if isinstance(exc, InfeasibleError) else (
             exc.bound if exc.bound is not None else -math.inf)
     covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
-    result = search_unequal(StageSearch(search.model, cluster, search.schedule, search.comm, compute=search.compute),
-                            equal, progress, covered, covered_bound)
+    wide = StageSearch(search.model, cluster, search.schedule, search.comm, stages=search.stages,
+                       compute=search.compute)
+    result = search_unequal(wide, equal, progress, covered, covered_bound, devices)
     if result is None:
+        equal_error.args = (f"{equal_error}; no plan on unequal meshes fits either", *equal_error.args[1:])
         raise equal_error
     layout = getattr(result.solution.plan.costs, "layout", None)
     if layout is None:                       # the equal search's plan: its part of the cluster
         return result, search.topology, use
     # a plan of the unequal search runs on the cluster; its meshes are packed from device 0,
     # so the devices it leaves idle are the last ones
-    reason = "" if layout.used == cluster.num_devices else f"unequal meshes use the first {layout.used:,} devices"
+    reason = "" if layout.used == cluster.num_devices else f"unequal meshes use the first {layout.used:,} devices" + (
+        f" (--devices {devices:,})" if devices is not None and devices < cluster.num_devices else "")
     return result, cluster, DeviceUse(cluster.num_devices, layout.used, reason)
 
 
@@ -310,18 +313,18 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     if meshes not in ("equal", "unequal"):
         raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
     if meshes == "unequal":
-        fixed = [name for name, v in (("--config", config), ("--split", layer_counts), ("--stages", stages),
-                                      ("--top", top > 1 or None), ("--devices", devices)) if v is not None]
+        fixed = [name for name, v in (("--config", config), ("--split", layer_counts), ("--top", top > 1 or None))
+                 if v is not None]
         if target != "native":
             fixed.append(f"--target {target}")
         if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
             fixed.append(f"--schedule {schedule}")
         if fixed:
-            raise OptionError(f"--meshes unequal searches every stage count, split, configuration and device count"
-                              f" under 1f1b, eager-1f1b or gpipe; it does not take {', '.join(fixed)}")
+            raise OptionError(f"--meshes unequal searches every split and configuration under 1f1b, eager-1f1b or"
+                              f" gpipe; it does not take {', '.join(fixed)}")
         from .unequal import check_size
 
-        check_size(lm.num_layers, topology)        # a refusal before any search starts
+        check_size(lm.num_layers, topology, devices=devices)        # a refusal before any search starts
     # the options are checked against each other before any device is chosen
     if layer_counts is not None:
         if sum(layer_counts) != lm.num_layers or min(layer_counts) < 1:
@@ -341,7 +344,13 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
 
         restrict.update(restriction(target, model, schedule))
     schedule = schedule or "1f1b"
-    use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
+    try:
+        use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
+    except InfeasibleError:
+        if meshes != "unequal":
+            raise
+        # no equal meshes fit: the equal search below finds no pair, the unequal one searches
+        use = DeviceUse(topology.num_devices, topology.num_devices)
     from ..subcluster import first_devices
 
     full = topology
@@ -359,11 +368,15 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
         if schedule == "eager-1f1b" and target == "native":
             # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
             # eager search can only return something at least as fast
-            base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute,
-                                              **restrict), method, **args)
-            incumbents = base.solutions
+            try:
+                base = plan_partition(StageSearch(lm, topology, "1f1b", comm, stages=stages, compute=compute,
+                                                  **restrict), method, **args)
+                incumbents = base.solutions
+            except (InfeasibleError, UnknownError):
+                if meshes != "unequal":           # unequal meshes may still have a plan
+                    raise
         if meshes == "unequal":
-            result, topology, use = _with_unequal(search, full, method, incumbents, args, progress, use)
+            result, topology, use = _with_unequal(search, full, method, incumbents, args, progress, use, devices)
         else:
             result = plan_partition(search, method, incumbents=incumbents, **args)
     except PlannerError as exc:

@@ -74,10 +74,11 @@ def cells_of(layers: int, devices: int, shapes: int) -> int:
     return layers * layers * (devices + 1) * (min(layers, devices) + 1) * shapes // 2
 
 
-def check_size(layers: int, topology, shapes=None) -> list[MeshShape]:
-    """The shapes searched, or a refusal when the dynamic programs would touch more than
-    :data:`MAX_CELLS` cells (made before any table is built: their memory grows with the shapes)."""
-    N = topology.num_devices
+def check_size(layers: int, topology, shapes=None, devices: int | None = None) -> list[MeshShape]:
+    """The shapes searched (on at most ``devices`` devices), or a refusal when the dynamic
+    programs would touch more than :data:`MAX_CELLS` cells (made before any table is built:
+    their memory grows with the shapes)."""
+    N = topology.num_devices if devices is None else min(devices, topology.num_devices)
     candidates = [x for x in shapes or alpa_shapes(topology.num_hosts, topology.devices_per_host) if x.size <= N]
     cells = cells_of(layers, N, len(candidates))
     if cells > MAX_CELLS:
@@ -108,13 +109,18 @@ class _Shape:
 class UnequalSpace:
     """Plans on unequal meshes for one micro-batch count and schedule family (module docstring)."""
 
-    def __init__(self, model, topology, B: int, kind: str, tables, comm: bool = True, shapes=None):
+    def __init__(self, model, topology, B: int, kind: str, tables, comm: bool = True, shapes=None,
+                 devices: int | None = None, stages: int | None = None):
+        """``devices``: at most this many of the cluster's devices (its first ones); ``stages``:
+        only plans with this many stages."""
         if kind not in ("1f1b", "gpipe", "eager-1f1b"):
             raise ValueError(f"unequal meshes are searched under 1f1b, eager-1f1b and gpipe, not {kind}")
         self.model, self.topology, self.B, self.kind = model, topology, B, kind
-        self.L, self.N = model.num_layers, topology.num_devices
+        self.L = model.num_layers
+        self.N = topology.num_devices if devices is None else min(devices, topology.num_devices)
         self.S = min(self.L, self.N)
-        candidates = check_size(self.L, topology, shapes)
+        self.stages = stages
+        candidates = check_size(self.L, topology, shapes, self.N)
         # whether some member splits the backward does not depend on the stage count
         has_split, has_whole = family_split(family(kind, 2))
         # the fewest micro-batches any member keeps on a stage heading s stages
@@ -221,6 +227,8 @@ class UnequalSpace:
 
     def _bound(self, X, Y, tracked, leave_out) -> float:
         keep = np.ones((self.S + 1, len(tracked) + 2), dtype=bool)
+        if self.stages is not None:           # only plans of that many stages
+            keep[np.arange(self.S + 1) != self.stages] = False
         flag = {self.shapes[j].shape: t for t, j in enumerate(tracked)}
         for shape, stages in leave_out:
             if shape in flag and stages <= self.S:
@@ -258,6 +266,8 @@ class UnequalSpace:
         for which in ("A", "a"):
             W, pick = tables[which] = self._dp(which, tracked)
             for stages in range(1, self.S + 1):
+                if self.stages is not None and stages != self.stages:
+                    continue
                 row = W[0, self.N, stages]
                 flag = int(np.argmin(row))
                 if not np.isfinite(row[flag]):
@@ -277,7 +287,8 @@ class UnequalSpace:
         return family(self.kind, plan.costs.stages)
 
 
-def search_unequal(search, equal=None, progress=None, covered=(), covered_bound: float = math.inf):
+def search_unequal(search, equal=None, progress=None, covered=(), covered_bound: float = math.inf,
+                   devices: int | None = None):
     """The fastest simulated plan over unequal and equal meshes, with a bound over both.
 
     ``equal``: the equal-mesh search's result (its plans are incumbents: this search returns
@@ -287,7 +298,8 @@ def search_unequal(search, equal=None, progress=None, covered=(), covered_bound:
     objective of :mod:`.objective`) and simulated while they can beat the best; a micro-batch
     count whose bound cannot is skipped.  The bound returned is the least of
     ``covered_bound`` and each micro-batch count's bound over the plans not covered, so
-    OPTIMAL here is over the whole space."""
+    OPTIMAL here is over the whole space.  ``devices``: at most this many devices;
+    ``search.stages``: only plans of that many stages."""
     from ..solve import SolveResult, Status, Stopwatch
     from .search import TOLERANCE, _price, evaluate
 
@@ -297,7 +309,8 @@ def search_unequal(search, equal=None, progress=None, covered=(), covered_bound:
         for B in search.microbatch_options():
             if search.model.global_batch % B:
                 continue
-            space = UnequalSpace(search.model, search.topology, B, search.schedule, search.tables, search.comm)
+            space = UnequalSpace(search.model, search.topology, B, search.schedule, search.tables, search.comm,
+                                 devices=devices, stages=search.stages)
             if progress is not None:
                 progress(f"unequal meshes: {B} micro-batches")
             if best is not None:
@@ -325,7 +338,8 @@ def search_unequal(search, equal=None, progress=None, covered=(), covered_bound:
         if best is None:
             return None
         bound = min([b for b, *_ in spaces] + [best.time, covered_bound])
-        info = dict(equal.info) if equal is not None else {}
+        # the equal search's account, or (no equal pair) what there was to search
+        info = dict(equal.info) if equal is not None else {"pairs": 0, "solver": "dp", "simulations": 0}
         info.update(meshes="unequal", unequal_simulated=simulated,
                     unequal_bounds={B: b for b, B, *_ in sorted(spaces, key=lambda x: x[1])})
     status = Status.OPTIMAL if bound >= best.time * (1 - TOLERANCE) else Status.FEASIBLE
