@@ -350,3 +350,14 @@ def test_cli_unequal_meshes_take_a_stage_count_and_a_device_cap():
     doc = json.loads(res.output)
     assert len(doc["stages"]) == 5 and doc["devices"]["used"] <= 14
     assert doc["devices"]["reason"].endswith("(--devices 14)")
+
+
+def test_unequal_meshes_keep_the_device_cap_when_no_equal_plan_fits_it():
+    """4 stages on at most 3 devices: no plan (exit 1), not an 8-device plan of the equal search."""
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/local-2x4.yaml"),
+                                   str(ROOT / "specs/models/gpt-tiny.yaml"), "--meshes", "unequal", "--no-baselines",
+                                   "--stages", "4", "--devices", "3"])
+    assert res.exit_code == 1, res.output

@@ -263,13 +263,16 @@ def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, s
 
 
 def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbents, args: dict, progress,
-                  use: DeviceUse, devices: int | None) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
+                  use: DeviceUse, devices: int | None, no_equal: bool = False
+                  ) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
     """The equal-mesh search, then the unequal one (:mod:`.unequal`) over the cluster (at most
     ``devices`` of its first devices) with its plan as the incumbent and its bound over its
     pairs; the result, and the cluster and device use of the plan it returns."""
     from .unequal import search_unequal
 
     try:
+        if no_equal:       # no equal plan within the options: nothing for the equal search to cover
+            raise InfeasibleError(search.impossible_message() if search.pairs() else "no plan on equal meshes")
         equal = plan_partition(search, method, incumbents=incumbents, **args)
         covered_bound = equal.bound
     except (InfeasibleError, UnknownError) as exc:      # no equal plan: an unequal one may fit
@@ -277,7 +280,7 @@ def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbent
         # no equal plan fits (inf), or none was found within the limits: what was proven, if anything
         covered_bound = math.inf if isinstance(exc, InfeasibleError) else (
             exc.bound if exc.bound is not None else -math.inf)
-    covered = [(p.costs.shape, p.B, p.S) for p in search.pairs()]
+    covered = [] if no_equal else [(p.costs.shape, p.B, p.S) for p in search.pairs()]
     wide = StageSearch(search.model, cluster, search.schedule, search.comm, stages=search.stages,
                        compute=search.compute)
     result = search_unequal(wide, equal, progress, covered, covered_bound, devices)
@@ -313,8 +316,8 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     if meshes not in ("equal", "unequal"):
         raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
     if meshes == "unequal":
-        fixed = [name for name, v in (("--config", config), ("--split", layer_counts), ("--top", top > 1 or None))
-                 if v is not None]
+        fixed = [name for name, v in (("--config", config), ("--split", layer_counts),
+                                      ("--top (plan: --candidates)", top > 1 or None)) if v is not None]
         if target != "native":
             fixed.append(f"--target {target}")
         if (schedule or "1f1b") not in ("1f1b", "eager-1f1b", "gpipe"):
@@ -344,13 +347,14 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
 
         restrict.update(restriction(target, model, schedule))
     schedule = schedule or "1f1b"
+    no_equal = False
     try:
         use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
     except InfeasibleError:
         if meshes != "unequal":
             raise
-        # no equal meshes fit: the equal search below finds no pair, the unequal one searches
-        use = DeviceUse(topology.num_devices, topology.num_devices)
+        # no equal plan within --stages / --devices: only the unequal search runs
+        use, no_equal = DeviceUse(topology.num_devices, topology.num_devices), True
     from ..subcluster import first_devices
 
     full = topology
@@ -365,7 +369,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     incumbents = None
     search = StageSearch(lm, topology, schedule, comm, stages=stages, compute=compute, **restrict)
     try:
-        if schedule == "eager-1f1b" and target == "native":
+        if schedule == "eager-1f1b" and target == "native" and not no_equal:
             # the eager family contains 1F1B (eagerness 0): seeded with the best 1F1B plan, the
             # eager search can only return something at least as fast
             try:
@@ -376,7 +380,8 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 if meshes != "unequal":           # unequal meshes may still have a plan
                     raise
         if meshes == "unequal":
-            result, topology, use = _with_unequal(search, full, method, incumbents, args, progress, use, devices)
+            result, topology, use = _with_unequal(search, full, method, incumbents, args, progress, use, devices,
+                                                  no_equal)
         else:
             result = plan_partition(search, method, incumbents=incumbents, **args)
     except PlannerError as exc:

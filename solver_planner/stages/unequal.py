@@ -226,6 +226,13 @@ class UnequalSpace:
         return tuple(j for j, sh in enumerate(self.shapes) if sh.shape in shapes)
 
     def _bound(self, X, Y, tracked, leave_out) -> float:
+        keep = self._keep(tracked, leave_out)
+        x = float(np.min(np.where(keep, X[0, self.N], np.inf)))
+        y = float(np.min(np.where(keep, Y[0, self.N], np.inf)))
+        return max(x, y)
+
+    def _keep(self, tracked, leave_out) -> np.ndarray:
+        """``[s, flag]``: the cells the bound counts (not left out, of the stage count asked)."""
         keep = np.ones((self.S + 1, len(tracked) + 2), dtype=bool)
         if self.stages is not None:           # only plans of that many stages
             keep[np.arange(self.S + 1) != self.stages] = False
@@ -233,9 +240,7 @@ class UnequalSpace:
         for shape, stages in leave_out:
             if shape in flag and stages <= self.S:
                 keep[stages, flag[shape]] = False
-        x = float(np.min(np.where(keep, X[0, self.N], np.inf)))
-        y = float(np.min(np.where(keep, Y[0, self.N], np.inf)))
-        return max(x, y)
+        return keep
 
     def _walk(self, which: str, W, pick, stages: int, flag: int) -> list[tuple[int, int, int, int]] | None:
         """(first, last, shape index, config index) of each stage of the plan the program picked
@@ -263,13 +268,16 @@ class UnequalSpace:
         placed and priced."""
         out, seen, tables = [], set(), {}
         tracked = self._tracked(leave_out)
+        keep = self._keep(tracked, leave_out)
         for which in ("A", "a"):
             W, pick = tables[which] = self._dp(which, tracked)
             for stages in range(1, self.S + 1):
                 if self.stages is not None and stages != self.stages:
                     continue
                 row = W[0, self.N, stages]
-                flag = int(np.argmin(row))
+                # a plan the equal search has not covered first (it has simulated those)
+                kept = np.where(keep[stages], row, np.inf)
+                flag = int(np.argmin(kept if np.isfinite(kept).any() else row))
                 if not np.isfinite(row[flag]):
                     continue
                 plan = self._walk(which, W, pick, stages, flag)
