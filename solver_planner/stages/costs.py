@@ -57,7 +57,7 @@ from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static
                      transient_per_sample)
 from .operators import layer_pass_times
 
-__all__ = ["MeshShape", "StageConfig", "mesh_shapes", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
+__all__ = ["MeshShape", "StageConfig", "mesh_shapes", "host_parts", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
 
 _PROBE = 1e9  # bytes at which affine terms are sampled
@@ -96,16 +96,20 @@ class StageConfig:
         return f"t{self.tensor}" + ("" if self.recompute == "none" else f"/{self.recompute}")
 
 
-def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
-    """Alpa's shapes that tile the cluster: (1, 2^k) dividing a host, (n, M) with n | hosts."""
+def host_parts(devices_per_host: int) -> list[MeshShape]:
+    """Alpa's shapes inside one host: (1, 2^k) dividing it, smaller than it."""
     out = []
     k = 1
     while k < devices_per_host:
         if devices_per_host % k == 0:
             out.append(MeshShape(1, k))
         k *= 2
-    out += [MeshShape(n, devices_per_host) for n in divisors(num_hosts)]
     return out
+
+
+def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
+    """Alpa's shapes that tile the cluster: (1, 2^k) dividing a host, (n, M) with n | hosts."""
+    return host_parts(devices_per_host) + [MeshShape(n, devices_per_host) for n in divisors(num_hosts)]
 
 
 RANK_HOSTS = 4         # hosts on which P² programs are ranked

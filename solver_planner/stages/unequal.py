@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from ..errors import RefusedError
-from .costs import MeshShape, StageCosts
+from .costs import MeshShape, StageCosts, host_parts
 from .meshes import MeshCosts, pack
 from .objective import family_split
 from .partition import Partition, StagePlan
@@ -60,13 +60,7 @@ MAX_CELLS = 400_000_000   # layers^2 x devices x stages x shapes one dynamic pro
 def alpa_shapes(hosts: int, devices_per_host: int) -> list[MeshShape]:
     """Alpa's shapes (``get_submesh_choices``, space "all"): ``(1, 2^k)`` dividing a host, then
     ``(n, M)`` for every ``n`` up to the hosts."""
-    out = []
-    k = 1
-    while k < devices_per_host:
-        if devices_per_host % k == 0:
-            out.append(MeshShape(1, k))
-        k *= 2
-    return out + [MeshShape(n, devices_per_host) for n in range(1, hosts + 1)]
+    return host_parts(devices_per_host) + [MeshShape(n, devices_per_host) for n in range(1, hosts + 1)]
 
 
 def cells_of(layers: int, devices: int, shapes: int) -> int:
