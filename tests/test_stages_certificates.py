@@ -259,3 +259,16 @@ def test_a_slow_host_link_keeps_true_certificates(schedule):
             assert max(terms) <= min(fit) * (1 + REL), (plan, terms, min(fit))
         binds += terms[4] > max(terms[:4])
     assert binds > 0 or schedule != "1f1b"      # eager-1F1B hides the link better: other terms bind
+
+
+def test_greedy_finding_no_plan_says_why_and_points_to_dp():
+    """greedy tries one balanced split per pair; when none fits it is UNKNOWN (a split that
+    fits exists: dp finds it), and the advice is not a budget greedy does not have."""
+    G = 2**30
+    heavy = [Layer(x, 1e11, 2e11, G, 2 * G, 2**20, 2**20) for x in "ab"]
+    search = StageSearch(LayerModel("m", heavy + [Layer("c", 2e11, 4e11, 2**20, 2**21, 2**20, 2**20)], 4, None),
+                         topology(2, 1, "1 GB/s", "host", memory="8 GiB"))
+    with pytest.raises(UnknownError) as exc:
+        plan_partition(search, "greedy")
+    assert "--method dp" in str(exc.value) and "--budget" not in str(exc.value)
+    assert exc.value.bound is not None and exc.value.bound <= plan_partition(search, "dp").objective

@@ -366,6 +366,11 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
     if not ranked:
         if empty:
             raise _shortfall(search, pairs)
+        if chosen == "greedy":
+            # greedy tries one balanced plan per pair and has no budget to raise
+            raise UnknownError("no plan found: none of the balanced plans greedy tries (one per mesh shape and"
+                               " micro-batch count) fits in memory, and none was proven impossible; use --method"
+                               " dp, which searches every split", bound=bound)
         advice = ("raise --time-limit / --budget / --sim-budget or use --method dp" if chosen == "cp-sat"
                   else "raise --budget / --sim-budget")
         raise UnknownError(f"no plan found within the limits ({_limits(chosen, time_limit, budget)}) and none was"
