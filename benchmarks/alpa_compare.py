@@ -16,7 +16,8 @@ excludes building its inputs from our tables; ours includes building its own tab
 seconds of the unequal part of ours alone (its programs and simulations, after the equal search).
 With ``--literal``, Alpa's loop is also timed as Alpa's source runs it (every ``t_max`` candidate
 from the least, ``skip_infeasible_prefix=False``; the port's default skips, by bisection, the
-candidates whose DP has no solution, which returns the same plan in a hundredth of the DPs), and
+candidates whose DP has no solution: the same plan from far fewer DPs, 10 against 1 186 on GPT-3
+6.7B with 64 micro-batches on four p3.8xlarge hosts), and
 our speed-up over it is printed; the two runs are checked to return the same plan.
 
     python benchmarks/alpa_compare.py            # every instance (a few minutes on 2 cores)
