@@ -21,7 +21,7 @@ from solver_planner.stages.schedule import mesh_of, rounds
 from solver_planner.stages.uniform import config_bound, work_bound
 
 from conftest import ROOT
-from test_stages_objective import topology
+from test_stages_objective import random_layer, topology
 
 REL = 1e-9
 
@@ -92,12 +92,7 @@ def chunked(draw):
     n = draw(st.integers(K, K + 3))
     layers = []
     for i in range(n):
-        f = draw(st.floats(0.05, 3.0)) * 1e11
-        back = f * draw(st.floats(0.5, 3.0))
-        act = draw(st.floats(0.0, 40.0)) * 2**20
-        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
-                            act, act * draw(st.floats(0.5, 4.0)), act * draw(st.floats(0.0, 1.0)),
-                            allreduces=draw(st.integers(0, 2)), weight=back * draw(st.floats(0.0, 1.0))))
+        layers.append(random_layer(draw, f"l{i}"))
     if draw(st.booleans()):
         layers[-1] = Layer(**{**layers[-1].__dict__, "tied_to": 0, "tied_params": layers[0].params + 2**20,
                               "tied_optimizer": layers[0].optimizer})

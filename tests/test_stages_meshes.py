@@ -22,7 +22,7 @@ from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.search import StageSearch, plan_partition
 from solver_planner.stages.unequal import UnequalSpace, alpa_shapes, search_unequal
 from conftest import ROOT
-from test_stages_objective import topology
+from test_stages_objective import random_layer, topology
 
 REL = 1e-9
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -31,11 +31,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def _model(draw, n: int, tie: bool) -> LayerModel:
     layers = []
     for i in range(n):
-        f = draw(st.floats(0.05, 3.0)) * 1e11
-        back = f * draw(st.floats(0.5, 3.0))
-        act = draw(st.floats(0.0, 40.0)) * 2**20
-        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
-                            act, act * 2, act / 2, allreduces=draw(st.integers(0, 2)), weight=back / 2))
+        layers.append(random_layer(draw, f"l{i}"))
     if tie and n >= 3:
         layers[-1] = Layer(**{**layers[-1].__dict__, "tied_to": 0, "tied_params": layers[0].params + 2**20,
                               "tied_optimizer": layers[0].optimizer})

@@ -52,6 +52,17 @@ def topology(hosts: int, gpus: int, nic: str, sharing: str, memory: str = "64 Gi
     return _TOPOLOGIES[key]
 
 
+def random_layer(draw, name: str, f: float | None = None, back: float | None = None, act: float | None = None,
+                 **extra) -> Layer:
+    """A layer of random work, memory and traffic (the draws every random-plan test shares)."""
+    f = draw(st.floats(0.05, 3.0)) * 1e11 if f is None else f
+    back = f * draw(st.floats(0.5, 3.0)) if back is None else back
+    act = draw(st.floats(0.0, 40.0)) * 2**20 if act is None else act
+    return Layer(name, f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
+                 act, act * draw(st.floats(0.5, 4.0)), act * draw(st.floats(0.0, 1.0)),
+                 allreduces=draw(st.integers(0, 2)), weight=back * draw(st.floats(0.0, 1.0)), **extra)
+
+
 @st.composite
 def instances(draw, max_layers=6, comm=True):
     """(plan, family) of a random model, cluster, mesh, micro-batch count and partition."""
@@ -67,10 +78,9 @@ def instances(draw, max_layers=6, comm=True):
         skips = ()
         if i + 2 < n and draw(st.booleans()):
             skips = (draw(st.integers(i + 2, n - 1)),)
-        layers.append(Layer(f"l{i}", f, back, draw(st.floats(0.0, 1.0)) * 2**30, draw(st.floats(0.0, 2.0)) * 2**30,
-                             act, act * draw(st.floats(0.5, 4.0)), act * draw(st.floats(0.0, 1.0)),
-                             allreduces=draw(st.integers(0, 2)), skips=skips, weight=back * draw(st.floats(0.0, 1.0)),
-                             selective_saved=act * draw(st.floats(0.3, 1.0)), selective_flops=f * draw(st.floats(0, .3))))
+        layers.append(random_layer(draw, f"l{i}", f, back, act, skips=skips,
+                                   selective_saved=act * draw(st.floats(0.3, 1.0)),
+                                   selective_flops=f * draw(st.floats(0, .3))))
     # unique skip targets (a layer is read by at most one skip), as the spec requires names
     seen, fixed = set(), []
     for x in layers:
