@@ -233,6 +233,10 @@ def test_cli_unequal_meshes(tmp_path):
     assert len(used) == len(set(used))
     res = runner.invoke(app, args + ["--config", "1,2,4,1024"])
     assert res.exit_code == 2 and "--config" in res.output
+    for cmd in ("stages", "plan"):
+        bad = [cmd] + args[1:3] + ["--meshes", "uneven"]
+        res = runner.invoke(app, bad)
+        assert res.exit_code == 2 and "unknown meshes 'uneven'" in res.output and "equal, unequal" in res.output
 
 
 def test_the_picture_of_an_unequal_plan_says_each_stages_devices(tmp_path):
