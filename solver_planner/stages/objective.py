@@ -34,7 +34,8 @@ waiting for a busy port only delays tasks.
 
   **Neighbour cycle** (:mod:`.neighbor`): the same reading between two neighbouring stages
   only, whose cycle comes every 2 micro-batches under 1F1B (more under eager-1F1B): a slow
-  link between them paces both (counted with the cycle bound).
+  link between them paces both; and its *windows*, the same cycle through ``h`` later stages
+  at once, every ``h + 1`` micro-batches under 1F1B (both counted with the cycle bound).
 
   Under GPipe a channel ``p -> q`` carries all ``B`` activations, then ``q``'s last forward
   and a round trip pass before its first backward, then all ``B`` gradients::
@@ -71,7 +72,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .neighbor import neighbor_bound, neighbor_path
+from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
 from .ports import port_classes
@@ -181,6 +182,9 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
             if path is not None:
                 jump = f[p] + act[p, p + 1] + f[p + 1] + ch[p + 1] + grad[p, p + 1] + ch[p]
                 cycle = max(cycle, float(neighbor_bound(path, H[p], f[p], ch[p], jump, R[p], D[p])))
+        # windows (neighbor.py): the same cycle through h later stages at once
+        links = [act[p, p + 1] + grad[p, p + 1] if (p, p + 1) in act else math.nan for p in range(S - 1)]
+        cycle = max(cycle, window_bound(schedule, B, f, ch, links, H, R, D))
     if schedule.kind == "gpipe":
         # every forward before any backward: a channel carries all its activations, the
         # receiver's last forward and a round trip pass, then it carries all the gradients

@@ -1,0 +1,125 @@
+"""The window cycle (stages/neighbor.py): the neighbour cycle read through h later stages.
+
+On a run of h + 1 equal stages joined by links, 1F1B's steady state runs a micro-batch every
+``w + 2x h / (h + 1)``: neither the phase bound (``w``), the neighbour cycle (``h = 1``) nor,
+when faster stages follow, the cycle bound (the whole pipeline) sees it; the window does."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.cost import CostModel
+from solver_planner.stages import Layer, LayerModel, MeshShape, Schedule, simulate_schedule
+from solver_planner.stages import objective
+from solver_planner.stages.costs import StageCosts, cost_tables
+from solver_planner.stages.neighbor import steady_warmup, window_bound
+from solver_planner.stages.objective import bounds
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.schedule import warmup
+
+from test_stages_objective import REL, topology
+
+
+def chain(stages: int, microbatches: int, flops=None, nic: str = "25 GB/s") -> Partition:
+    """One layer per stage, one GPU per host: every cut crosses a host link."""
+    topo = topology(stages, 1, nic, "host")
+    act = 64 * 2**20
+    flops = flops or [3e11] * stages
+    layers = [Layer(f"l{i}", x, 2 * x, 0.0, 0.0, act, act, 0.0, allreduces=0) for i, x in enumerate(flops)]
+    model = LayerModel("chain", layers, microbatches, None)
+    shape = MeshShape(1, 1)
+    costs = StageCosts(model, topo, shape, microbatches, cost_tables(topo, CostModel(topo), shape), True)
+    config = costs.configs[0]
+    return Partition(costs, [StagePlan(p, p, config) for p in range(stages)])
+
+
+def test_equal_stages_on_links_are_paced_by_the_widest_window(monkeypatch):
+    # five equal stages, then three faster ones: the cycle bound's window (the whole
+    # pipeline) averages the fast stages in, the widest window that pays is the first five
+    plan = chain(8, 64, [3e11] * 5 + [1.5e11] * 3, "100 GB/s")
+    schedule = Schedule("1f1b")
+    sim = simulate_schedule(plan, schedule).iteration_time
+    b = bounds(plan, schedule)
+    assert b.value <= sim * (1 + REL)
+    monkeypatch.setattr(objective, "window_bound", lambda *a: -math.inf)
+    without = bounds(plan, schedule)
+    # the steady state runs w + 2x h / (h + 1) per micro-batch: the phase bound and the
+    # neighbour cycle left most of the link time out; the widest window closes 90% of it
+    assert sim - without.value > 0.02 * sim, (without, sim)
+    assert sim - b.value < 0.1 * (sim - without.value), (without, b, sim)
+
+
+def test_steady_warmup_reads_the_orders_it_applies_to():
+    for kind, eager in (("1f1b", 0), ("eager-1f1b", 1), ("eager-1f1b", 2)):
+        s = Schedule(kind, eagerness=eager)
+        for S, B in ((4, 16), (6, 7), (3, 3)):
+            for p in range(S):
+                W = warmup(s, S, p, B)
+                assert steady_warmup(s, S, p, B) == (W if W < B else None), (s, S, p, B)
+    # every forward first: no jump is possible
+    assert steady_warmup(Schedule("gpipe"), 4, 1, 16) is None
+    # ZB-H1 with its weight parts dropped: S - 1 - p warm-up forwards, then forward m + W and
+    # BA of m in turn -- the steady order of S - p forwards
+    assert [steady_warmup(Schedule("zb-h1"), 4, p, 16) for p in range(4)] == [4, 3, 2, 1]
+
+
+def test_no_window_crosses_a_missing_link():
+    """Written out by hand: 4 stages, 16 micro-batches, 1F1B (W = 4, 3, 2, 1)."""
+    f, c = [1.0] * 4, [2.0] * 4
+    H, R, D = [0.0] * 4, [0.0] * 4, [0.0] * 4
+    s = Schedule("1f1b")
+    nan = math.nan
+    assert window_bound(s, 16, f, c, [nan] * 3, H, R, D) == -math.inf
+    # only stages 0 and 1 are joined: h = 1, a jump every d = 4 - 3 + 1 = 2 micro-batches of
+    # J = 3 + 3 + 1.  From F(0): 2 warm-up forwards to F(2), 6 jumps to F(14), one step of
+    # f + c to F(15); then f, the 3 chain ops before the last and the last: 2 + 42 + 3 + 9
+    assert window_bound(s, 16, f, c, [1.0, nan, nan], H, R, D) == 56.0
+    # after a round trip of 10: F(4) at 1 + 10 + 2, 5 jumps to F(14), one step, then
+    # f + max(10, 3 x 2) + c: 13 + 35 + 3 + 13 = 64
+    assert window_bound(s, 16, f, c, [1.0, nan, nan], H, [10.0, 0, 0, 0], D) == 64.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(S=st.integers(2, 7), B=st.integers(1, 24), kind=st.sampled_from(["1f1b", "eager-1f1b", "1f1b-delay", "zb-h1"]),
+       scale=st.lists(st.floats(0.2, 3.0), min_size=7, max_size=7), nic=st.sampled_from(["2 GB/s", "25 GB/s"]))
+def test_windows_stay_below_the_simulated_time(S, B, kind, scale, nic):
+    """Random chains, unequal stages, slow and fast links: the bound with windows is still a
+    lower bound of the engine's simulated time."""
+    schedule = (Schedule("1f1b", weight_delay=True) if kind == "1f1b-delay"
+                else Schedule(kind, eagerness=1 if kind == "eager-1f1b" else 0))
+    plan = chain(S, B, [3e11 * x for x in scale[:S]], nic)
+    sim = simulate_schedule(plan, schedule).iteration_time
+    assert bounds(plan, schedule).value <= sim * (1 + REL)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "eager-1f1b", "zb-h1"])
+def test_every_window_is_below_the_simulated_time(kind, monkeypatch):
+    """Each (stage, depth) term on its own, not only the largest: the windows of every depth
+    of a 6-stage chain with unequal stages."""
+    import numpy as np
+
+    from solver_planner.stages import neighbor
+
+    schedule = Schedule(kind, eagerness=1 if kind == "eager-1f1b" else 0)
+    plan = chain(6, 20, [3e11, 5e11, 2e11, 4e11, 3e11, 6e11], "5 GB/s")
+    sim = simulate_schedule(plan, schedule).iteration_time
+    seen = []
+    real = neighbor.window_bound
+
+    def spy(schedule, B, f, c, links, H, R, D):
+        # every window alone: links cut everywhere but in [p, p + h]
+        S = len(f)
+        for p in range(S - 1):
+            for h in range(1, S - p):
+                cut = [x if p <= i < p + h else math.nan for i, x in enumerate(links)]
+                seen.append(real(schedule, B, f, c, cut, H, R, D))
+        return real(schedule, B, f, c, links, H, R, D)
+
+    monkeypatch.setattr(objective, "window_bound", spy)
+    bounds(plan, schedule)
+    assert len(seen) == 15 and max(seen) > -math.inf
+    assert np.all(np.array(seen) <= sim * (1 + REL)), (max(seen), sim)
