@@ -272,3 +272,25 @@ def test_greedy_finding_no_plan_says_why_and_points_to_dp():
         plan_partition(search, "greedy")
     assert "--method dp" in str(exc.value) and "--budget" not in str(exc.value)
     assert exc.value.bound is not None and exc.value.bound <= plan_partition(search, "dp").objective
+
+
+def test_out_of_simulations_the_search_still_raises_its_bound(monkeypatch):
+    """Once the simulation budget is spent nothing more is simulated, but solving subspaces
+    still raises the bound of the plans left (the 1T model on 1 024 GPUs: 29.7% -> 3.3%).
+    GPT-3 2.6B on two p3.8xlarge hosts with one simulated task: stopping at once left the
+    bound 17% under the optimum; going on proves it within 0.01%.  The bound stays a bound."""
+    from conftest import CLUSTERS, SPECS
+    from solver_planner import api
+    from solver_planner.stages import search
+
+    args = (CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml")
+    best = api.stages(*args, schedule="1f1b").result
+    assert best.status.name == "OPTIMAL"
+    starved = api.stages(*args, schedule="1f1b", simulations=1).result
+    assert starved.info["budget_exhausted"] and starved.info["simulations"] == 1
+    monkeypatch.setattr(search, "STALL", 0)            # stop as soon as nothing can be simulated
+    at_once = api.stages(*args, schedule="1f1b", simulations=1).result
+    assert at_once.info["subspaces"] < starved.info["subspaces"]
+    assert at_once.bound < 0.9 * best.objective
+    assert at_once.bound < starved.bound <= best.objective * (1 + 1e-9)
+    assert starved.bound > 0.999 * best.objective

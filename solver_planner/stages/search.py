@@ -436,6 +436,8 @@ def _price(plan: Partition, schedules: list[Schedule], enough: float = math.inf)
 
 
 DIVE = 16   # subspaces solved between simulations of the most promising priced plan
+STALL = 64   # once nothing more can be simulated: the search stops after STALL subspaces
+RISE = 1e-3  # that together raised the bound of what is left by less than RISE (relative)
 
 
 def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time_limit: float, seed: int,
@@ -457,6 +459,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
     least_o = math.inf             # the least objective of the plans priced so far
     tasks = [0]
     found = False
+    last_floor, stalled = None, 0    # the bound of what is left when it last rose, once out of tasks
     last = time.monotonic()
     started = time.perf_counter()
 
@@ -495,9 +498,18 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
             info["least_objective"] = least_o
         if not subs and not plans:
             break
-        if tasks[0] >= simulations:
-            break                       # nothing found from here on could be simulated
-        plan_first = plans and (not subs or plans[0][0] <= subs[0][0] or since >= DIVE)
+        out_of_tasks = tasks[0] >= simulations
+        if out_of_tasks:
+            # nothing found from here on is simulated, but solving subspaces still raises the
+            # bound of what is left (the 1T model on 1 024 GPUs: a 29.7% gap became 3.3%):
+            # go on while it rises, and stop after STALL subspaces that raised it by less than RISE
+            floor = min(subs[0][0] if subs else math.inf, plans[0][0] if plans else math.inf)
+            if last_floor is None or floor > last_floor + RISE * abs(last_floor):
+                last_floor, stalled = floor, 0
+            if not subs or subs[0][0] >= (plans[0][0] if plans else math.inf) or stalled >= STALL:
+                break
+            stalled += 1
+        plan_first = not out_of_tasks and plans and (not subs or plans[0][0] <= subs[0][0] or since >= DIVE)
         if plan_first:
             key, _, item = heapq.heappop(plans)
             simulate(item, board.cutoff(item[0]))
