@@ -729,9 +729,10 @@ class PairProblem:
 
     def _programs(self, tau, prefix, vals, cells, masks) -> tuple[StagePlan, ...] | None:
         """R1's plan if R1, R2 and R3 each have one at most tau on the cells not masked."""
-        plan = self._forward(tau, prefix, vals, cells, masks, "INC1")
+        # R1's least accumulators are R3's fill and drain (_ymaxes)
+        found = self._forward(tau, prefix, vals, cells, masks, "INC1", accumulators=True)
+        plan, drains = (None, None) if found is None else found
         fills = None if plan is None else self._forward(tau, prefix, vals, cells, masks, "INC2")
-        drains = None if fills is None or not self.r3 else self._forward(tau, prefix, vals, cells, masks, "INC1", True)
         if fills is None or not self._backward(tau, prefix, vals, cells, masks, self._ymaxes(tau, cells, fills, drains)):
             return None
         return plan
@@ -782,10 +783,10 @@ class PairProblem:
         bad = [(m.copy() if m is not None else np.zeros(len(c["k"]), dtype=bool)) | ~(c["T2"] <= tau)
                for m, c in zip(masks, cells)]
         fills = self._forward(tau, prefix, vals, cells, masks, "INC2")
-        drains = None if fills is None or not self.r3 else self._forward(tau, prefix, vals, cells, masks, "INC1", True)
-        if fills is None or (self.r3 and drains is None):
+        found = None if fills is None else self._forward(tau, prefix, vals, cells, masks, "INC1", accumulators=True)
+        if found is None:
             return None
-        ymax = self._ymaxes(tau, cells, fills, drains)
+        ymax = self._ymaxes(tau, cells, fills, found[1] if self.r3 else None)
         for _ in range(self.ROUNDS):
             before = sum(int(b.sum()) for b in bad)
             keep = [~b for b in bad]
@@ -849,9 +850,9 @@ class PairProblem:
         return bad
 
     def _forward(self, tau, prefix, vals, cells, masks, inc: str, accumulators: bool = False):
-        """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, for R2 (or with
-        ``accumulators``) the least accumulator reaching each layer before each remaining
-        stage; None when there is none."""
+        """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, for R2 the least
+        accumulator reaching each layer before each remaining stage (for R1 with
+        ``accumulators``: the plan and those); None when there is none."""
         L = self.L
         A = M = 0.0
         for p, v in enumerate(vals):
@@ -883,7 +884,7 @@ class PairProblem:
                 return None
         if not math.isfinite(acc[L]):
             return None
-        if inc != "INC1" or accumulators:
+        if inc != "INC1":
             return [prev for _, prev, _ in history]
         stages = []
         last, target = L - 1, acc[L]
@@ -892,7 +893,8 @@ class PairProblem:
             stages.append(StagePlan(int(c["k"][pick]), last, self.configs[int(c["j"][pick])]))
             last = int(c["k"][pick]) - 1
             target = prev[last + 1]
-        return tuple(prefix) + tuple(reversed(stages))
+        plan = tuple(prefix) + tuple(reversed(stages))
+        return (plan, [prev for _, prev, _ in history]) if accumulators else plan
 
     def _backward(self, tau, prefix, vals, cells, masks, ymax) -> bool:
         """Is there a completion with every cycle term (R3, each with the least fill reaching
