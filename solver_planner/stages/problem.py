@@ -719,22 +719,29 @@ class PairProblem:
             masks = None if fills is None else self._neighbor_masks(tau, prefix, vals, cells, masks, fills)
             if masks is None:
                 return None
-        plan = self._programs(tau, prefix, vals, cells, masks)
+        ymax: list = []
+        plan = self._programs(tau, prefix, vals, cells, masks, ymax)
         if plan is not None and self.relaxation(plan) > tau:
             # the three programs passed through different cells: filter the cells that lie
             # on no completion of one of them, and ask again (None is then still a proof)
-            masks = self._consistent(tau, prefix, vals, cells, masks)
+            masks = self._consistent(tau, prefix, vals, cells, masks, ymax[0])
             plan = None if masks is None else self._programs(tau, prefix, vals, cells, masks)
         return plan
 
-    def _programs(self, tau, prefix, vals, cells, masks) -> tuple[StagePlan, ...] | None:
-        """R1's plan if R1, R2 and R3 each have one at most tau on the cells not masked."""
+    def _programs(self, tau, prefix, vals, cells, masks, ymax: list | None = None) -> tuple[StagePlan, ...] | None:
+        """R1's plan if R1, R2 and R3 each have one at most tau on the cells not masked
+        (``ymax``: receives R3's per-cell limits when there is one, for :meth:`_consistent`)."""
         # R1's least accumulators are R3's fill and drain (_ymaxes)
         found = self._forward(tau, prefix, vals, cells, masks, "INC1", accumulators=True)
         plan, drains = (None, None) if found is None else found
         fills = None if plan is None else self._forward(tau, prefix, vals, cells, masks, "INC2")
-        if fills is None or not self._backward(tau, prefix, vals, cells, masks, self._ymaxes(tau, cells, fills, drains)):
+        if fills is None:
             return None
+        limits = self._ymaxes(tau, cells, fills, drains)
+        if not self._backward(tau, prefix, vals, cells, masks, limits):
+            return None
+        if ymax is not None:
+            ymax.append(limits)
         return plan
 
     def _ymaxes(self, tau, cells, fills, drains=None) -> list[np.ndarray]:
@@ -746,16 +753,11 @@ class PairProblem:
         drain back through the earlier stages), which replaces the fill and the tail ``G``."""
         out = []
         for q, (c, acc) in enumerate(zip(cells, fills)):
-            hk = acc[c["k"]]
-            reached = np.isfinite(hk)
-            budget = np.full(len(hk), -np.inf)
-            budget[reached] = tau - hk[reached]
+            off = acc[c["k"]]
             if drains is not None:
-                ak = drains[q][c["k"]]
-                ok = np.isfinite(ak)
-                other = np.full(len(ak), -np.inf)
-                other[ok] = tau - ak[ok] - c["XG"][ok] + c["G"][ok]
-                budget = np.minimum(budget, other)
+                off = np.maximum(off, drains[q][c["k"]] + c["XG"] - c["G"])
+            with np.errstate(invalid="ignore"):         # tau = inf: inf - inf where unreached
+                budget = np.where(np.isfinite(off), tau - off, -np.inf)
             out.append(self._ymax(c, budget))
         return out
 
@@ -763,9 +765,10 @@ class PairProblem:
     # soundness): on mlp16 2, 3 or 6 rounds gave the same plans and bounds as 1, 10-15% slower
     ROUNDS = 1
 
-    def _consistent(self, tau, prefix, vals, cells, masks) -> list[np.ndarray] | None:
+    def _consistent(self, tau, prefix, vals, cells, masks, ymax) -> list[np.ndarray] | None:
         """``masks`` (True: left out) with every cell removed that lies on no completion
-        with R1 <= tau, or on none with R2 <= tau, or on none whose R3 terms are <= tau.
+        with R1 <= tau, or on none with R2 <= tau, or on none whose R3 terms are <= tau
+        (``ymax``: R3's per-cell limits on these ``masks``, from :meth:`_programs`).
 
         Each of the three programs alone keeps a cell when *some* completion through it
         passes its own test; a cell that fails one of them is on no plan with ``R <= tau``,
@@ -782,11 +785,6 @@ class PairProblem:
             A0["INC2"] += v["INC2"]
         bad = [(m.copy() if m is not None else np.zeros(len(c["k"]), dtype=bool)) | ~(c["T2"] <= tau)
                for m, c in zip(masks, cells)]
-        fills = self._forward(tau, prefix, vals, cells, masks, "INC2")
-        found = None if fills is None else self._forward(tau, prefix, vals, cells, masks, "INC1", accumulators=True)
-        if found is None:
-            return None
-        ymax = self._ymaxes(tau, cells, fills, found[1] if self.r3 else None)
         for _ in range(self.ROUNDS):
             before = sum(int(b.sum()) for b in bad)
             keep = [~b for b in bad]
