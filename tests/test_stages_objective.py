@@ -316,10 +316,52 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
                          + max(R, (W - 1) * b[p]) + c[p] + g[p])
             else:
                 phase = max(max(f[p] + R, B * f[p]) + (B - 1) * b[p] + c[p], B * f[p] + R + c[p]) + g[p]
+            members = [window_term(pair, s, p, f[p], c[p], xf[p], R, g[p]) for s in schedules
+                       if warmup(s, S, p, B) == W]
+            if plan.costs.comm and all(m is not None for m in members):
+                phase = max(phase, min(members))
             terms.append(max(cycle, phase))
         want3 = max(want3, fill[p] + min(terms))
         Y += f[p] + c[p] + xg[p] + xf[p]
     assert r3 == pytest.approx(want3, rel=1e-12)
+
+
+def window_term(pair: PairProblem, schedule, p: int, f: float, c: float, xf: float, R: float, g: float):
+    """R3's window term of stage p under one schedule (stages/neighbor.py's windows, read
+    after micro-batch 0's round trip ``R``), with every later stage of the window at the least
+    ``f + c`` and transfers any of its cells has (found here by trying every cell), at the
+    depths R3 reads; None when the stage has no window."""
+    from solver_planner.stages.neighbor import steady_warmup
+    from solver_planner.stages.problem import _DEPTHS
+
+    S, B, L = pair.S, pair.B, pair.L
+    W = steady_warmup(schedule, S, p, B)
+    if W is None:
+        return None
+
+    def least(q: int, inner: bool) -> float:
+        best = math.inf
+        for cfg in pair.configs:
+            for k in range(L):
+                for i in range(k, L):
+                    v = pair._value(q, StagePlan(k, i, cfg))
+                    if v is not None:
+                        best = min(best, v["F"] + v["Bk"] - v["BC"] + v["XG"] + (v["XF"] if inner else 0.0))
+        return best
+
+    best = None
+    for h in sorted({h for h in _DEPTHS if p + h < S} | {S - 1 - p} - {0}):
+        V = steady_warmup(schedule, S, p + h, B)
+        if V is None or W - V + 1 < 1:
+            break
+        d = W - V + 1
+        j = (B - 1 - W) // d
+        M = sum(least(q, True) for q in range(p + 1, p + h)) + least(p + h, False)
+        if j > 0 and M < math.inf:
+            J = f + c + xf + M
+            v = f + R + c + j * J + (B - 1 - W - j * d) * (f + c) + f + max(R, (W - 1) * c) + c + g
+            best = v if best is None else max(best, v)
+    return best
 
 
 def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:

@@ -55,13 +55,15 @@ import numpy as np
 
 from .costs import StageConfig, StageCosts
 from .objective import deferred_weights, family_split, phase_time
-from .neighbor import neighbor_bound, neighbor_path
+from .neighbor import neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
 _SLACK = 1e-12
+# the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
+_DEPTHS = tuple(range(1, 9)) + tuple(int(8 * 1.5 ** k) for k in range(1, 20))
 _UIDS = itertools.count()          # names each list of cells (R5 remembers its pairs per list)
 
 
@@ -578,6 +580,7 @@ class PairProblem:
         cells["cycle"] = [(W, (self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
                            + (self.B - ((self.B - 1) // W) * W) * cells["Bk"] - cells["BC"] + cells["G"])
                           for W in self.warmups(p)]
+        cells["window"] = {W: self._window_value(p, W, cells) for W in self.warmups(p)}
         self._stage[key] = cells
         return cells
 
@@ -611,8 +614,79 @@ class PairProblem:
             cycle = (j + 1) * (v["K3"] + y) + c0
             R = v["XF"] + y
             phase = phase_time(v["F"], b, b - v["BC"], R, W, self.B) + v["G"]
+            window = self._window_value(p, W, v)
+            if window is not None:
+                phase = max(phase, float(window) + R + max(R, (W - 1) * (b - v["BC"])))
             best = min(best, max(cycle, phase))
         return best
+
+    def _window_minima(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage, the least ``f + c + x(p->p-1) + x(p->p+1)`` over the cells that fit (a
+        stage inside a window), and the least without ``x(p->p+1)`` (a window's last stage)."""
+        if "window_minima" not in self._stage:
+            inner, last = np.full(self.S, np.inf), np.full(self.S, np.inf)
+            for i in range(self.S):
+                st = self.stage(i)
+                ok = np.isfinite(st["INC1"])
+                if ok.any():
+                    base = st["F"][ok] + (st["Bk"][ok] - st["BC"][ok]) + st["XG"][ok]
+                    inner[i], last[i] = (base + st["XF"][ok]).min(), base.min()
+            self._stage["window_minima"] = (inner, last)
+        return self._stage["window_minima"]
+
+    def _windows(self, p: int) -> dict[int, list | None]:
+        """Per warm-up count W of stage p (R3's members): for each member of the family with
+        that count, its windows from stage p (neighbor.py) as ``(j, r, M)``: jumps after the
+        first round trip, forward steps left, and the least ``J`` less stage p's own
+        ``f + c + x(p->p+1)`` (the later stages' parts at their stage's least, so ``J`` is a
+        lower bound whatever cells the plan takes).  None: a member has no window."""
+        key = ("windows", p)
+        if key not in self._stage:
+            inner, last = self._window_minima()
+            cum = np.concatenate([[0.0], np.cumsum(inner)])
+            out: dict[int, list | None] = {}
+            for s in self.schedules:
+                W0 = warmup(s, self.S, p, self.B)
+                W = steady_warmup(s, self.S, p, self.B) if s.virtual == 1 else None
+                mine = []
+                depths = sorted({h for h in _DEPTHS if p + h < self.S} | {self.S - 1 - p} - {0})
+                for h in depths:
+                    V = steady_warmup(s, self.S, p + h, self.B) if W is not None else None
+                    if V is None or W - V + 1 < 1:
+                        break
+                    d = W - V + 1
+                    j = (self.B - 1 - W) // d
+                    M = cum[p + h] - cum[p + 1] + last[p + h]
+                    if j > 0 and np.isfinite(M):
+                        mine.append((j, self.B - 1 - W - j * d, float(M)))
+                if W0 not in out:
+                    out[W0] = []
+                if not mine or out[W0] is None:
+                    out[W0] = None
+                else:
+                    out[W0].append(mine)
+            self._stage[key] = out
+        return self._stage[key]
+
+    def _window_value(self, p: int, W: int, v: dict):
+        """R3's window term of stage p's cells ``v`` (arrays, or one cell's values) for the
+        members with ``W`` warm-up forwards, without the fill and the two round trips
+        (``R + max(R, (W - 1) c)``, which the caller adds): ``2 f + 2 c + G`` and the largest
+        ``j J + r (f + c)`` over the windows, the least over the members; None without one."""
+        members = self._windows(p).get(W)
+        if not members or not self.costs.comm:
+            return None
+        f, ch = v["F"], v["Bk"] - v["BC"]
+        w = f + ch
+        head = w + v["XF"]
+        out = None
+        for windows in members:
+            best = None
+            for j, r, M in windows:
+                x = j * (head + M) + r * w
+                best = x if best is None else np.maximum(best, x)
+            out = best if out is None else np.minimum(out, best)
+        return 2 * w + v["G"] + out
 
     def _ymax(self, c: dict, tau: float) -> np.ndarray:
         """Per cell, the largest incoming round trip y with a cycle and a phase term at most
@@ -622,7 +696,14 @@ class PairProblem:
         ymax = np.full(len(c["k"]), -np.inf)
         for W, jp1, c0 in c["cycle"]:
             cyc = (tau - c0) / jp1 - c["K3"]
-            ymax = np.maximum(ymax, np.minimum(cyc, self._phase_ymax(c, W, tau)))
+            lim = np.minimum(cyc, self._phase_ymax(c, W, tau))
+            window = c["window"][W]
+            if window is not None:
+                # R + max(R, K) <= T: R <= min(T - K, T / 2)
+                T = tau - window
+                K = (W - 1) * (c["Bk"] - c["BC"])
+                lim = np.minimum(lim, np.minimum(T - K, T / 2) - c["XF"])
+            ymax = np.maximum(ymax, lim)
         return ymax
 
     def _phase_ymax(self, c: dict, W: int, tau: float) -> np.ndarray:
