@@ -299,12 +299,15 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     want3, Y = 0.0, 0.0
     from solver_planner.stages.schedule import warmup
     fill = [sum(f[q] + xf[q] for q in range(p)) for p in range(S)]     # R2's H: before stage p's first forward
-    # or the fill and the drain back through every earlier stage's chain op to the first
-    # stage's tail (objective.py's D_p), which then replaces the stage's own tail g
+    # or the fill and the drain back through the earlier stages' chain ops from whichever
+    # tail ends last (objective.py's D_p = max(u_p, x(p->p-1) + c_{p-1} + D_{p-1}), each u_p
+    # at least g_p, the first stage's at least u0), which then replaces the stage's own g
     u0 = min(plan.tail_full[0] if whole else math.inf,
              plan.backward_weight[0] + plan.tail_weight[0] if split else math.inf) + tie_floor(plan, 0)
-    drain = [u0 + sum(c[q] for q in range(p)) + sum(xg[q] for q in range(1, p + 1)) for p in range(S)]
-    fill = [max(fill[p], fill[p] + drain[p] - g[p]) for p in range(S)]
+    drain = [u0]
+    for p in range(1, S):
+        drain.append(max(g[p], xg[p] + c[p - 1] + drain[p - 1]))
+    fill = [fill[0]] + [max(fill[p], fill[p] + drain[p] - g[p]) for p in range(1, S)]
     for p in range(S - 1, -1, -1):
         terms = []
         for W in {warmup(s, S, p, B) for s in schedules}:

@@ -153,3 +153,52 @@ def test_the_relaxation_reads_windows_with_later_stages_at_their_least(monkeypat
     bare = PairProblem(plan.costs, [schedule])
     monkeypatch.setattr(bare, "_windows", lambda p: {})
     assert bare.terms(plan.stages)[2] < 0.96 * objective_value
+
+
+def test_the_drain_may_start_at_any_earlier_stage_s_tail(monkeypatch):
+    """R3's fill and drain (stages/problem.py, ``_drains``): the objective's drain runs back
+    from whichever earlier stage's tail ends last.  Six layers on three one-GPU hosts, the
+    second layer holding most parameters (its stage's optimizer step outlasts the first
+    stage's) and the last four the most work.  Per layer split (each enumerated): R stays
+    under the objective, the dynamic programs accept the least R and bound it (to their
+    bisection's 0.1%), and on the split (1, 1, 4) R3 binds through the second stage's tail, 10% above
+    what the first stage's tail alone gives."""
+    from solver_planner.stages.enumerate import all_plans
+    from solver_planner.stages.problem import PairProblem, Subspace
+
+    topo = topology(3, 1, "25 GB/s", "host", efficiency=True)
+    act = 32 * 2**20
+    params = [1e6, 4e9, 1e6, 1e6, 1e6, 1e6]
+    flops = [1e11, 1e11, 6e11, 6e11, 6e11, 6e11]
+    layers = [Layer(f"l{i}", x, 2 * x, y, y, act, act, 0.0, allreduces=0) for i, (x, y) in enumerate(zip(flops, params))]
+    model = LayerModel("drain", layers, 4, None)
+    shape = MeshShape(1, 1)
+    costs = StageCosts(model, topo, shape, 4, cost_tables(topo, CostModel(topo), shape), True)
+    schedule = Schedule("1f1b")
+    r3 = {}
+    for split in ((1, 1, 4), (1, 2, 3), (1, 3, 2), (2, 2, 2), (3, 2, 1)):
+        pair = PairProblem(costs, [schedule])
+        pair.fix_layers(split)
+        plans = list(all_plans(pair))
+        values = sorted(pair.relaxation(p) for p in plans)
+        # the programs accept the least R (their "no" proves every plan is above tau)
+        assert pair.feasible(values[0]) is not None, split
+        lo, best = pair.minimize(Subspace(pair, bound=0.0))
+        assert values[0] * (1 - 2e-3) <= lo <= values[0] * (1 + 1e-12), split
+        for stages in plans:
+            assert pair.relaxation(stages) <= bounds(Partition(costs, list(stages)), schedule).value * (1 + REL)
+        r3[split] = (plans[0], pair.terms(plans[0]))
+    stages, terms = r3[(1, 1, 4)]
+    assert terms[2] == max(terms)
+    monkeypatch.setattr(PairProblem, "_r3_fills", staticmethod(_first_tail_only))
+    assert PairProblem(costs, [schedule]).terms(stages)[2] < 0.9 * terms[2]
+
+
+def _first_tail_only(vals, after=False):
+    """R3's fill and drain with the drain from the first stage's tail only (R1's accumulator)."""
+    out, H, A = [], 0.0, -math.inf
+    for p, v in enumerate(vals):
+        out.append(max(H, A + v["XG"] - v["G"]))
+        A = v["INC1"] if p == 0 else A + v["INC1"]
+        H += v["INC2"]
+    return (out, A) if after else out

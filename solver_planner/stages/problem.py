@@ -812,12 +812,11 @@ class PairProblem:
     def _programs(self, tau, prefix, vals, cells, masks, ymax: list | None = None) -> tuple[StagePlan, ...] | None:
         """R1's plan if R1, R2 and R3 each have one at most tau on the cells not masked
         (``ymax``: receives R3's per-cell limits when there is one, for :meth:`_consistent`)."""
-        # R1's least accumulators are R3's fill and drain (_ymaxes)
-        found = self._forward(tau, prefix, vals, cells, masks, "INC1", accumulators=True)
-        plan, drains = (None, None) if found is None else found
+        plan = self._forward(tau, prefix, vals, cells, masks, "INC1")
         fills = None if plan is None else self._forward(tau, prefix, vals, cells, masks, "INC2")
         if fills is None:
             return None
+        drains = self._drains(tau, prefix, vals, cells, masks, fills) if self.r3 else None
         limits = self._ymaxes(tau, cells, fills, drains)
         if not self._backward(tau, prefix, vals, cells, masks, limits):
             return None
@@ -830,8 +829,9 @@ class PairProblem:
         term, fill included, can be at most tau.  ``fills``: R2's program's accumulators
         (:meth:`_forward`), the least fill ``H`` reaching each first layer through cells
         passing R2's test: a lower bound of the fill of every plan through a cell with
-        ``R <= tau`` (-inf where none reaches).  ``drains``: R1's, the least ``A`` (fill and
-        drain back through the earlier stages), which replaces the fill and the tail ``G``."""
+        ``R <= tau`` (-inf where none reaches).  ``drains``: :meth:`_drains`, the least ``Q``
+        (fill and drain back through the earlier stages before a stage), with which
+        ``Q + x(p->p-1)`` replaces the fill and the tail ``G``."""
         out = []
         for q, (c, acc) in enumerate(zip(cells, fills)):
             off = acc[c["k"]]
@@ -928,10 +928,9 @@ class PairProblem:
                 bad |= (cells["j"] == j) & (cells["k"] == st.first) & (cells["i"] == st.last)
         return bad
 
-    def _forward(self, tau, prefix, vals, cells, masks, inc: str, accumulators: bool = False):
+    def _forward(self, tau, prefix, vals, cells, masks, inc: str) -> tuple[StagePlan, ...] | None:
         """R1 (``INC1``) or R2 (``INC2``) at most tau; the plan for R1, for R2 the least
-        accumulator reaching each layer before each remaining stage (for R1 with
-        ``accumulators``: the plan and those); None when there is none."""
+        accumulator reaching each layer before each remaining stage; None when there is none."""
         L = self.L
         A = M = 0.0
         for p, v in enumerate(vals):
@@ -972,8 +971,7 @@ class PairProblem:
             stages.append(StagePlan(int(c["k"][pick]), last, self.configs[int(c["j"][pick])]))
             last = int(c["k"][pick]) - 1
             target = prev[last + 1]
-        plan = tuple(prefix) + tuple(reversed(stages))
-        return (plan, [prev for _, prev, _ in history]) if accumulators else plan
+        return tuple(prefix) + tuple(reversed(stages))
 
     def _backward(self, tau, prefix, vals, cells, masks, ymax) -> bool:
         """Is there a completion with every cycle term (R3, each with the least fill reaching
@@ -1006,15 +1004,47 @@ class PairProblem:
         return True
 
     @staticmethod
-    def _r3_fills(vals) -> list[float]:
-        """Per stage of ``vals`` (a plan's first stages), what R3 adds to its cycle term: the
-        fill (R2's ``H``), or R1's ``A + x(p->p-1)`` less the tail ``G`` the term counts
-        (the fill and the drain back through the earlier stages), whichever is larger."""
-        out, H, A = [], 0.0, 0.0
-        for v in vals:
-            out.append(max(H, A + v["XG"] - v["G"]))
+    def _r3_fills(vals, after: bool = False):
+        """Per stage of ``vals`` (a plan's first stages), what R3 adds to its cycle term:
+        ``E - G`` with ``E = max(H + G, Q + x(p->p-1))`` the objective's fill and drain
+        ``H_p + D_p`` (``D_p = max(u_p, x(p->p-1) + c_{p-1} + D_{p-1})``: the drain runs back
+        from whichever earlier stage's tail ends last), the stage's own tail ``G`` standing
+        for ``u_p``, and ``Q`` (:meth:`_drains`) the part before the stage.  ``after``: also
+        ``Q`` after the last of them."""
+        out, H, Q = [], 0.0, -math.inf
+        for p, v in enumerate(vals):
+            E = max(H + v["G"], Q + v["XG"])
+            out.append(E - v["G"])
+            Q = v["INC1"] if p == 0 else E + v["F"] + v["XF"] + (v["Bk"] - v["BC"])
             H += v["INC2"]
-            A += v["INC1"]
+        return (out, Q) if after else out
+
+    def _drains(self, tau, prefix, vals, cells, masks, fills) -> list[np.ndarray]:
+        """Per remaining stage, the least ``Q`` (:meth:`_r3_fills`) reaching each first layer,
+        through the cells passing R2's test: ``Q_{p+1} = max(H_p + G_p, Q_p + x(p->p-1)) + f_p
+        + x(p->p+1) + c_p`` with ``H`` at its least (``fills``), so a lower bound of ``Q`` on
+        every plan through a cell with ``R <= tau`` (it grows with both).  With only the
+        first stage's tail this is R1's accumulator; every later stage's tail may start the
+        drain too (GPT-3 175B on 16 384 GPUs: a stage's gradient reduction outlasts the first
+        stage's)."""
+        start = prefix[-1].last + 1 if prefix else 0
+        acc = np.full(self.L + 1, np.inf)
+        acc[start] = self._r3_fills(vals, after=True)[1]
+        out = []
+        for q, c in enumerate(cells):
+            out.append(acc)
+            hk = fills[q][c["k"]]
+            ok = hk + c["T2"] <= tau
+            if masks[q] is not None:
+                ok &= ~masks[q]
+            if len(prefix) + q == 0:
+                val = c["INC1"]
+            else:
+                val = np.maximum(hk + c["G"], acc[c["k"]] + c["XG"]) + c["F"] + c["XF"] + (c["Bk"] - c["BC"])
+            val = np.where(ok, val, np.inf)
+            acc = np.full(self.L + 1, np.inf)
+            if len(val):
+                acc[c["ends"] + 1] = np.minimum.reduceat(val, c["starts"])
         return out
 
     def minimize(self, sub: Subspace, cutoff: float = math.inf, tol: float = 1e-3,
