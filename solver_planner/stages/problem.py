@@ -12,11 +12,14 @@ can be handled by dynamic programs, each exact for its own part:
   *later* stages: a backward program whose accumulator ``Y`` grows by ``INC3``; each stage's
   term also counts the fill before its first forward (R2's ``H``; without it, deep pipelines
   lost their late stages' cycle terms: GPT-3 175B on 4 096 GPUs stopped at a 4.8% gap, now
-  0.6%), or R1's accumulator ``A`` in place of both the fill and the drain: the objective's
-  drain ``D_p`` runs back through every earlier stage's chain op to the first stage's tail,
-  which ``A_p + x(p->p-1)`` holds with the fill (on GPT-3 175B on 16 384 GPUs, 32 stages and
-  24 micro-batches, the best plan's R3 rose from 2.26 s to its phase bound, 2.55 s).  The
-  fill grows forwards and the round trip backwards, so the programs test
+  0.6%), or the fill and the drain together in place of the stage's own tail: the
+  objective's drain ``D_p`` runs back through the earlier stages' chain ops from whichever
+  tail ends last (:meth:`PairProblem._drains`; on GPT-3 175B on 16 384 GPUs, 32 stages and
+  24 micro-batches, R3 of the best plan rose from 2.26 s to 2.49 s and the gap fell from
+  13.7% to 3.9%).  Besides the cycle and the phase, each term reads the windows of the
+  neighbour cycle (:mod:`.neighbor`), each later stage of a window at the least any of its
+  cells costs (the 1T model on 1 024 GPUs: gap 3.3% to 0.6%).  The fill (and the drain)
+  grow forwards and the round trip backwards, so the programs test
   each cell with the least fill reaching it and the least round trip after it (a necessary
   condition, :meth:`PairProblem._ymaxes`), and whole plans exactly;
 * R4, the port bound's load and head, per class of ports: a forward and a backward
