@@ -56,6 +56,20 @@ def test_equal_stages_on_links_are_paced_by_the_widest_window(monkeypatch):
     assert sim - b.value < 0.1 * (sim - without.value), (without, b, sim)
 
 
+def test_steady_warmup_is_what_the_orders_say():
+    """The closed form (read off the schedule) against the op orders themselves, for every
+    schedule without chunks, weight delaying on and off, on every small pipeline."""
+    from solver_planner.stages.neighbor import steady_warmup_of_orders
+
+    schedules = [Schedule("1f1b"), Schedule("1f1b", weight_delay=True), Schedule("eager-1f1b", eagerness=1),
+                 Schedule("eager-1f1b", eagerness=3, weight_delay=True), Schedule("zb-h1"), Schedule("gpipe")]
+    for s in schedules:
+        for S in range(1, 8):
+            for B in range(1, 18):
+                for p in range(S):
+                    assert steady_warmup(s, S, p, B) == steady_warmup_of_orders(s, S, p, B), (s, S, B, p)
+
+
 def test_steady_warmup_reads_the_orders_it_applies_to():
     for kind, eager in (("1f1b", 0), ("eager-1f1b", 1), ("eager-1f1b", 2)):
         s = Schedule(kind, eagerness=eager)
