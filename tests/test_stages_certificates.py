@@ -278,7 +278,7 @@ def test_out_of_simulations_the_search_still_raises_its_bound(monkeypatch):
     """Once the simulation budget is spent nothing more is simulated, but solving subspaces
     still raises the bound of the plans left (the 1T model on 1 024 GPUs: 29.7% -> 3.3%).
     GPT-3 2.6B on two p3.8xlarge hosts with one simulated task: stopping at once left the
-    bound 17% under the optimum; going on proves it within 0.01%.  The bound stays a bound."""
+    bound 17% under the optimum; going on proves it within 0.1%.  The bound stays a bound."""
     from conftest import CLUSTERS, SPECS
     from solver_planner import api
     from solver_planner.stages import search
