@@ -2,7 +2,9 @@
 
 On a run of h + 1 equal stages joined by links, 1F1B's steady state runs a micro-batch every
 ``w + 2x h / (h + 1)``: neither the phase bound (``w``), the neighbour cycle (``h = 1``) nor,
-when faster stages follow, the cycle bound (the whole pipeline) sees it; the window does."""
+when faster stages follow, the cycle bound (the whole pipeline) sees it; the window does.
+Also R3 of the relaxation (stages/problem.py), which reads the windows and, with them, the
+drain back from whichever earlier stage's tail ends last."""
 
 from __future__ import annotations
 
