@@ -58,7 +58,8 @@ import numpy as np
 
 from .schedule import Schedule, mesh_order, warmup
 
-__all__ = ["neighbor_path", "neighbor_bound", "steady_warmup", "steady_warmup_of_orders", "window_bound"]
+__all__ = ["neighbor_path", "neighbor_bound", "steady_warmup", "steady_warmup_of_orders", "jumps_after_trip",
+           "window_bound"]
 
 
 def _chain_sequence(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple | None:
@@ -178,6 +179,16 @@ def steady_warmup_of_orders(schedule: Schedule, stages: int, p: int, microbatche
     return W
 
 
+def jumps_after_trip(W, V, microbatches: int):
+    """(jumps, forward steps left) of a window's path from ``F_p(W)`` to ``F_p(B - 1)``
+    (module docstring): a jump every ``d = W - V + 1`` micro-batches, ``W``, ``V`` the steady
+    warm-ups of the window's first and last stages (element-wise on arrays, ``d >= 1``)."""
+    d = W - V + 1
+    n = microbatches - 1 - W
+    j = n // d
+    return j, n - j * d
+
+
 _ROWS = 64      # stages per block: memory stays O(rows x stages) on deep pipelines
 
 
@@ -214,9 +225,8 @@ def window_bound(schedule: Schedule, microbatches: int, f, c, links, fill, round
         J = cw[q + 1] - cw[p] + cl[q] - cl[p]
         fp, cp, wp = f[p], c[p], w[p]
         # from F(W), after micro-batch 0's round trip
-        n2 = B - 1 - W
-        j2 = n2 // d
-        after_trip = fp + R[p] + cp + j2 * J + (n2 - j2 * d) * wp
+        j2, r2 = jumps_after_trip(W, np.where(ok, V, W), B)
+        after_trip = fp + R[p] + cp + j2 * J + r2 * wp
         # from F(0) through the warm-up to F(V - 1), when at least one jump fits
         n1 = B - V
         j1 = n1 // d

@@ -58,7 +58,7 @@ import numpy as np
 
 from .costs import StageConfig, StageCosts
 from .objective import deferred_weights, family_split, phase_time
-from .neighbor import neighbor_bound, neighbor_path, steady_warmup
+from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
 
@@ -647,27 +647,24 @@ class PairProblem:
         if key not in self._stage:
             inner, last = self._window_minima()
             cum = np.concatenate([[0.0], np.cumsum(inner)])
+            depths = sorted({h for h in _DEPTHS if p + h < self.S} | {self.S - 1 - p} - {0})
             out: dict[int, list | None] = {}
             for s in self.schedules:
-                W0 = warmup(s, self.S, p, self.B)
-                W = steady_warmup(s, self.S, p, self.B) if s.virtual == 1 else None
                 mine = []
-                depths = sorted({h for h in _DEPTHS if p + h < self.S} | {self.S - 1 - p} - {0})
-                for h in depths:
-                    V = steady_warmup(s, self.S, p + h, self.B) if W is not None else None
+                W = steady_warmup(s, self.S, p, self.B)
+                for h in depths if W is not None else ():
+                    V = steady_warmup(s, self.S, p + h, self.B)
                     if V is None or W - V + 1 < 1:
-                        break
-                    d = W - V + 1
-                    j = (self.B - 1 - W) // d
+                        break                   # no window reaches past this stage
+                    j, r = jumps_after_trip(W, V, self.B)
                     M = cum[p + h] - cum[p + 1] + last[p + h]
                     if j > 0 and np.isfinite(M):
-                        mine.append((j, self.B - 1 - W - j * d, float(M)))
-                if W0 not in out:
-                    out[W0] = []
-                if not mine or out[W0] is None:
-                    out[W0] = None
-                else:
-                    out[W0].append(mine)
+                        mine.append((j, r, float(M)))
+                # a member without windows leaves its warm-up count without any (the least
+                # over the members would be no bound)
+                W0 = warmup(s, self.S, p, self.B)
+                group = out.setdefault(W0, [])
+                out[W0] = group + [mine] if mine and group is not None else None
             self._stage[key] = out
         return self._stage[key]
 
