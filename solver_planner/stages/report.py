@@ -270,16 +270,18 @@ def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbent
     pairs; the result, and the cluster and device use of the plan it returns."""
     from .unequal import search_unequal
 
-    try:
-        if no_equal:       # no equal plan within the options: nothing for the equal search to cover
-            raise InfeasibleError(search.impossible_message() if search.pairs() else "no plan on equal meshes")
-        equal = plan_partition(search, method, incumbents=incumbents, **args)
-        covered_bound = equal.bound
-    except (InfeasibleError, UnknownError) as exc:      # no equal plan: an unequal one may fit
-        equal, equal_error = None, exc
-        # no equal plan fits (inf), or none was found within the limits: what was proven, if anything
-        covered_bound = math.inf if isinstance(exc, InfeasibleError) else (
-            exc.bound if exc.bound is not None else -math.inf)
+    equal, equal_error, covered_bound = None, None, math.inf
+    if no_equal:       # no equal plan within the options: nothing for the equal search to cover
+        equal_error = InfeasibleError(search.impossible_message() if search.pairs() else "no plan on equal meshes")
+    else:
+        try:
+            equal = plan_partition(search, method, incumbents=incumbents, **args)
+            covered_bound = equal.bound
+        except (InfeasibleError, UnknownError) as exc:      # no equal plan: an unequal one may fit
+            equal_error = exc
+            # no equal plan fits (inf), or none was found within the limits: what was proven, if anything
+            if isinstance(exc, UnknownError):
+                covered_bound = exc.bound if exc.bound is not None else -math.inf
     covered = [] if no_equal else [(p.costs.shape, p.B, p.S) for p in search.pairs()]
     wide = StageSearch(search.model, cluster, search.schedule, search.comm, stages=search.stages,
                        compute=search.compute)
