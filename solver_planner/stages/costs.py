@@ -52,7 +52,8 @@ from ..reduction.hierarchy import Lowering
 from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
-from .layers import LayerModel, range_sums
+from .layers import LayerModel
+from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample)
 from .operators import layer_pass_times
@@ -245,52 +246,44 @@ def _affine_of(ab: tuple[float, float], x: np.ndarray | float) -> np.ndarray:
     return ab[0] + ab[1] * np.asarray(x, dtype=float)
 
 
-def _flow_shop_tail(pieces: np.ndarray, reductions: np.ndarray) -> np.ndarray:
-    """``g[k, i]``: how long the reductions of layers k..i outlast their backward pieces.
+def _flow_shop_tail(pieces: np.ndarray, reductions: np.ndarray) -> Ranges:
+    """``g[k, i]``: how long the reductions of layers k..i outlast their backward pieces
+    (:class:`.ranges.Tail`)."""
+    return Tail(pieces, reductions)
 
-    Backward runs layers i, i-1, ..., k; layer j's reduction starts when its piece is done
-    and the previous reduction has ended.  The last reduction ends at
-    ``max_j (sum_{l=j..i} c_l + sum_{l=k..j} s_l)`` after the first piece starts.
-    """
-    n = len(pieces)
-    pc = np.concatenate([[0.0], np.cumsum(pieces)])
-    ps = np.concatenate([[0.0], np.cumsum(reductions)])
-    v = ps[1:] - pc[:-1]                                   # v_j = Ps[j+1] - Pc[j]
-    k = np.arange(n)[:, None]
-    j = np.arange(n)[None, :]
-    best = np.maximum.accumulate(np.where(j >= k, v[None, :], -np.inf), axis=1)   # max_{k<=j<=i} v_j
-    span = pc[None, 1:] - ps[:-1, None] + best             # G[k, i]
-    tail = span - (pc[None, 1:] - pc[:-1, None])
-    return np.triu(np.maximum(tail, 0.0))
+
+def _where(cond: Ranges, a, b) -> Ranges:
+    return apply(lambda c, x, y: np.where(c > 0, x, y), cond, a, b)
 
 
 @dataclass
 class ConfigCosts:
-    """``[k, i]`` matrices of one :class:`StageConfig` on one (mesh, micro-batch count)."""
+    """``[k, i]`` tables (:class:`.ranges.Ranges`, linear in the layers) of one
+    :class:`StageConfig` on one (mesh, micro-batch count)."""
 
     config: StageConfig
     data: int
     samples: float                  # samples of a micro-batch per replica
-    forward: np.ndarray             # F
-    backward_act: np.ndarray        # BA (activation gradients, recomputation, backward all-reduces)
-    backward_weight: np.ndarray     # BW (weight gradients)
-    static: np.ndarray              # bytes per device, tied copies included
-    activation: np.ndarray          # bytes per device one micro-batch keeps for backward
-    transient: np.ndarray           # bytes per device live during one layer's backward
-    tail_full: np.ndarray           # g of the reductions behind a whole backward
-    tail_weight: np.ndarray         # g of the reductions behind BW alone (weight delaying)
+    forward: Ranges                 # F
+    backward_act: Ranges            # BA (activation gradients, recomputation, backward all-reduces)
+    backward_weight: Ranges         # BW (weight gradients)
+    static: Ranges                  # bytes per device, tied copies included
+    activation: Ranges              # bytes per device one micro-batch keeps for backward
+    transient: Ranges               # bytes per device live during one layer's backward
+    tail_full: Ranges               # g of the reductions behind a whole backward
+    tail_weight: Ranges             # g of the reductions behind BW alone (weight delaying)
     # per-layer pieces for the simulator (backward order is reversed by the caller)
     layer_backward: np.ndarray
     layer_weight: np.ndarray
     layer_reduction: np.ndarray     # bucket time of each layer
     layer_reduction_copy: np.ndarray  # the same when the layer holds a tied copy
-    reduction_all: np.ndarray       # [k, i]: the whole stage's buckets after its backward (no overlap)
+    reduction_all: Ranges           # [k, i]: the whole stage's buckets after its backward (no overlap)
     buckets: tuple = ()             # per layer: (full buckets, time of one, time of the last)
     buckets_copy: tuple = ()
     bucket_time: object = None      # bytes -> time of one bucket
-    grad_bytes: np.ndarray | None = None   # [k, i]: gradient bytes per device, tied copies included
+    grad_bytes: Ranges | None = None   # [k, i]: gradient bytes per device, tied copies included
     bucket_cap: float = 25 * 2**20
-    optimizer: np.ndarray | None = None   # [k, i]: the optimizer step, after the reductions (in the tails)
+    optimizer: Ranges | None = None   # [k, i]: the optimizer step, after the reductions (in the tails)
 
     def stage_buckets(self, first: int, last: int) -> list[float]:
         """Times of the buckets of a whole stage's gradients (no overlap)."""
@@ -309,12 +302,12 @@ class ConfigCosts:
         times = [float(full[layer])] * int(n[layer]) + [float(last[layer])]
         return [x for x in times if x > 0]
 
-    @property
-    def backward(self) -> np.ndarray:
+    @cached_property
+    def backward(self) -> Ranges:
         return self.backward_act + self.backward_weight
 
-    @property
-    def work(self) -> np.ndarray:
+    @cached_property
+    def work(self) -> Ranges:
         return self.forward + self.backward_act + self.backward_weight
 
 
@@ -335,8 +328,6 @@ class StageCosts:
         self.stages = topology.num_devices // shape.size
         self.micro_size = model.global_batch // microbatches
         self.device_memory = topology.device.memory
-        n = model.num_layers
-        self.valid = np.triu(np.ones((n, n), dtype=bool))
         self.configs = [StageConfig(t, r) for t in divisors(shape.devices_per_host) if t in tables
                         and self.micro_size % (shape.size // t) == 0 for r in model.options.recompute]
         self._configs: dict[StageConfig, ConfigCosts] = {}
@@ -424,16 +415,17 @@ class StageCosts:
         m, opts, t = self.model, self.model.options, c.tensor
         comp = self.tables[t].cost.compute
         if comp.is_peak:
-            return np.zeros((m.num_layers, m.num_layers))
+            return Const(m.num_layers, 0.0)
         d = self.shape.size // t
         clip = opts.gradient_clipping
         per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding, clip)
-        traffic = range_sums(per_layer)
+        traffic = Sums(per_layer)
         if m.ties():
             traffic = traffic + self._copy_bytes(
                 optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding, clip))
-        kernels = range_sums((m.column("params") + m.column("tied_params") > 0).astype(float))
-        return np.triu(comp.time(0.0, traffic, kernels) + opts.host_overhead)
+        kernels = Sums((m.column("params") + m.column("tied_params") > 0).astype(float))
+        host = opts.host_overhead
+        return apply(lambda x, k: comp.time(0.0, x, k) + host, traffic, kernels)
 
     def _costs(self, c: StageConfig) -> ConfigCosts:
         m, opts, t = self.model, self.model.options, c.tensor
@@ -464,15 +456,16 @@ class StageCosts:
 
         chunks, red = chunked(grads)
         chunks_copy, red_copy = chunked(grads + copy)
-        red_all = np.triu(chunked(range_sums(grads) + self._copy_bytes(copy))[1])
+        grad_bytes = Sums(grads) + self._copy_bytes(copy)
+        red_all = apply(lambda x: chunked(x)[1], grad_bytes)
         backward = act_grad + weight
-        copies = m.copies()
         if opts.gradient_overlap:
             tail_full = _flow_shop_tail(backward, red)
             tail_weight = _flow_shop_tail(weight, red)
-            if copies.any():
-                tail_full = np.where(copies, _flow_shop_tail(backward, red_copy), tail_full)
-                tail_weight = np.where(copies, _flow_shop_tail(weight, red_copy), tail_weight)
+            if m.ties():
+                copies = Copies(m.num_layers, m.ties())
+                tail_full = _where(copies, _flow_shop_tail(backward, red_copy), tail_full)
+                tail_weight = _where(copies, _flow_shop_tail(weight, red_copy), tail_weight)
         else:
             tail_full = tail_weight = red_all
         # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
@@ -481,23 +474,17 @@ class StageCosts:
         static, activation, transient = self.memory_parts(c)
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
-            forward=range_sums(fwd), backward_act=range_sums(act_grad), backward_weight=range_sums(weight),
+            forward=Sums(fwd), backward_act=Sums(act_grad), backward_weight=Sums(weight),
             static=static, activation=activation, transient=transient,
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
-            grad_bytes=range_sums(grads) + self._copy_bytes(copy), bucket_cap=cap, optimizer=opt,
+            grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt,
         )
 
-    def _copy_bytes(self, per_layer: np.ndarray) -> np.ndarray:
+    def _copy_bytes(self, per_layer: np.ndarray) -> Ranges:
         """``[k, i]``: the tied copies a stage of layers k..i holds (layers sharing one outside it)."""
-        n = self.model.num_layers
-        k = np.arange(n)[:, None]
-        i = np.arange(n)[None, :]
-        out = np.zeros((n, n))
-        for a, b in self.model.ties():
-            out += np.where((a < k) & (k <= b) & (b <= i), per_layer[b], 0.0)
-        return out
+        return CopyBytes(per_layer, self.model.ties())
 
     def memory_parts(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``[k, i]`` bytes per device: static (parameters, gradients, optimizer state, tied
@@ -510,15 +497,26 @@ class StageCosts:
         d = self.shape.size // t
         smp = self.samples(t)
         params = m.column("params")
-        static = range_sums(static_bytes(params, m.column("optimizer"), t, d, opts.sharding))
+        static = Sums(static_bytes(params, m.column("optimizer"), t, d, opts.sharding))
         if self.model.ties():
             copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
             static = static + self._copy_bytes(copy)
-        transient = range_max(gathered_bytes(params, t, d, opts.sharding)) + smp * range_max(
+        transient = Maxes(gathered_bytes(params, t, d, opts.sharding)) + smp * Maxes(
             transient_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
-        activation = smp * range_sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
+        activation = smp * Sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
         self._transfers[key] = (static, activation, transient)
         return self._transfers[key]
+
+    def memory_floor(self, c: StageConfig, live: int) -> tuple[Ranges, Ranges, Ranges]:
+        """:meth:`memory`'s parts without tied copies: (static, ``live`` micro-batches'
+        activations, transient), each growing with the layers a stage holds (a copy's bytes
+        leave a stage that also takes the layer it shares), so a lower bound for
+        :func:`.coarse.fine_bound`."""
+        m, opts, t = self.model, self.model.options, c.tensor
+        d = self.shape.size // t
+        static = Sums(static_bytes(m.column("params"), m.column("optimizer"), t, d, opts.sharding))
+        _, activation, transient = self.memory_parts(c)
+        return static, live * activation, transient
 
     def static_split(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``memory_parts``' static bytes ``[k, i]`` as (weights, gradients, optimizer state),
@@ -526,16 +524,20 @@ class StageCosts:
         m, opts, t = self.model, self.model.options, c.tensor
         d = self.shape.size // t
         own = static_split(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
-        out = [range_sums(x) for x in own]
+        out = [Sums(x) for x in own]
         if self.model.ties():
             copy = static_split(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
             out = [a + self._copy_bytes(b) for a, b in zip(out, copy)]
         return out[0], out[1], out[2]
 
-    def memory(self, config: StageConfig, live: int) -> np.ndarray:
-        """Peak bytes per device of a stage holding ``live`` micro-batches' activations."""
+    def memory(self, config: StageConfig, live: int) -> Ranges:
+        """Peak bytes per device of a stage holding ``live`` micro-batches' activations (inf
+        below the diagonal)."""
         static, activation, transient = self.memory_parts(config)
-        return np.where(self.valid, static + live * activation + transient, np.inf)
+        if np.ndim(live):                   # live counts per cell (Alpa's rule): a square
+            out = np.asarray(static) + live * np.asarray(activation) + np.asarray(transient)
+            return np.where(np.triu(np.ones(out.shape, dtype=bool)), out, np.inf)
+        return (static + live * activation + transient).with_below(np.inf)
 
     # -- transfers ------------------------------------------------------------------------
     def transfer(self, t_src: int, src: int, dst: int) -> tuple[float, float]:
@@ -622,12 +624,3 @@ def bucket_split(x, cap: float, bucket_time):
     x = np.asarray(x, dtype=float)
     full = np.maximum(np.ceil(x / cap) - 1, 0)
     return full, bucket_time(np.full_like(x, cap)), bucket_time(x - full * cap)
-
-
-def range_max(values: np.ndarray) -> np.ndarray:
-    """``M[k, i]`` = max of ``values[k..i]`` (0 below the diagonal)."""
-    n = len(values)
-    k = np.arange(n)[:, None]
-    j = np.arange(n)[None, :]
-    out = np.maximum.accumulate(np.where(j >= k, np.asarray(values, dtype=float)[None, :], -np.inf), axis=1)
-    return np.triu(np.where(np.isfinite(out), out, 0.0))

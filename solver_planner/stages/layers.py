@@ -25,7 +25,7 @@ from .memory import MemoryOptions
 from .operators import Operator
 
 __all__ = ["Layer", "LayerModel", "transformer_layers", "transformer_operators", "layer_model",
-           "optimizer_bytes_per_param", "range_sums"]
+           "optimizer_bytes_per_param"]
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
@@ -300,25 +300,6 @@ class LayerModel:
     def ties(self) -> list[tuple[int, int]]:
         """(shared layer, layer sharing it) pairs."""
         return [(x.tied_to, b) for b, x in enumerate(self.layers) if x.tied_to is not None]
-
-    def copies(self) -> np.ndarray:
-        """``M[k, i]`` = True when a stage of layers k..i holds a tied layer without the one it shares."""
-        ck = ("copies",)
-        if ck not in self._cache:
-            n = self.num_layers
-            k = np.arange(n)[:, None]
-            i = np.arange(n)[None, :]
-            out = np.zeros((n, n), dtype=bool)
-            for a, b in self.ties():
-                out |= (a < k) & (k <= b) & (b <= i)
-            self._cache[ck] = out
-        return self._cache[ck]
-
-
-def range_sums(values: np.ndarray) -> np.ndarray:
-    """``M[k, i]`` = ``values[k] + ... + values[i]`` (0 below the diagonal)."""
-    p = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
-    return np.triu(p[None, 1:] - p[:-1, None])
 
 
 def layer_model(model: ModelSpec) -> LayerModel:

@@ -1,0 +1,276 @@
+"""Stage tables ``M[k, i]`` (a stage of layers k..i) without the ``L x L`` square.
+
+Every stage cost is a sum over its layers (prefix sums), a maximum over them (a sparse table
+of range maxima), the flow-shop tail of its gradient reductions (a range maximum too, see
+:func:`tail_values`), the tied copies it holds, or an element-wise function of those.  A
+:class:`Ranges` answers ``table[k, i]`` for integers, index arrays or slices (an outer block
+then, as numpy slicing gives) from ``O(L log L)`` numbers, so a model of 10 000 layers keeps
+megabytes where its squares took 800 MB each.  Below the diagonal (``k > i``, no stage) a
+table reads ``below``: 0, as the ``np.triu`` squares it replaces, or inf for memory.
+
+Tables of at most :data:`DENSE` layers keep their square once read, computed from the same
+expressions, so small models pay no more than before (and read the same numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+__all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "apply"]
+
+DENSE = 1024          # the largest table a dense square is built for (8 MB of float64)
+
+
+def _index(key, n: int):
+    """(k, i) broadcast index arrays for ``key``; two slices give the outer block."""
+    k, i = key
+    ks, is_ = isinstance(k, slice), isinstance(i, slice)
+    k = np.arange(n)[k] if ks else np.asarray(k)
+    i = np.arange(n)[i] if is_ else np.asarray(i)
+    if ks and is_:
+        k, i = k[:, None], i[None, :]
+    elif ks or is_:
+        raise IndexError("index a range table with two slices, or with integers and index arrays")
+    return k, i
+
+
+class Ranges:
+    """A lazy ``[k, i]`` table over ``n`` layers (see the module docstring)."""
+
+    below = 0.0
+
+    def __init__(self, n: int):
+        self.n = n
+        self._dense: np.ndarray | None = None
+
+    # subclasses: values on cells with k <= i (broadcast integer arrays)
+    def values(self, k: np.ndarray, i: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __getitem__(self, key):
+        if not (isinstance(key, tuple) and len(key) == 2) or any(x is None or x is Ellipsis for x in key):
+            return np.asarray(self)[key]          # numpy's other indexing, on the square
+        k, i = _index(key, self.n)
+        if self._dense is not None or self.n <= DENSE:
+            return np.asarray(self)[k, i]
+        kk, ii = np.broadcast_arrays(k, i)
+        if kk.ndim == 0:
+            kk, ii = kk.reshape(1), ii.reshape(1)
+            out = self._cells(kk, ii)[0]
+            return out
+        return self._cells(kk, ii)
+
+    def _cells(self, k: np.ndarray, i: np.ndarray) -> np.ndarray:
+        ok = k <= i
+        if ok.all():
+            return np.asarray(self.values(k, i), dtype=float)
+        out = np.full(k.shape, self.below, dtype=float)
+        if ok.any():
+            out[ok] = self.values(k[ok], i[ok])
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        if self._dense is None:
+            if self.n > DENSE:
+                raise MemoryError(f"a dense [k, i] table of {self.n:,} layers is not built (at most {DENSE:,}); "
+                                  "index it by cells instead")
+            k = np.arange(self.n)
+            self._dense = self._cells(*np.broadcast_arrays(k[:, None], k[None, :]))
+        return self._dense if dtype is None else self._dense.astype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.n)
+
+    def with_below(self, value: float) -> "Ranges":
+        return _Below(self, value)
+
+    def _op(self, other, op, swap=False):
+        if isinstance(other, np.ndarray) and other.ndim:        # a square: as numpy would
+            return op(other, np.asarray(self)) if swap else op(np.asarray(self), other)
+        return apply((lambda a, b: op(b, a)) if swap else op, self, other)
+
+    def __add__(self, other):
+        return self._op(other, operator.add)
+
+    def __radd__(self, other):
+        return self._op(other, operator.add, True)
+
+    def __sub__(self, other):
+        return self._op(other, operator.sub)
+
+    def __rsub__(self, other):
+        return self._op(other, operator.sub, True)
+
+    def __mul__(self, other):
+        return self._op(other, operator.mul)
+
+    def __rmul__(self, other):
+        return self._op(other, operator.mul, True)
+
+    def __truediv__(self, other):
+        return self._op(other, operator.truediv)
+
+    def __rtruediv__(self, other):
+        return self._op(other, operator.truediv, True)
+
+    def __neg__(self):
+        return apply(operator.neg, self)
+
+    # comparisons read the whole square, as numpy would (small tables only)
+    def _compare(self, other, op):
+        return op(np.asarray(self), np.asarray(other) if isinstance(other, Ranges) else other)
+
+    def __le__(self, other):
+        return self._compare(other, operator.le)
+
+    def __lt__(self, other):
+        return self._compare(other, operator.lt)
+
+    def __ge__(self, other):
+        return self._compare(other, operator.ge)
+
+    def __gt__(self, other):
+        return self._compare(other, operator.gt)
+
+
+class Const(Ranges):
+    def __init__(self, n: int, value: float):
+        super().__init__(n)
+        self.value = float(value)
+
+    def values(self, k, i):
+        return np.full(np.shape(k), self.value)
+
+
+class Sums(Ranges):
+    """``values[k] + ... + values[i]``."""
+
+    def __init__(self, values):
+        values = np.asarray(values, dtype=float)
+        super().__init__(len(values))
+        self.prefix = np.concatenate([[0.0], np.cumsum(values)])
+
+    def values(self, k, i):
+        return self.prefix[i + 1] - self.prefix[k]
+
+
+class _SparseMax:
+    """Range maxima in O(1) from ``log n`` shifted maxima (a sparse table)."""
+
+    def __init__(self, values: np.ndarray):
+        self.levels = [np.asarray(values, dtype=float)]
+        width = 1
+        while 2 * width <= len(values):
+            prev = self.levels[-1]
+            self.levels.append(np.maximum(prev[:-width], prev[width:]))
+            width *= 2
+
+    def query(self, k, i):
+        span = np.asarray(i - k + 1)
+        level = np.floor(np.log2(np.maximum(span, 1))).astype(int)
+        out = np.empty(np.shape(k))
+        for lv in np.unique(level):
+            sel = level == lv
+            tab = self.levels[lv]
+            out[sel] = np.maximum(tab[np.asarray(k)[sel]], tab[np.asarray(i)[sel] - (1 << int(lv)) + 1])
+        return out
+
+
+class Maxes(Ranges):
+    """``max(values[k..i])``."""
+
+    def __init__(self, values):
+        values = np.asarray(values, dtype=float)
+        super().__init__(len(values))
+        self.table = _SparseMax(values)
+
+    def values(self, k, i):
+        return self.table.query(k, i)
+
+
+class Tail(Ranges):
+    """``g[k, i]``: how long the reductions of layers k..i outlast their backward pieces.
+
+    Backward runs layers i, i-1, ..., k; layer j's reduction starts when its piece is done
+    and the previous reduction has ended.  The last reduction ends at
+    ``max_j (sum_{l=j..i} c_l + sum_{l=k..j} s_l)`` after the first piece starts, that is
+    ``Pc[i+1] - Ps[k] + max_{k<=j<=i} v_j`` with ``v_j = Ps[j+1] - Pc[j]`` (a range maximum).
+    """
+
+    def __init__(self, pieces, reductions):
+        pieces = np.asarray(pieces, dtype=float)
+        super().__init__(len(pieces))
+        self.pc = np.concatenate([[0.0], np.cumsum(pieces)])
+        self.ps = np.concatenate([[0.0], np.cumsum(np.asarray(reductions, dtype=float))])
+        self.best = _SparseMax(self.ps[1:] - self.pc[:-1])
+
+    def values(self, k, i):
+        span = self.pc[i + 1] - self.ps[k] + self.best.query(k, i)
+        return np.maximum(span - (self.pc[i + 1] - self.pc[k]), 0.0)
+
+
+class Copies(Ranges):
+    """True (1.0) where a stage of layers k..i holds a tied layer b without the layer a it
+    shares (``ties``: (a, b) pairs)."""
+
+    def __init__(self, n: int, ties):
+        super().__init__(n)
+        self.ties = list(ties)
+
+    def values(self, k, i):
+        out = np.zeros(np.shape(k), dtype=bool)
+        for a, b in self.ties:
+            out |= (a < k) & (k <= b) & (b <= i)
+        return out.astype(float)
+
+
+class CopyBytes(Ranges):
+    """``per_layer[b]`` summed over the tied copies b a stage of layers k..i holds."""
+
+    def __init__(self, per_layer, ties):
+        per_layer = np.asarray(per_layer, dtype=float)
+        super().__init__(len(per_layer))
+        self.per_layer = per_layer
+        self.ties = list(ties)
+
+    def values(self, k, i):
+        out = np.zeros(np.shape(k))
+        for a, b in self.ties:
+            out = out + np.where((a < k) & (k <= b) & (b <= i), self.per_layer[b], 0.0)
+        return out
+
+
+class _Apply(Ranges):
+    def __init__(self, fn, args, below: float):
+        super().__init__(next(a.n for a in args if isinstance(a, Ranges)))
+        self.fn = fn
+        self.args = args
+        self.below = below
+
+    def values(self, k, i):
+        return self.fn(*(a.values(k, i) if isinstance(a, Ranges) else a for a in self.args))
+
+
+class _Below(Ranges):
+    def __init__(self, inner: Ranges, below: float):
+        super().__init__(inner.n)
+        self.inner = inner
+        self.below = below
+
+    def values(self, k, i):
+        return self.inner.values(k, i)
+
+
+def apply(fn, *args) -> Ranges:
+    """The element-wise ``fn`` of range tables and numbers, as a range table (its value below
+    the diagonal is ``fn`` of theirs, as a dense square gave)."""
+    if not any(isinstance(a, Ranges) for a in args):
+        raise TypeError("apply needs a range table")
+    with np.errstate(invalid="ignore"):
+        below = fn(*(np.float64(a.below) if isinstance(a, Ranges) else a for a in args))
+    below = float(np.asarray(below, dtype=float))
+    return _Apply(fn, args, 0.0 if math.isnan(below) else below)
