@@ -55,19 +55,21 @@ def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, t
     excluded = {pair._cell(j0, st) for st in sub.excluded}
     for p in range(j0, S):
         T1, T2, INC = pair.stage_arrays(p)
+        firsts = pair.band(p)[0]
         for j, k, i in zip(*np.nonzero(np.isfinite(INC))):
             if p == j0 and (int(j), int(k), int(i)) in excluded:
                 continue
-            if p == j0 and int(k) + p != start:
+            if p == j0 and int(firsts[k]) != start:
                 continue
             x[p, int(j), int(k), int(i)] = m.new_bool_var(f"x{p}_{j}_{k}_{i}")
     by_stage: dict[int, list] = {p: [] for p in range(j0, S)}
     ends: dict[tuple[int, int], list] = {}
     starts: dict[tuple[int, int], list] = {}
+    bands = {p: pair.band(p) for p in range(j0, S)}
     for (p, j, k, i), v in x.items():
         by_stage[p].append(v)
-        ends.setdefault((p, i + p), []).append(v)
-        starts.setdefault((p, k + p), []).append(v)
+        ends.setdefault((p, int(bands[p][1][i])), []).append(v)
+        starts.setdefault((p, int(bands[p][0][k])), []).append(v)
     if any(not vs for vs in by_stage.values()):
         return Status.INFEASIBLE, math.inf, None
     for vs in by_stage.values():
@@ -117,6 +119,7 @@ def minimize_cpsat(pair: PairProblem, sub: Subspace, cutoff: float = math.inf, t
     for (p, j, k, i), v in x.items():
         if solver.value(v):
             chosen[p] = (j, k, i)
-    stages = list(sub.prefix) + [StagePlan(k + p, i + p, pair.configs[j]) for p, (j, k, i) in sorted(chosen.items())]
+    stages = list(sub.prefix) + [StagePlan(int(bands[p][0][k]), int(bands[p][1][i]), pair.configs[j])
+                                 for p, (j, k, i) in sorted(chosen.items())]
     bound = max(sub.bound, solver.best_objective_bound * TIME_UNIT)
     return (Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE), bound, tuple(stages)

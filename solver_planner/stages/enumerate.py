@@ -19,24 +19,28 @@ def balanced_greedy(pair: PairProblem) -> tuple[StagePlan, ...] | None:
     least ``R`` term that fits (else the least memory)."""
     if not pair.possible:
         return None
-    c, S, L = pair.costs, pair.S, pair.L
-    per_layer = np.diag(c[max(pair.configs, key=lambda x: (x.tensor, x.recompute == "none"))].work)
-    share = per_layer.sum() / S
+    c, S = pair.costs, pair.S
+    cc = c[max(pair.configs, key=lambda x: (x.tensor, x.recompute == "none"))]
+    layers = np.arange(pair.L)
+    pos = pair.pos                      # where stages may start (every layer, or block boundaries)
+    per_layer = np.asarray(cc.work[layers, layers])
+    per_unit = np.add.reduceat(per_layer, pos[:-1])
+    U = len(per_unit)
+    share = per_unit.sum() / S
     cuts, start, acc = [], 0, 0.0
-    for v in range(L):
-        acc += per_layer[v]
+    for v in range(U):
+        acc += per_unit[v]
         left = S - len(cuts) - 1
-        if left > 0 and (acc > share or L - (v + 1) == left) and v >= start:
-            cuts.append((start, v))
+        if left > 0 and (acc > share or U - (v + 1) == left) and v >= start:
+            cuts.append((int(pos[start]), int(pos[v + 1]) - 1))
             start, acc = v + 1, 0.0
-    cuts.append((start, L - 1))
+    cuts.append((int(pos[start]), pair.L - 1))
     out = []
     for p, (k, i) in enumerate(cuts):
-        _, T2, INC = pair.stage_arrays(p)
-        kb, ib = k - p, i - p
-        fits = [j for j in range(len(pair.configs)) if math.isfinite(INC[j, kb, ib])]
+        values = {j: pair._value(p, StagePlan(k, i, cfg)) for j, cfg in enumerate(pair.configs)}
+        fits = [j for j, v in values.items() if v is not None]
         if fits:
-            j = min(fits, key=lambda j: (T2[j, kb, ib], j))
+            j = min(fits, key=lambda j: (values[j]["T2"], j))
         else:
             live = pair.live_min(p)
             j = min(range(len(pair.configs)), key=lambda j: (c.memory(pair.configs[j], live)[k, i], j))
@@ -48,19 +52,18 @@ def count_plans(pair: PairProblem) -> int:
     """Plans brute force would list: cuts times configurations per stage."""
     if not pair.possible:
         return 0
-    return math.comb(pair.L - 1, pair.S - 1) * len(pair.configs) ** pair.S
+    return math.comb(len(pair.pos) - 2, pair.S - 1) * len(pair.configs) ** pair.S
 
 
 def all_plans(pair: PairProblem):
     """Every plan of the pair that fits in memory (the family's fewest micro-batches in flight)."""
     if not pair.possible:
         return
-    S, L = pair.S, pair.L
-    arrays = [pair.stage_arrays(p)[2] for p in range(S)]
-    for inner in itertools.combinations(range(1, L), S - 1):
-        bounds = (0,) + inner + (L,)
-        cuts = [(bounds[j], bounds[j + 1] - 1) for j in range(S)]
-        options = [[j for j in range(len(pair.configs)) if math.isfinite(arrays[p][j, k - p, i - p])]
+    S, pos = pair.S, pair.pos
+    for inner in itertools.combinations(range(1, len(pos) - 1), S - 1):
+        bounds = (0,) + inner + (len(pos) - 1,)
+        cuts = [(int(pos[bounds[j]]), int(pos[bounds[j + 1]]) - 1) for j in range(S)]
+        options = [[j for j, cfg in enumerate(pair.configs) if pair._value(p, StagePlan(k, i, cfg)) is not None]
                    for p, (k, i) in enumerate(cuts)]
         for choice in itertools.product(*options):
             yield tuple(StagePlan(k, i, pair.configs[j]) for (k, i), j in zip(cuts, choice))

@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import StageConfig, StageCosts
+from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
+from .ranges import apply
 from .objective import deferred_weights, family_split, phase_time
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
@@ -122,7 +124,12 @@ class PairProblem:
         self.L = costs.model.num_layers
         self.B = costs.microbatches
         self.configs: list[StageConfig] = list(costs.configs)
-        self.n = self.L - self.S + 1
+        # where a stage may start: every layer, or on deeper models the first layers of
+        # UNITS blocks of about equal work (coarse_cuts; at least one per stage); the bands
+        # hold units, not layers
+        units = max(UNITS, self.S)
+        self.pos = np.arange(self.L + 1) if self.L <= max(EXACT, self.S) else coarse_cuts(costs, units)
+        self.n = len(self.pos) - 1 - self.S + 1
         self.has_split, self.has_whole = family_split(schedules)
         # ZB-H1 defers weight parts past a stage's last chain op (objective.py): R1 moves
         # them out of the stage's term, and R3 (1F1B's cycle and phase) does not apply
@@ -136,20 +143,57 @@ class PairProblem:
         self.dp_runs = 0
 
     def fix_layers(self, counts: tuple[int, ...]) -> None:
-        """Only plans whose stage p holds ``counts[p]`` layers (an explicit layer split)."""
+        """Only plans whose stage p holds ``counts[p]`` layers (an explicit layer split): the
+        stages start at those layers only (one unit per stage)."""
         if len(counts) != self.S or sum(counts) != self.L or min(counts) < 1:
             raise ValueError(f"a split of {self.L} layers into {self.S} stages, got {counts}")
         self.fixed, first = [], 0
         for n in counts:
             self.fixed.append((first, first + n - 1))
             first += n
+        self.pos = np.asarray([0] + list(np.cumsum(counts)))
+        self.n = 1
         self._stage.clear()
         self._values.clear()
         self._last_terms = ((), None)
 
     @property
     def possible(self) -> bool:
-        return bool(self.configs) and self.S <= self.L
+        return bool(self.configs) and self.S <= len(self.pos) - 1
+
+    # a pair whose bands would hold more cells than this (stages x n^2 x configurations)
+    # builds its cells one by one (_sparse_cells) instead of the (configs, n, n) squares
+    DENSE_CELLS = 2_000_000
+
+    @property
+    def sparse(self) -> bool:
+        return self.S * self.n * self.n * len(self.configs) > self.DENSE_CELLS
+
+    @property
+    def coarse(self) -> bool:
+        """Stages start only at block boundaries (deep models, :func:`coarse_cuts`): the
+        programs' bounds hold for those plans only."""
+        return self.fixed is None and len(self.pos) - 1 < self.L
+
+    def band(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stage p's band: the first layers and the last layers its cells may have."""
+        return self.pos[p:p + self.n], self.pos[p + 1:p + 1 + self.n] - 1
+
+    def _square(self, table, p: int) -> np.ndarray:
+        """``table[k, i]`` (a :class:`.ranges.Ranges` or a square) on stage p's band, ``(n, n)``."""
+        if len(self.pos) == self.L + 1:
+            return np.asarray(table[slice(p, p + self.n), slice(p, p + self.n)])
+        ks, is_ = self.band(p)
+        return np.asarray(table[ks[:, None], is_[None, :]])
+
+    def band_index(self, p: int, first: int, last: int) -> tuple[int, int]:
+        """The band indices of stage p's cell of layers first..last; (-1, -1) when the band
+        has no such cell (a stage not starting or ending on a block boundary)."""
+        u = int(np.searchsorted(self.pos, first))
+        v = int(np.searchsorted(self.pos, last + 1)) - 1
+        if u >= len(self.pos) or self.pos[u] != first or v + 1 >= len(self.pos) or self.pos[v + 1] != last + 1:
+            return -1, -1
+        return u - p, v - p
 
     def label(self) -> str:
         return f"{self.S} stages of {self.costs.shape}, B={self.B}"
@@ -175,31 +219,25 @@ class PairProblem:
             gf = cc.tail_full if self.has_whole else np.inf
             gw = cc.tail_weight if self.has_split else np.inf
             work = cc.work
+            G = apply(np.minimum, gf, gw)
             self._stage[key] = {
-                "T2": B * work + np.minimum(gf, gw),
+                "T2": B * work + G,
                 "T1": B * work - (cc.backward - chain),
                 "F": cc.forward, "C": chain, "B": cc.backward,
-                "u0": np.minimum(gf, cc.backward_weight + gw if self.has_split else np.inf),
-                "G": np.minimum(gf, gw),
-                "act": np.asarray([x.activations for x in c.model.layers]) * cc.samples,
+                "u0": apply(np.minimum, gf, cc.backward_weight + gw if self.has_split else np.inf),
+                "G": G,
+                "act": c.model.column("activations") * cc.samples,
             }
         return self._stage[key]
 
     def fits_mask(self, p: int, j: int) -> np.ndarray:
         """(n, n): stage p can hold layers k..i with configuration j (memory; layers left over)."""
         c, S, n = self.costs, self.S, self.n
-        band = slice(p, p + n)
-        ok = c.memory(self.configs[j], self.live_min(p))[band, band] <= c.device_memory
+        ok = self._square(c.memory(self.configs[j], self.live_min(p)), p) <= c.device_memory
         if p == 0:
             ok[1:, :] = False
         if p == S - 1:
             ok[:, :n - 1] = False
-        if self.fixed is not None:
-            k, i = self.fixed[p]
-            keep = np.zeros_like(ok)
-            if 0 <= k - p < n and 0 <= i - p < n:
-                keep[k - p, i - p] = True
-            ok &= keep
         return ok
 
     _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF", "XG")
@@ -215,47 +253,53 @@ class PairProblem:
         also reads ``XG = x(p->p-1)``."""
         if p in self._stage:
             return self._stage[p]
-        c, S, n = self.costs, self.S, self.n
-        band = slice(p, p + n)
+        n = self.n
+        ks, is_ = self.band(p)
         out = {key: [] for key in self._KEYS}
-        for j, cfg in enumerate(self.configs):
+        for j in range(len(self.configs)):
             ok = self.fits_mask(p, j)
             if not ok.any():                    # never priced: no gradient programs needed
                 for key in self._KEYS:
                     out[key].append(np.full((n, n), np.inf))
                 continue
             arr = self._config_arrays(j)
-            t = cfg.tensor
-            acts = arr["act"]
-            if p + 1 < S:
-                a, b = c.transfer(t, p, p + 1)
-                xf = a + b * acts[p:p + n]                              # over the last layer i
-            else:
-                xf = np.zeros(n)
-            if p > 0:
-                a, b = c.transfer(t, p, p - 1)
-                xg = a + b * acts[p - 1:p - 1 + n]                      # over the first layer k (edge k-1 -> k)
-            else:
-                xg = np.zeros(n)
-            f, ch = arr["F"][band, band], arr["C"][band, band]
-            inc1 = f + ch + xf[None, :] + xg[:, None]
-            tie = self._tie_floor(p, t)
-            if p == 0:
-                inc1 = inc1 + arr["u0"][band, band] + tie
-                t1 = np.zeros((n, n))
-            else:
-                t1 = arr["T1"][band, band] + xg[:, None]
-                if self.deferred is not None:
-                    t1 = t1 - (self.deferred[p] - 1) * (arr["B"] - arr["C"])[band, band]
-            values = {"T1": t1, "T2": arr["T2"][band, band] + tie, "INC1": inc1, "INC2": f + xf[None, :],
-                      "INC3": f + ch + xf[None, :] + xg[:, None], "K3": f + xf[None, :],
-                      "Bk": arr["B"][band, band], "BC": arr["B"][band, band] - ch, "G": arr["G"][band, band] + tie,
-                      "F": f, "XF": np.broadcast_to(xf[None, :], (n, n)),
-                      "XG": np.broadcast_to(xg[:, None], (n, n))}
+            values = self._cell_values(p, j, lambda key: self._square(arr[key], p), ks[:, None], is_[None, :])
             for key in self._KEYS:
                 out[key].append(np.where(ok, values[key], np.inf))
         self._stage[p] = {key: np.stack(v) for key, v in out.items()}
         return self._stage[p]
+
+    def _cell_values(self, p: int, j: int, table, K: np.ndarray, I: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`stage`'s terms of stage p's cells of layers ``K``..``I`` (broadcast index
+        arrays) with configuration j; ``table(key)``: that configuration's table on them."""
+        c, S = self.costs, self.S
+        cfg = self.configs[j]
+        t = cfg.tensor
+        acts = self._config_arrays(j)["act"]
+        shape = np.broadcast_shapes(np.shape(K), np.shape(I))
+        if p + 1 < S:
+            a, b = c.transfer(t, p, p + 1)
+            xf = a + b * acts[I]                                        # over the last layer i
+        else:
+            xf = np.zeros(np.shape(I))
+        if p > 0:
+            a, b = c.transfer(t, p, p - 1)
+            xg = a + b * acts[K - 1]                                    # over the first layer k (edge k-1 -> k)
+        else:
+            xg = np.zeros(np.shape(K))
+        f, ch, bk = table("F"), table("C"), table("B")
+        inc1 = f + ch + xf + xg
+        tie = self._tie_floor(p, t, K, I)
+        if p == 0:
+            inc1 = inc1 + table("u0") + tie
+            t1 = np.zeros(shape)
+        else:
+            t1 = table("T1") + xg
+            if self.deferred is not None:
+                t1 = t1 - (self.deferred[p] - 1) * (bk - ch)
+        return {"T1": t1, "T2": table("T2") + tie, "INC1": inc1, "INC2": f + xf,
+                "INC3": f + ch + xf + xg, "K3": f + xf, "Bk": bk, "BC": bk - ch, "G": table("G") + tie,
+                "F": f, "XF": np.broadcast_to(xf, shape), "XG": np.broadcast_to(xg, shape)}
 
     # R4 is built only when the pair's transfers and reductions hold at most this many ports
     # in all (on 100 000 GPUs a stage's transfer alone holds thousands, and ports seldom set
@@ -279,7 +323,7 @@ class PairProblem:
         c, S, n, B = self.costs, self.S, self.n, self.B
         out: list = []
         self._stage["ports"] = out
-        if not c.comm or S == 1:
+        if not c.comm or S == 1 or self.sparse:
             return out
         types: list[tuple[int, int, str]] = []
         users: dict = {}
@@ -308,22 +352,22 @@ class PairProblem:
             if ty not in loads:
                 p, j, kind = types[ty]
                 cfg = self.configs[j]
-                band = slice(p, p + n)
+                ks, is_ = self.band(p)
                 if kind == "red":
                     cc = c[cfg]
                     if c.model.options.gradient_overlap:
                         cs = np.concatenate([[0.0], np.cumsum(cc.layer_reduction)])
-                        arr = cs[None, p + 1:p + 1 + n] - cs[p:p + n, None]
+                        arr = cs[None, is_ + 1] - cs[ks, None]
                     else:
-                        arr = cc.reduction_all[band, band]
+                        arr = self._square(cc.reduction_all, p)
                 else:
                     acts = self._config_arrays(j)["act"]
                     q = p + 1 if kind == "act" else p - 1
                     a, b = c.transfer(cfg.tensor, p, q)
                     if kind == "act":
-                        arr = np.broadcast_to(B * (a + b * acts[p:p + n])[None, :], (n, n))
+                        arr = np.broadcast_to(B * (a + b * acts[is_])[None, :], (n, n))
                     else:
-                        arr = np.broadcast_to(B * (a + b * acts[p - 1:p - 1 + n])[:, None], (n, n))
+                        arr = np.broadcast_to(B * (a + b * acts[ks - 1])[:, None], (n, n))
                 loads[ty] = np.triu(np.asarray(arr, dtype=float))
             return loads[ty]
 
@@ -348,9 +392,9 @@ class PairProblem:
                 arrays[p][j] += load(ty)
             if not c.model.ties():
                 p0 = min(arrays)
-                band = slice(p0, p0 + n)
+                ks0 = self.band(p0)[0]
                 for j in range(len(self.configs)):
-                    head = before[p0:p0 + n, None] + self._config_arrays(j)["F"][band, band]
+                    head = before[ks0, None] + self._square(self._config_arrays(j)["F"], p0)
                     arrays[p0][j] += np.triu(head)
             top = sum(float(a.max()) for a in arrays.values())
             out.append((arrays, top))
@@ -369,7 +413,7 @@ class PairProblem:
         j0 = len(prefix)
         out = list(masks)
         for arrays in classes:
-            own = [arrays[j0 + q][c["j"], c["k"] - (j0 + q), c["i"] - (j0 + q)] if j0 + q in arrays
+            own = [arrays[j0 + q][c["j"], c["bk"], c["bi"]] if j0 + q in arrays
                    else np.zeros(len(c["k"])) for q, c in enumerate(cells)]
             acc = np.full(L + 1, np.inf)
             acc[start] = sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(prefix) if p in arrays)
@@ -401,7 +445,8 @@ class PairProblem:
     def _neighbor_on(self) -> bool:
         if "neighbor_on" not in self._stage:
             pairs = self.S * self.n * (self.n * len(self.configs)) ** 2
-            self._stage["neighbor_on"] = bool(self.costs.comm and self.S > 1 and pairs <= self.NEIGHBOR_PAIRS)
+            self._stage["neighbor_on"] = bool(self.costs.comm and self.S > 1 and pairs <= self.NEIGHBOR_PAIRS
+                                              and not self.sparse)
         return self._stage["neighbor_on"]
 
     def _neighbor_paths(self, p: int) -> list:
@@ -515,9 +560,9 @@ class PairProblem:
             out[ia[ok & ok_a[ib]]] = True
         return out
 
-    def _tie_floor(self, p: int, t: int) -> np.ndarray | float:
-        """On stage p's band: the least all-reduce of a tied layer a stage of layers k..i
-        waits for (tensor degree ``t``).  Both stages of a tie wait, after their own
+    def _tie_floor(self, p: int, t: int, k: np.ndarray, i: np.ndarray) -> np.ndarray | float:
+        """On stage p's cells of layers k..i (broadcast index arrays): the least all-reduce of
+        a tied layer such a stage waits for (tensor degree ``t``).  Both stages of a tie wait, after their own
         reductions and before their optimizer steps, for the all-reduce of the copy's
         gradient (objective.py's ``u``: the drain of the stage and cycle bounds):
 
@@ -534,10 +579,8 @@ class PairProblem:
         ties = self.costs.model.ties()
         if not ties or not self.costs.comm:
             return 0.0
-        n, S, L = self.n, self.S, self.L
-        k = np.arange(p, p + n)[:, None]
-        i = np.arange(p, p + n)[None, :]
-        out = np.zeros((n, n))
+        S, L = self.S, self.L
+        out = np.zeros(np.broadcast_shapes(np.shape(k), np.shape(i)))
         degrees = sorted({cfg.tensor for cfg in self.configs})
         # each all-reduce is priced only where the band has such cells (a collective over a
         # stage's devices costs time: on 100 000 GPUs, 1 536 of them)
@@ -554,7 +597,7 @@ class PairProblem:
         return out
 
     def stage_arrays(self, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(T1, T2, INC1) of stage p (the arrays of R1 and of CP-SAT)."""
+        """(T1, T2, INC1) of stage p (the arrays of R1 and of CP-SAT; not for large pairs)."""
         st = self.stage(p)
         return st["T1"], st["T2"], st["INC1"]
 
@@ -565,20 +608,24 @@ class PairProblem:
         hit = self._stage.get(key)
         if hit is not None and hit["limit"] >= limit and (hit["limit"] <= 1.5 * limit or hit["limit"] == limit):
             return hit
-        st = self.stage(p)
-        keep = np.isfinite(st["INC1"]) & (st["T2"] <= limit)
-        j, k, i = np.nonzero(keep)
+        if self.sparse:
+            j, k, i, values = self._sparse_cells(p, limit)
+        else:
+            st = self.stage(p)
+            j, k, i = np.nonzero(np.isfinite(st["INC1"]) & (st["T2"] <= limit))
+            values = {key: st[key][j, k, i] for key in self._KEYS}
         order = np.lexsort((j, k, i))
         j, k, i = j[order], k[order], i[order]
-        cells = {key: st[key][j, k, i] for key in self._KEYS}
-        cells.update({"limit": limit, "j": j, "k": k + p, "i": i + p, "uid": next(_UIDS)})
+        firsts, lasts = self.band(p)
+        cells = {key: values[key][order] for key in self._KEYS}
+        cells.update({"limit": limit, "j": j, "k": firsts[k], "i": lasts[i], "bk": k, "bi": i, "uid": next(_UIDS)})
         cells["starts"] = np.flatnonzero(np.r_[True, i[1:] != i[:-1]]) if len(i) else np.zeros(0, dtype=int)
-        cells["ends"] = (i + p)[cells["starts"]] if len(i) else np.zeros(0, dtype=int)
+        cells["ends"] = lasts[i][cells["starts"]] if len(i) else np.zeros(0, dtype=int)
         by_k = np.argsort(k, kind="stable")
         cells["by_k"] = by_k
         ks = k[by_k]
         cells["starts_k"] = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]]) if len(k) else np.zeros(0, dtype=int)
-        cells["firsts"] = (ks + p)[cells["starts_k"]] if len(k) else np.zeros(0, dtype=int)
+        cells["firsts"] = firsts[ks][cells["starts_k"]] if len(k) else np.zeros(0, dtype=int)
         # the cycle bound's (j + 1, C0) for each warm-up count W of the family (objective.py)
         cells["cycle"] = [(W, (self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
                            + (self.B - ((self.B - 1) // W) * W) * cells["Bk"] - cells["BC"] + cells["G"])
@@ -588,7 +635,7 @@ class PairProblem:
         return cells
 
     def _cell(self, p: int, st: StagePlan) -> tuple[int, int, int]:
-        return self.configs.index(st.config), st.first - p, st.last - p
+        return (self.configs.index(st.config),) + self.band_index(p, st.first, st.last)
 
     def _value(self, p: int, st: StagePlan) -> dict[str, float] | None:
         key = (p, st)
@@ -597,12 +644,80 @@ class PairProblem:
         out = None
         if st.config in self.configs:
             j, k, i = self._cell(p, st)
-            if 0 <= k < self.n and 0 <= i < self.n:
+            if 0 <= k < self.n and 0 <= i < self.n and self.sparse:
+                if k <= i and self._fits(p, j, st.first, st.last):
+                    arr = self._config_arrays(j)
+                    K, I = np.asarray([st.first]), np.asarray([st.last])
+                    values = self._cell_values(p, j, lambda name: np.asarray(arr[name][K, I]), K, I)
+                    out = {name: float(values[name][0]) for name in self._KEYS}
+            elif 0 <= k < self.n and 0 <= i < self.n:
                 arrs = self.stage(p)
                 v = {name: float(arrs[name][j, k, i]) for name in self._KEYS}
                 out = v if math.isfinite(v["INC1"]) else None
         self._values[key] = out
         return out
+
+    def _fits(self, p: int, j: int, first, last) -> np.ndarray:
+        """Can stage p hold layers first..last (arrays) with configuration j (:meth:`fits_mask`'s
+        rule, on cells)?"""
+        c = self.costs
+        ok = np.asarray(c.memory(self.configs[j], self.live_min(p))[np.asarray(first), np.asarray(last)]) <= c.device_memory
+        if p == 0:
+            ok = ok & (np.asarray(first) == 0)
+        if p == self.S - 1:
+            ok = ok & (np.asarray(last) == self.L - 1)
+        return ok
+
+    def _sparse_cells(self, p: int, limit: float):
+        """:meth:`_cells`' cells built cell by cell, without the band's squares (large pairs,
+        :attr:`sparse`): for each first layer, the stage grows while it fits and its work
+        for every micro-batch, part of ``T2``, stays at most ``limit`` (both only grow).
+        Returns band indices (j, k, i) and the terms of :meth:`stage` on them."""
+        n, B = self.n, self.B
+        firsts, lasts = self.band(p)
+        parts = []
+        for j, cfg in enumerate(self.configs):
+            arr = self._config_arrays(j)
+            work = self.costs[cfg].work
+            mem = self.costs.memory(cfg, self.live_min(p))
+            bk = np.zeros(1, dtype=int) if p == 0 else np.arange(n)
+
+            def grows(bi):
+                ok = np.asarray(mem[firsts[bk], lasts[bi]]) <= self.costs.device_memory
+                if math.isfinite(limit):
+                    ok &= B * np.asarray(work[firsts[bk], lasts[bi]]) <= limit
+                return ok
+
+            lo, hi = bk - 1, np.full(len(bk), n)       # lo: grows (or empty), hi: does not
+            while True:
+                open_ = hi - lo > 1
+                if not open_.any():
+                    break
+                mid = np.where(open_, (lo + hi) // 2, bk)
+                ok = grows(mid) | ~open_
+                lo = np.where(open_ & ok, mid, lo)
+                hi = np.where(open_ & ~ok, mid, hi)
+            if p == self.S - 1:
+                keep = lo == n - 1
+                ks, is_ = bk[keep], np.full(int(keep.sum()), n - 1)
+            else:
+                counts = np.maximum(lo - bk + 1, 0)
+                ks = np.repeat(bk, counts)
+                starts = np.repeat(np.cumsum(counts) - counts, counts)
+                is_ = ks + (np.arange(len(ks)) - starts)
+            if not len(ks):
+                continue
+            K, I = firsts[ks], lasts[is_]
+            values = self._cell_values(p, j, lambda name: np.asarray(arr[name][K, I]), K, I)
+            keep = values["T2"] <= limit
+            parts.append((np.full(int(keep.sum()), j), ks[keep], is_[keep],
+                          {key: np.asarray(values[key])[keep] for key in self._KEYS}))
+        if not parts:
+            empty = np.zeros(0, dtype=int)
+            return empty, empty, empty, {key: np.zeros(0) for key in self._KEYS}
+        return (np.concatenate([x[0] for x in parts]), np.concatenate([x[1] for x in parts]),
+                np.concatenate([x[2] for x in parts]),
+                {key: np.concatenate([x[3][key] for x in parts]) for key in self._KEYS})
 
     def _cycle_term(self, p: int, v: dict[str, float], y: float) -> float:
         """R3's term of stage p with round trip ``x(p->p+1) + y``: over the family's warm-up
@@ -626,6 +741,8 @@ class PairProblem:
     def _window_minima(self) -> tuple[np.ndarray, np.ndarray]:
         """Per stage, the least ``f + c + x(p->p-1) + x(p->p+1)`` over the cells that fit (a
         stage inside a window), and the least without ``x(p->p+1)`` (a window's last stage)."""
+        if "window_minima" not in self._stage and self.sparse:
+            self._stage["window_minima"] = self._sparse_window_minima()
         if "window_minima" not in self._stage:
             inner, last = np.full(self.S, np.inf), np.full(self.S, np.inf)
             for i in range(self.S):
@@ -636,6 +753,33 @@ class PairProblem:
                     inner[i], last[i] = (base + st["XF"][ok]).min(), base.min()
             self._stage["window_minima"] = (inner, last)
         return self._stage["window_minima"]
+
+    def _sparse_window_minima(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_window_minima` of a large pair, lower: per configuration, the least
+        ``f + c`` of one unit of the band (a stage holds at least one, and both grow with
+        the layers) plus the least transfers in and out over the band's first and last
+        layers (memory not asked: a lower bound all the same)."""
+        inner, last = np.full(self.S, np.inf), np.full(self.S, np.inf)
+        c = self.costs
+        for p in range(self.S):
+            ks, is_ = self.band(p)
+            for j, cfg in enumerate(self.configs):
+                arr = self._config_arrays(j)
+                units = self.pos[p:p + self.n + 1]
+                k, i = units[:-1], units[1:] - 1
+                fc = float(np.min(np.asarray(arr["F"][k, i]) + np.asarray(arr["C"][k, i])))
+                acts = arr["act"]
+                xg = 0.0
+                if p > 0:
+                    a, b = c.transfer(cfg.tensor, p, p - 1)
+                    xg = float(np.min(a + b * acts[ks - 1]))
+                xf = 0.0
+                if p + 1 < self.S:
+                    a, b = c.transfer(cfg.tensor, p, p + 1)
+                    xf = float(np.min(a + b * acts[is_]))
+                inner[p] = min(inner[p], fc + xg + xf)
+                last[p] = min(last[p], fc + xg)
+        return inner, last
 
     def _windows(self, p: int) -> dict[int, list | None]:
         """Per warm-up count W of stage p (R3's members): for each member of the family with
@@ -1063,6 +1207,11 @@ class PairProblem:
             plan = self.feasible(probe, sub, limit=cutoff)
             if plan is None:
                 return max(lo, probe), None
+        elif self.sparse and (start := self._start_plan(sub)) is not None:
+            # a large pair's cells are built up to a limit: any plan of the subspace bounds
+            # the least R, and every plan below it has only cells below it
+            probe = self.relaxation(start) * (1 + exact)
+            plan = self.feasible(probe, sub, limit=probe) or start
         else:
             plan = self.feasible(math.inf, sub)
             if plan is None:
@@ -1082,6 +1231,18 @@ class PairProblem:
             plan, up = cand, r
         return lo, plan
 
+    def _start_plan(self, sub: Subspace) -> tuple[StagePlan, ...] | None:
+        """A plan of the whole pair that fits (seed 001's balanced greedy), when ``sub`` is
+        the whole pair; else None."""
+        if sub.prefix or sub.excluded:
+            return None
+        from .enumerate import balanced_greedy      # here: enumerate imports this module
+
+        plan = balanced_greedy(self)
+        if plan is None or not math.isfinite(self.relaxation(plan)):
+            return None
+        return plan
+
     # -- memory -----------------------------------------------------------------------------
     def least_memory(self) -> tuple[float, tuple[StagePlan, ...] | None]:
         """The plan whose fullest device is least full (exact min-max over contiguous stages),
@@ -1094,36 +1255,35 @@ class PairProblem:
     def _least_memory(self) -> tuple[float, tuple[StagePlan, ...] | None]:
         if not self.possible:
             return math.inf, None
+        if self.sparse or self.coarse:
+            # a lower bound over every split (coarse.py), without a plan: exact min-max over
+            # the band's squares is too large here
+            return least_memory_floor(self), None
         c, S, L, n = self.costs, self.S, self.L, self.n
         V = np.full(L + 1, np.inf)          # V[k]: least peak of stages p.. starting at layer k
         V[L] = 0.0
         picks = []
         for p in range(S - 1, -1, -1):
-            band = slice(p, p + n)
-            mem = np.stack([c.memory(cfg, self.live_min(p))[band, band] for cfg in self.configs])
+            ks, is_ = self.band(p)
+            mem = np.stack([self._square(c.memory(cfg, self.live_min(p)), p) for cfg in self.configs])
             if p == 0:
                 mem[:, 1:, :] = np.inf
             if p == S - 1:
                 mem[:, :, :n - 1] = np.inf
-            if self.fixed is not None:
-                k, i = self.fixed[p]
-                keep = np.zeros(mem.shape[1:], dtype=bool)
-                if 0 <= k - p < n and 0 <= i - p < n:
-                    keep[k - p, i - p] = True
-                mem = np.where(keep[None], mem, np.inf)
-            rest = V[p + 1:p + 1 + n]
+            rest = V[is_ + 1]
             val = np.maximum(mem, rest[None, None, :])
             val = np.where(np.isfinite(mem), val, np.inf)
             flat = val.transpose(1, 0, 2).reshape(n, -1)        # per first layer k: (config, last)
             arg = flat.argmin(axis=1)
             V = np.full(L + 1, np.inf)
-            V[p:p + n] = flat[np.arange(n), arg]
+            V[ks] = flat[np.arange(n), arg]
             picks.append(arg)
         if not math.isfinite(V[0]):
             return math.inf, None
-        stages, k = [], 0
+        stages, u = [], 0                   # u: the band index of the stage's first unit
         for p, arg in enumerate(reversed(picks)):
-            j, i = divmod(int(arg[k - p]), n)
-            stages.append(StagePlan(k, i + p, self.configs[j]))
-            k = i + p + 1
+            j, i = divmod(int(arg[u]), n)
+            ks, is_ = self.band(p)
+            stages.append(StagePlan(int(ks[u]), int(is_[i]), self.configs[j]))
+            u = i                               # stage p + 1's band starts one unit later
         return float(V[0]), tuple(stages)
