@@ -47,6 +47,7 @@ from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, U
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
 from ..spec.base import MAX_MICROBATCHES
+from .coarse import EXACT, fine_bound
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
 from .cpsat import minimize_cpsat, model_size
 from .enumerate import all_plans, balanced_greedy, count_plans
@@ -410,6 +411,9 @@ def _limits(method: str, time_limit: float, budget: int) -> str:
 
 def _guard(method: str, pairs: list[PairProblem]) -> None:
     """Refuse, before starting, what the method cannot finish."""
+    if method in ("cp-sat", "brute-force") and any(p.coarse for p in pairs):
+        raise RefusedError(f"--method {method} searches every cut, and {pairs[0].L:,} layers are more than"
+                           f" {EXACT:,}: use --method dp (stages then start on block boundaries)")
     if method == "brute-force":
         total = sum(count_plans(p) for p in pairs)
         if total > BRUTE_FORCE_LIMIT:
@@ -417,6 +421,9 @@ def _guard(method: str, pairs: list[PairProblem]) -> None:
                                f" dp (exact) or narrow the search with --stages / --config")
     if method == "cp-sat":
         worst = max(pairs, key=lambda p: p.S * len(p.configs) * p.n * p.n)
+        if worst.sparse:
+            raise RefusedError(f"the CP-SAT model of {worst.label()} would have more than"
+                               f" {PairProblem.DENSE_CELLS:,} cells; use --method dp (exact)")
         cells = model_size(worst)
         if cells > CPSAT_MAX_CELLS:
             raise RefusedError(f"the CP-SAT model would have {cells:,} Booleans for {worst.label()} (limit"
@@ -531,7 +538,8 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
             best = board.ranked()
             _report(progress, f"{pair.label()}: subspace {solved}, bound {key:.4g} s"
                               f"{', best %.4g s' % best[0].time if best else ''}, {sims} simulated")
-        if not sub.prefix and not sub.excluded and pair.least_memory()[0] > pair.costs.device_memory:
+        if (not sub.prefix and not sub.excluded and not pair.sparse and not pair.coarse
+                and pair.least_memory()[0] > pair.costs.device_memory):
             continue                    # no plan of the pair fits: proven without pricing any
         if method == "dp":
             lo, stages = pair.minimize(sub, cutoff)
@@ -571,14 +579,37 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         board.leave(sub.pair, key)
     for key, _, item in plans:
         board.leave(item[0], key)
+    unsearched = _coarse_bounds(pairs, board, info)
     # every plan not simulated is now under some pair's bound (what was left for the list's
     # gap is above the fastest plan, but a bound all the same)
     left = min(board.loose.values(), default=math.inf)
     info.update({"subspaces": solved, "simulations": sims, "simulated_tasks": tasks[0],
                  "dp_runs": sum(p.dp_runs for p in pairs), "budget_exhausted": bool(subs or plans)})
-    proven = not subs and not plans and open_bound == math.inf
+    proven = not subs and not plans and open_bound == math.inf and not unsearched
     empty = not found and proven
     return left, proven, empty
+
+
+def _coarse_bounds(pairs: list[PairProblem], board: _Board, info: dict) -> bool:
+    """Pairs whose stages start on block boundaries only (deep models, :mod:`.coarse`): their
+    plans cutting inside blocks were not searched, so each such pair keeps the bound of
+    every cut (:func:`.coarse.fine_bound`) where it is below what the pair must beat.
+    True when some pair keeps one."""
+    coarse = [p for p in pairs if p.coarse]
+    if not coarse:
+        return False
+    kept = False
+    least = math.inf
+    for pair in coarse:
+        top = board.cutoff(pair)
+        bound = fine_bound(pair, top)
+        least = min(least, bound)
+        if bound < top * (1 - TOLERANCE):
+            board.leave(pair, bound)
+            kept = True
+    info["coarse"] = {"pairs": len(coarse), "layers": coarse[0].L,
+                      "blocks": sorted({len(p.pos) - 1 for p in coarse}), "bound": least}
+    return kept
 
 
 def _brute_force(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tuple[float, bool, bool]:
@@ -649,7 +680,8 @@ def _greedy(pairs: list[PairProblem], board: _Board, progress, info: dict) -> tu
 
 
 def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError:
-    """No plan fits: the least memory any plan needs, over every pair (exact)."""
+    """No plan fits: the least memory any plan needs, over every pair (exact, or a lower bound
+    where a pair is large: :func:`.coarse.least_memory_floor`)."""
     best, where = math.inf, None
     for pair in pairs:
         peak, stages = pair.least_memory()
@@ -659,7 +691,9 @@ def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError
     if where is None:
         return InfeasibleError(f"no stage plan fits in {mem / 2**30:.2f} GiB per device")
     pair, _ = where
-    short = f"needs {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short"
+    # a large or coarse pair's least is a lower bound over every split (coarse.py), not a plan's
+    needs = "needs at least" if pair.sparse or pair.coarse else "needs"
+    short = f"{needs} {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short"
     return InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
                            f" ({pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches) {short}",
                            shortfall=short)

@@ -1,0 +1,246 @@
+"""Deep models: stages that start on block boundaries, and a bound over every cut.
+
+The exact programs of :mod:`.problem` keep each stage's cells ``(first, last)``, about ``L^2``
+over a pipeline.  A model of more than :data:`EXACT` layers is cut into :data:`UNITS` blocks of
+about equal work, as Alpa clusters operators into layers before its stage DP (Alpa OSDI'22
+§5.2, "operator clustering"), and its stages start on block boundaries only.  Every plan
+searched is still a plan of the whole model, priced and simulated layer by layer; only the
+plan space is smaller, so the search's bounds hold for block-aligned plans alone.
+
+What every plan (any cut) can reach is bounded by :func:`fine_bound`: R1 of
+:mod:`.problem` relaxed so that it can be minimised over every contiguous split exactly by
+a greedy split, in ``O(S c log L)`` per threshold.  It is what the search reports as the
+bound of a coarse pair's plans that it did not search.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["EXACT", "UNITS", "coarse_cuts", "fine_bound", "least_memory_floor"]
+
+GRID = 8              # pieces of the first stage's possible ends fine_bound tests per threshold
+EXACT = 1024          # up to this many layers every layer may start a stage
+UNITS = 256           # past it, the blocks stages may start on (at least one per stage): the
+                      # programs' work grows as units^2 (each stage's first and last unit)
+
+
+def _layer_work(costs) -> np.ndarray:
+    """Per layer, the least time per micro-batch over the configurations (forward and backward)."""
+    return np.min([f + a + w for f, a, w in (costs.layer_times(c) for c in costs.configs)], axis=0)
+
+
+def coarse_cuts(costs, units: int) -> np.ndarray:
+    """The first layers of ``units`` blocks of contiguous layers, about equal in work (and the
+    end, ``L``): where the stages of a model of more than ``units`` layers may start."""
+    L = costs.model.num_layers
+    if L <= units or not costs.configs:
+        return np.arange(L + 1)
+    work = _layer_work(costs)
+    cum = np.concatenate([[0.0], np.cumsum(np.maximum(work, 0.0))])
+    total = cum[-1]
+    if total <= 0:
+        cuts = np.linspace(0, L, units + 1)
+    else:
+        # the layer boundary nearest each multiple of total / units
+        targets = total * np.arange(1, units) / units
+        cuts = np.searchsorted(cum, targets)
+    cuts = np.unique(np.concatenate([[0], np.clip(np.round(cuts).astype(int), 1, L - 1), [L]]))
+    if len(cuts) - 1 < units:
+        # equal work left some boundaries on the same layer (a heavy layer): fill with the
+        # midpoints of the widest blocks, so the count is what was asked (deterministic)
+        extra = units - (len(cuts) - 1)
+        widths = np.diff(cuts)
+        room = sorted(((-w, k) for k, w in enumerate(widths) if w > 1))
+        add = []
+        while extra > 0 and room:
+            w, k = room.pop(0)
+            add.append(cuts[k] + (-w) // 2)
+            extra -= 1
+        cuts = np.unique(np.concatenate([cuts, add]))
+    return cuts
+
+
+def fine_bound(pair, upper: float, tol: float = 1e-3) -> float:
+    """A lower bound of ``R`` (hence of the objective and the simulated time) over *every*
+    plan of ``pair``, whatever layers its stages start at; ``upper``: where to stop looking
+    (a time some plan reaches).
+
+    The relaxation, ``max_p max(B w_p, [p > 0] (FC_p + B w_p - r_p))``:
+
+    * ``B w_p``: the stage's own work for every micro-batch, part of R1's ``T2`` (the
+      gradient tail and the tied all-reduce dropped);
+    * ``FC_p + XA_p + B w_p - r_p``: R1's fill, the forward and chain of every earlier stage,
+      at each layer's least over the configurations (``FC_p``), and its transfers both ways
+      at their least (``XA_p``, which grows with p and depends on nothing else), then the
+      stage's ``T1`` (its work less the weight gradients a split schedule leaves after the
+      chain, ``r_p``);
+    * the first stage's drain (``u0``) in every later fill, read at the least end of each of
+      :data:`GRID` pieces of the first stage's ends (the later stages then start at the
+      latest end of the piece), since it grows with the first stage while the rest shrinks;
+    * memory with the fewest micro-batches any stage keeps, tied copies left out.
+
+    Each part grows when a stage takes more layers (a layer added in front adds at least
+    its forward and chain to ``B w - r``, and takes them out of ``FC``), and a later stage
+    index only adds to ``XA``; so a split into at most S stages with every term at most
+    ``tau`` exists exactly when the greedy one (each stage as long as it can be) ends the
+    model (what a later stage holds, an earlier one could), and bisection on ``tau`` finds
+    the least.
+    """
+    c = pair.costs
+    L, S, B = pair.L, pair.S, pair.B
+    if not pair.configs:
+        return math.inf
+    live = min(pair.live_min(p) for p in range(S))
+    rows = []
+    for cfg in pair.configs:
+        f, a, w = c.layer_times(cfg)
+        split_part = w if pair.has_split else np.zeros_like(w)
+        chain = f + a + (w - split_part)              # forward and chain of one layer
+        work = np.concatenate([[0.0], np.cumsum(f + a + w)])
+        late = np.concatenate([[0.0], np.cumsum(B * (f + a + w) - split_part)])
+        static, act, trans = c.memory_floor(cfg, live)
+        rows.append((chain, work, late, static, act, trans))
+    least_chain = np.min([r[0] for r in rows], axis=0)
+    FC = np.concatenate([[0.0], np.cumsum(least_chain)])
+    # the transfers of R1's fill, each at its least over the configurations and the cut's
+    # layer: XA[p] = x(0->1) + x(1->0) + ... + x(p-1->p) + x(p->p-1), growing with p
+    act = float(np.min(c.model.column("activations"))) if L else 0.0
+
+    def least(src: int, dst: int) -> float:
+        out = math.inf
+        for cfg in pair.configs:
+            a, b = c.transfer(cfg.tensor, src, dst)
+            out = min(out, a + b * act * c.samples(cfg.tensor))
+        return out
+
+    steps = [0.0] + [least(q - 1, q) + least(q, q - 1) for q in range(1, S)]
+    XA = np.cumsum(steps)
+    mem = c.device_memory
+    if pair.deferred is not None:
+        # ZB-H1 defers weight parts past the chain by a stage-dependent count: drop the term
+        rows = [(ch, work, None, st, ac, tr) for ch, work, _, st, ac, tr in rows]
+
+    # the first stage's drain (R1's u0: its gradient reduction and optimizer step) delays
+    # every later stage's fill; it grows with the layers the first stage holds
+    drains = [pair._config_arrays(j)["u0"] for j in range(len(pair.configs))]
+
+    def drain(i: int) -> float:
+        return min(float(t[0, i]) for t in drains)
+
+    def end(p: int, k: int, tau: float, off: float) -> int:
+        """The last layer stage p starting at k can hold with its terms at most tau."""
+        best = k - 1
+        for chain, work, late, static, act, trans in rows:
+            # the last layer i with B (work[i+1] - work[k]) <= tau, and the fill term
+            hi = int(np.searchsorted(work, work[k] + tau / B, side="right")) - 2
+            if p > 0 and late is not None:
+                hi = min(hi, int(np.searchsorted(late, late[k] + tau - FC[k] - XA[p] - off, side="right")) - 2)
+            hi = min(hi, L - 1)
+            if hi < k or hi <= best:
+                continue
+            if float(static[k, hi]) + float(act[k, hi]) + float(trans[k, hi]) <= mem:
+                best = hi                    # memory grows with the stage: all of it fits
+                continue
+            span = np.arange(k, hi + 1)
+            fits = static[k, span] + act[k, span] + trans[k, span] <= mem
+            best = max(best, k + int(np.argmin(fits)) - 1)
+        return best
+
+    def rest(k: int, tau: float, off: float) -> bool:
+        """Do stages 1.. reach the end from layer k (a later k only helps)?"""
+        for p in range(1, S):
+            if k >= L:
+                return True
+            i = end(p, k, tau, off)
+            if i < k:
+                return False
+            k = i + 1
+        return k >= L
+
+    def reach(tau: float) -> bool:
+        last = end(0, 0, tau, 0.0)
+        if last < 0:
+            return False
+        if last >= L - 1:
+            return True
+        if not drains or S == 1:
+            return rest(last + 1, tau, 0.0)
+        # the first stage ends in [a, b]: its drain is at least the drain at a and the others
+        # start at b + 1 at the latest, so one test per piece covers every end in it
+        ends = np.unique(np.linspace(0, last, min(GRID, last + 1) + 1).astype(int))
+        pieces = [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])] or [(0, last)]
+        return any(rest(b + 1, tau, drain(a)) for a, b in pieces)
+
+    if not math.isfinite(upper):
+        # every stage's term is below this: only memory can stop the greedy split
+        upper = 2 * (B * max(r[1][-1] for r in rows) + FC[-1]) + 1.0
+        if not reach(upper):
+            return math.inf
+    lo, hi = 0.0, upper
+    if not reach(hi):
+        return hi
+    from .problem import cheap_bound        # here: problem imports this module
+
+    floor = cheap_bound(c)                  # a bound of every plan too (the search starts there)
+    if floor < hi and not reach(floor):
+        lo = floor
+    for _ in range(60):
+        if hi - lo <= tol * hi:
+            break
+        mid = (lo + hi) / 2
+        if reach(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def least_memory_floor(pair, tol: float = 1e-3) -> float:
+    """A lower bound of the peak bytes per device of every plan of ``pair`` (any cut): the
+    least over splits into at most S stages of the fullest stage, each with the fewest
+    micro-batches any stage keeps and without tied copies (:meth:`.StageCosts.memory_floor`),
+    which grows with the layers a stage holds, so the greedy split decides each threshold."""
+    c, L, S = pair.costs, pair.L, pair.S
+    live = min(pair.live_min(p) for p in range(S))
+    tables = [c.memory_floor(cfg, live) for cfg in pair.configs]
+    if not tables:
+        return math.inf
+
+    def peak(t, k, i):
+        static, act, trans = t
+        return np.asarray(static[k, i]) + np.asarray(act[k, i]) + np.asarray(trans[k, i])
+
+    def reach(thr: float) -> bool:
+        k = 0
+        for _ in range(S):
+            best = k - 1
+            for t in tables:
+                lo, hi = k - 1, L             # peak(k, lo) <= thr (or empty), peak(k, hi) > thr
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if peak(t, k, mid) <= thr:
+                        lo = mid
+                    else:
+                        hi = mid
+                best = max(best, lo)
+            if best < k:
+                return False
+            k = best + 1
+            if k >= L:
+                return True
+        return False
+
+    whole = float(max(peak(t, 0, L - 1) for t in tables))
+    if not reach(whole):
+        return math.inf
+    lo, hi = 0.0, whole
+    while hi - lo > tol * hi:
+        mid = (lo + hi) / 2
+        if reach(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
