@@ -10,10 +10,12 @@ last run's (2: refused by the 2 GiB memory bound or the 1 MiB spec-file limit). 
 plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) and Megatron-LM's 1T-parameter GPT
 (`gpt-1t.yaml`) at the default budgets; its note is the status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
 `plan` plans GPT-3 175B under 1F1B and writes the plan file that the next row `check`s (the
-goal for `plan` on 100 000 GPUs: 60 s).
+goal for `plan` on 100 000 GPUs: 60 s).  `deep` runs `stages` on models of 1 024 to 10 000
+equal layers (``--layers``): time and memory against depth.
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
+    python benchmarks/scale.py --commands deep --gpus 1024 --layers 1024,10000 --repeat 1
 
 Adding a family (``stages``, ``plan``, ...): write a function ``rows(gpus, workdir)``
 yielding ``(label, argv)`` pairs and add it to ``FAMILIES``.
@@ -113,6 +115,29 @@ def stages_rows(gpus: int, workdir: Path) -> Rows:
                                                  "--no-baselines", "--json"]
 
 
+LAYERS = [1024, 2500, 5000, 10_000]     # --layers replaces them
+
+
+def deep_spec(layers: int, workdir: Path) -> Path:
+    """A model of ``layers`` equal layers (2 GFLOP, 4 MiB of parameters and 1 MiB of
+    activations per sample each, a tensor-parallel layer's two all-reduces): depth alone."""
+    path = workdir / f"deep{layers}.yaml"
+    if not path.exists():
+        path.write_text(f"name: deep{layers}\nlayers:\n  - {{name: l, repeat: {layers}, flops: 2 GFLOP, params: 4 MiB,"
+                        " activations: 1 MiB, allreduces: 2}\ntraining: {global_batch: 1024, dtype: bfloat16,"
+                        " optimizer: adam}\n")
+    return path
+
+
+def deep_rows(gpus: int, workdir: Path) -> Rows:
+    """`stages` of models of ``--layers`` equal layers (past 1 024 layers stages start on block
+    boundaries; the gap is against the bound over every cut)."""
+    cluster, _ = specs(gpus, workdir)
+    for layers in LAYERS:
+        yield f"{layers:,} equal layers, 1F1B", ["stages", str(cluster), str(deep_spec(layers, workdir)),
+                                                 "--no-baselines", "--json"]
+
+
 def plan_rows(gpus: int, workdir: Path) -> Rows:
     """The whole `plan` of GPT-3 175B (1F1B, a plan file written), then `check` of that file
     (the rows run in order, so the file exists when `check` runs)."""
@@ -124,7 +149,7 @@ def plan_rows(gpus: int, workdir: Path) -> Rows:
 
 
 FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,
-                                                    "stages": stages_rows, "plan": plan_rows}
+                                                    "stages": stages_rows, "plan": plan_rows, "deep": deep_rows}
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -168,7 +193,9 @@ def main() -> None:
     ap.add_argument("--commands", default=",".join(FAMILIES), help=f"families to run: {', '.join(FAMILIES)}")
     ap.add_argument("--gpus", default=",".join(map(str, GPUS)), help="GPU counts (multiples of 8)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per row (the median time is shown)")
+    ap.add_argument("--layers", default=",".join(map(str, LAYERS)), help="layer counts of the deep family")
     args = ap.parse_args()
+    LAYERS[:] = [int(x) for x in args.layers.split(",")]
     families = [f.strip() for f in args.commands.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
@@ -182,7 +209,7 @@ def main() -> None:
                     code, _, _, note = runs[-1]
                     wall = statistics.median(r[1] for r in runs)
                     peak = max(r[2] for r in runs)
-                    note = note if code != 0 or family == "stages" else ""
+                    note = note if code != 0 or family in ("stages", "deep") else ""
                     print(f"{family:<8} {gpus:>7}  {label[:52]:<52} {code:>4} {wall:>9.2f} {peak / 1e6:>8.0f}"
                           f"  {note[:100]}", flush=True)
 

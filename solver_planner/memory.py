@@ -14,6 +14,8 @@ killing the process; z3 is given the same limit and then answers unknown.
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 from dataclasses import dataclass
 from typing import Iterator
@@ -88,8 +90,11 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
 
 
 # Stage search: per (mesh, micro-batch) pair it explores, the [k, i] tables of each
-# configuration (layers^2 cells) and the dynamic programs' band arrays, per stage an n x n
-# square of the first and last layers it may hold (n = layers - stages + 1).  Measured on
+# configuration (layers^2 cells while a model has at most stages.ranges.DENSE layers; past
+# that, range tables of about layers x log2(layers) numbers) and the dynamic programs' band
+# arrays, per stage an n x n square of the first and last layers it may hold (n = units -
+# stages + 1, units = layers up to stages.coarse.EXACT, else stages.coarse.UNITS); a pair whose bands would pass
+# PairProblem.DENSE_CELLS builds its cells one by one instead, about that many.  Measured on
 # 1 024 A100s with every pair explored: 1.7 GB at 128 equal layers (3.1 million table cells,
 # 27.9 million band cells), 9.7 GB at 256 (14.5 and 253 million); these rates cover both.
 # How many pairs the branch and bound explores is not known before it runs (GPT 1T on 1 024
@@ -97,18 +102,30 @@ def verify_estimate(devices: int, values: int = 0) -> Estimate:
 # the one pair it must explore, the least; the address-space limit covers the rest.
 PER_TABLE_CELL = 100
 PER_BAND_CELL = 60
+PER_RANGE_NUMBER = 8 * 8          # eight range tables of float64 per configuration
 
 
 def stages_estimate(layers: int, pairs: list[tuple[int, int]]) -> Estimate:
     """What a stage search over ``pairs`` (one ``(configurations, stages)`` per (mesh,
     micro-batch) pair) on ``layers`` layers must hold at least: the tables of the pair that
     needs least, for every configuration."""
+    from .stages.coarse import EXACT, UNITS
+    from .stages.problem import PairProblem
+    from .stages.ranges import DENSE
+
+    units = layers if layers <= EXACT else UNITS
+    if layers <= DENSE:
+        per_config, tables = PER_TABLE_CELL * layers * layers, f"tables over {layers} x {layers} layer ranges"
+    else:
+        per_config = PER_RANGE_NUMBER * layers * max(1, math.ceil(math.log2(layers)))
+        tables = f"range tables over {layers:,} layers"
+
     def cells(c: int, s: int) -> int:
-        return PER_TABLE_CELL * c * layers * layers + PER_BAND_CELL * c * s * (layers - s + 1) ** 2
+        return c * per_config + PER_BAND_CELL * min(c * s * (units - s + 1) ** 2, PairProblem.DENSE_CELLS)
 
     c, s = min(pairs, key=lambda cs: cells(*cs))
     return Estimate(BASE + cells(c, s), f"even its least (mesh, micro-batch) pair: {s} stages with {c} stage"
-                                        f" configurations, each with tables over {layers} x {layers} layer ranges")
+                                        f" configurations, each with {tables}")
 
 
 def address_space() -> int | None:

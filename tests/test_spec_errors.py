@@ -321,15 +321,15 @@ LAYERS = textwrap.dedent("""\
     (RESHARD, "hosts: [0]", "hosts: [18446744073709551616]", 5, "resharding[0].src.hosts[0]", "expected a host index below"),
     (RESHARD, "[1024, 1024]", f"[{10**100}, 4]", 4, "resharding[0].shape",
      "a tensor of about 10**101 bytes; at most 2**50"),
-    (LAYERS, "repeat: 8", "repeat: 2000", 3, "layers[0].repeat", "expected a value <= 1024"),
-    (LAYERS, "repeat: 8", "repeat: 1000, flops: 1, activations: 1}\n  - {name: more, repeat: 1000", 2, "layers",
-     "2,000 layers after 'repeat'; at most 1,024"),
+    (LAYERS, "repeat: 8", "repeat: 20000", 3, "layers[0].repeat", "expected a value <= 10000"),
+    (LAYERS, "repeat: 8", "repeat: 6000, flops: 1, activations: 1}\n  - {name: more, repeat: 6000", 2, "layers",
+     "12,000 layers after 'repeat'; at most 10,000"),
     (LAYERS, "global_batch: 64", "global_batch: 2147483648", 4, "training.global_batch", "expected a value <= 1048576"),
         (LAYERS, "global_batch: 64}", "global_batch: 1048576, microbatches: 131072}", 4, "training.microbatches",
          "131072 micro-batches exceed the limit of 65536"),
     (LAYERS, "layers:\n  - {name: block, repeat: 8, flops: 1 GFLOP, activations: 1 MiB}",
      "transformer: {layers: 9223372036854775808, hidden: 64, heads: 4, sequence: 128, vocab: 1000}", 2,
-     "transformer.layers", "expected a value <= 1024"),
+     "transformer.layers", "expected a value <= 10000"),
 ])
 def test_model_bounds(text, old, new, line, path, expected):
     assert old in text
@@ -343,8 +343,8 @@ def test_a_file_with_many_problems_reports_a_bounded_number():
     text = "name: x\nlayers:\n" + "  - {name: x}\n" * 1000 + "training: {global_batch: 8}\n"
     err = error_of(load_model_spec, text)
     assert len(err.issues) == MAX_ISSUES and err.issues[0].line == 3
-    text = "name: x\nlayers:\n" + "  - {name: x}\n" * 5000 + "training: {global_batch: 8}\n"
-    assert str(error_of(load_model_spec, text)) == "spec.yaml:2: layers: expected at most 1,024 entries, got 5000"
+    text = "name: x\nlayers:\n" + "  - {name: x}\n" * 10_001 + "training: {global_batch: 8}\n"
+    assert str(error_of(load_model_spec, text)) == "spec.yaml:2: layers: expected at most 10,000 entries, got 10001"
 
 
 BAD_FILES = {

@@ -174,6 +174,11 @@ def _print(data: dict, model: str, cluster: str) -> None:
     out.print(f"  {data['status']} ({data['method']}, bound {units.format_time(data['bound'])}, gap {gap:.2%},"
               f" {units.format_time(data['solve_time'])}; {_work(s)}{s.get('simulations', 0)} simulation(s)"
               f" over {s['pairs']} mesh/micro-batch pairs)")
+    if "coarse" in s:
+        cs = s["coarse"]
+        blocks = "/".join(f"{b:,}" for b in cs["blocks"])
+        out.print(f"  {cs['layers']:,} layers: stages searched on {blocks} blocks of about equal work (Alpa's"
+                  f" operator clustering); the bound {units.format_time(cs['bound'])} holds for every cut")
     if s.get("meshes") == "unequal":
         out.print(f"  unequal meshes (Alpa's space) searched too: {s['unequal_simulated']} more plan(s) simulated; the"
                   f" bound holds over equal and unequal meshes")

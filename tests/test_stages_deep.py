@@ -1,0 +1,260 @@
+"""Deep models in linear memory: stage tables as range tables (stages/ranges.py), a large
+pair's cells built one by one (problem.py), and past 1 024 layers stages that start on block
+boundaries, with a bound over every cut (stages/coarse.py).
+
+Each is checked against what it replaces or bounds: the dense squares, the band's cells,
+enumeration of every plan, the exact least-memory program."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver_planner.stages import problem as problem_module
+from solver_planner.stages import ranges
+from solver_planner.stages.coarse import coarse_cuts, fine_bound, least_memory_floor
+from solver_planner.stages.costs import StageCosts
+from solver_planner.stages.enumerate import all_plans
+from solver_planner.stages.problem import PairProblem, Subspace
+
+from test_stages_objective import instances
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- range tables --------------------------------------------------------------------------
+def flow_shop_tail(pieces, reds, k, i) -> float:
+    """Backward runs layers i..k; a layer's reduction starts when its piece is done and the
+    previous reduction has ended: how long the last reduction outlasts the last piece."""
+    t = red_end = 0.0
+    for layer in range(i, k - 1, -1):
+        t += pieces[layer]
+        red_end = max(red_end, t) + reds[layer]
+    return max(red_end, t) - t
+
+
+@SETTINGS
+@given(st.lists(st.floats(0.0, 5.0), min_size=1, max_size=24), st.integers(0, 2**31), st.booleans())
+def test_range_tables_are_their_definitions(monkeypatch_values, seed, lazy):
+    rng = np.random.default_rng(seed)
+    x = np.asarray(monkeypatch_values)
+    n = len(x)
+    reds = rng.uniform(0, 3, n) * (rng.random(n) < 0.7)
+    ties = [(a, b) for a, b in itertools.combinations(range(n), 2) if rng.random() < 0.1][:3]
+    old = ranges.DENSE
+    ranges.DENSE = -1 if lazy else old           # -1: never build the square
+    try:
+        tables = {"sum": ranges.Sums(x), "max": ranges.Maxes(x), "tail": ranges.Tail(x, reds),
+                  "copy": ranges.CopyBytes(x, ties), "copies": ranges.Copies(n, ties),
+                  "mix": 2.0 * ranges.Sums(x) + ranges.Maxes(reds) - 1.0}
+        for k, i in itertools.product(range(n), repeat=2):
+            want = {"sum": x[k:i + 1].sum(), "max": x[k:i + 1].max() if k <= i else 0.0,
+                    "tail": flow_shop_tail(x, reds, k, i) if k <= i else 0.0,
+                    "copy": sum(x[b] for a, b in ties if a < k <= b <= i),
+                    "copies": float(any(a < k <= b <= i for a, b in ties)),
+                    "mix": 2.0 * x[k:i + 1].sum() + reds[k:i + 1].max() - 1.0 if k <= i else -1.0}
+            for name, table in tables.items():
+                assert float(table[k, i]) == pytest.approx(want[name], rel=1e-9, abs=1e-9), (name, k, i)
+        # index arrays and slices read the same cells
+        ks, is_ = rng.integers(0, n, 7), rng.integers(0, n, 7)
+        for table in tables.values():
+            cells = np.asarray(table[ks, is_])
+            assert np.array_equal(cells, [float(table[a, b]) for a, b in zip(ks, is_)])
+            block = np.asarray(table[slice(0, n), slice(0, n)])
+            assert block.shape == (n, n) and block[0, n - 1] == float(table[0, n - 1])
+    finally:
+        ranges.DENSE = old
+
+
+def test_a_deep_table_is_never_built_as_a_square():
+    deep = ranges.Sums(np.ones(ranges.DENSE + 1))
+    assert float(deep[3, 10]) == 8.0 and deep._dense is None
+    with pytest.raises(MemoryError, match="dense"):
+        np.asarray(deep)
+
+
+@SETTINGS
+@given(instances(max_layers=6))
+def test_stage_costs_read_the_same_lazily(case):
+    """Every table of every configuration, memory included, cell by cell from the range
+    tables and from their squares (what the stage search read before): the same numbers."""
+    if case is None:
+        return
+    plan, _ = case
+    c = plan.costs
+    n = c.model.num_layers
+    k, i = np.triu_indices(n)
+    old = ranges.DENSE
+    try:
+        for cfg in c.configs:
+            fresh = StageCosts(c.model, c.topology, c.shape, c.microbatches, c.tables, c.comm)
+            ranges.DENSE = -1
+            lazy = fresh[cfg]
+            names = ("forward", "backward_act", "backward_weight", "static", "activation", "transient", "tail_full",
+                     "tail_weight", "reduction_all", "grad_bytes", "optimizer")
+            cells = {name: np.asarray(getattr(lazy, name)[k, i]) for name in names}
+            cells["memory"] = np.asarray(fresh.memory(cfg, 3)[k, i])
+            ranges.DENSE = old
+            dense = c[cfg]
+            for name in names:
+                assert np.allclose(cells[name], np.asarray(getattr(dense, name))[k, i], rtol=1e-12, atol=0), name
+            assert np.allclose(cells["memory"], np.asarray(c.memory(cfg, 3))[k, i], rtol=1e-12, atol=0)
+            assert np.all(np.isinf(np.asarray(c.memory(cfg, 3))[np.tril_indices(n, -1)]))
+    finally:
+        ranges.DENSE = old
+
+
+# -- a large pair's cells ----------------------------------------------------------------
+@SETTINGS
+@given(instances(max_layers=6), st.floats(0.0, 1.0))
+def test_cells_built_one_by_one_are_the_bands_cells(case, where):
+    """A large pair (here forced: every pair counts as large) lists the same cells, with the
+    same terms, as the squares give, at every limit."""
+    if case is None:
+        return
+    plan, schedules = case
+    dense = PairProblem(plan.costs, schedules)
+    sparse = PairProblem(plan.costs, schedules)
+    sparse.DENSE_CELLS = -1
+    assert sparse.sparse and not dense.sparse
+    for p in range(dense.S):
+        top = [float(v) for v in dense.stage(p)["T2"].ravel() if math.isfinite(v)]
+        limits = [math.inf] + ([min(top) + where * (max(top) - min(top))] if top else [])
+        for limit in limits:
+            a, b = dense._cells(p, limit), sparse._cells(p, limit)
+            for key in ("j", "k", "i", "bk", "bi", "starts", "ends", "firsts"):
+                assert np.array_equal(a[key], b[key]), (p, limit, key)
+            for key in PairProblem._KEYS:
+                assert np.allclose(a[key], b[key], rtol=1e-12, atol=1e-15), (p, limit, key)
+            dense._stage.pop(("cells", p))
+            sparse._stage.pop(("cells", p))
+
+
+@SETTINGS
+@given(instances(max_layers=6))
+def test_a_large_pairs_bound_is_below_every_plan(case):
+    """A large pair leaves out the port and neighbour terms and reads the windows at a lower
+    least: its bound stays below every plan's R, and the plan it returns is a plan."""
+    if case is None:
+        return
+    plan, schedules = case
+    dense = PairProblem(plan.costs, schedules)
+    values = [v for v in (dense.relaxation(s) for s in all_plans(dense)) if math.isfinite(v)]
+    sparse = PairProblem(plan.costs, schedules)
+    sparse.DENSE_CELLS = -1
+    lo, best = sparse.minimize(Subspace(sparse, bound=0.0))
+    if not values:
+        assert best is None
+        return
+    assert lo <= min(values) * (1 + 1e-9)
+    assert best is not None and dense.relaxation(best) >= min(values) * (1 - 1e-9)
+
+
+# -- block boundaries and the bound over every cut ----------------------------------------
+def coarse_pair(plan, schedules, units: int, monkeypatch) -> PairProblem:
+    monkeypatch.setattr(problem_module, "UNITS", units)
+    monkeypatch.setattr(problem_module, "EXACT", units)
+    return PairProblem(plan.costs, schedules)
+
+
+@SETTINGS
+@given(instances(max_layers=7), st.integers(2, 5))
+def test_coarse_plans_start_on_block_boundaries_and_the_fine_bound_holds(case, units):
+    """With fewer units than layers: every plan the programs consider starts on the blocks'
+    first layers; the bound over every cut is below the least R of every plan (enumerated
+    over every cut), and the least-memory floor below the exact least memory."""
+    if case is None:
+        return
+    plan, schedules = case
+    fine = PairProblem(plan.costs, schedules)
+    with pytest.MonkeyPatch.context() as mp:
+        pair = coarse_pair(plan, schedules, units, mp)
+    if not pair.coarse:
+        assert fine.L <= max(units, fine.S)          # at least one block per stage
+        return
+    pos = set(int(x) for x in pair.pos)
+    assert len(pos) == max(units, fine.S) + 1 and {0, fine.L} <= pos
+    aligned = list(all_plans(pair))
+    assert all(st.first in pos and st.last + 1 in pos for s in aligned for st in s)
+    _, best = pair.minimize(Subspace(pair, bound=0.0))
+    if best is not None:
+        assert all(st.first in pos for st in best)
+    values = [v for v in (fine.relaxation(s) for s in all_plans(fine)) if math.isfinite(v)]
+    bound = fine_bound(pair, math.inf)
+    if values:
+        assert bound <= min(values) * (1 + 1e-9)
+        assert fine_bound(pair, min(values)) <= min(values) * (1 + 1e-9)
+    least, _ = fine._least_memory()
+    assert least_memory_floor(pair) <= least * (1 + 1e-9)
+
+
+def test_blocks_are_about_equal_in_work():
+    from test_stages_windows import chain
+
+    plan = chain(40, 8, [1e11 * (1 + (i % 5)) for i in range(40)])
+    cuts = coarse_cuts(plan.costs, 8)
+    assert len(cuts) == 9 and cuts[0] == 0 and cuts[-1] == 40 and np.all(np.diff(cuts) >= 1)
+    work = plan.costs.layer_times(plan.costs.configs[0])
+    per_layer = work[0] + work[1] + work[2]
+    blocks = [per_layer[a:b].sum() for a, b in zip(cuts[:-1], cuts[1:])]
+    assert max(blocks) - min(blocks) <= 2 * per_layer.max()
+
+
+def deep(tmp_path, layers: int) -> Path:
+    path = tmp_path / f"deep{layers}.yaml"
+    path.write_text(f"name: deep{layers}\nlayers:\n  - {{name: l, repeat: {layers}, flops: 2 GFLOP, params: 4 MiB,"
+                    " activations: 1 MiB, allreduces: 2}\ntraining: {global_batch: 1024, dtype: bfloat16,"
+                    " optimizer: adam}\n")
+    return path
+
+
+def test_the_search_on_blocks_reports_the_bound_of_every_cut(tmp_path, monkeypatch):
+    """End to end, a 12-layer model whose stages may start on 4 blocks only: the gap printed is
+    against the bound over every cut, which is below the best plan brute force finds over every
+    cut; the plan found starts on the blocks."""
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages import StageSearch, plan_partition
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.topology import load_topology
+
+    topo = load_topology(ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml")
+    model = layer_model(load_model_spec(deep(tmp_path, 12)))
+    search = dict(model=model, topology=topo, schedule="1f1b", microbatches=[8], stages=4)
+    exact = plan_partition(StageSearch(**search), method="brute-force")
+    monkeypatch.setattr(problem_module, "UNITS", 6)
+    monkeypatch.setattr(problem_module, "EXACT", 6)
+    coarse = plan_partition(StageSearch(**search), method="dp")
+    info = coarse.info["coarse"]
+    assert info["layers"] == 12 and info["blocks"] == [6]
+    assert coarse.bound <= exact.objective * (1 + 1e-9) and coarse.objective >= exact.objective * (1 - 1e-9)
+    cuts = set(PairProblem(coarse.solution.plan.costs, []).pos.tolist())
+    assert all(s.first in cuts for s in coarse.solution.plan.stages)
+    assert coarse.status.name == ("OPTIMAL" if coarse.bound >= coarse.objective * (1 - 1e-6) else "FEASIBLE")
+
+
+@pytest.mark.slow
+def test_ten_thousand_layers_on_1024_gpus_within_the_bound(tmp_path):
+    """The deepest model a spec accepts, end to end under the stage search's memory bound set
+    from outside: a plan, with the blocks and the bound over every cut in the JSON."""
+    from test_memory_bound import outside_limit
+    from solver_planner import memory
+
+    result = subprocess.run([sys.executable, "-m", "solver_planner", "stages",
+                             str(ROOT / "specs" / "clusters" / "dgx-a100-128x8.yaml"), str(deep(tmp_path, 10_000)),
+                             "--no-baselines", "--json"], capture_output=True, text=True, cwd=ROOT,
+                            preexec_fn=outside_limit(memory.STAGES_BOUND))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    coarse = out["search"]["coarse"]
+    assert coarse["layers"] == 10_000 and min(coarse["blocks"]) == 256
+    assert 0 < out["bound"] <= out["iteration_time"]
