@@ -258,3 +258,27 @@ def test_ten_thousand_layers_on_1024_gpus_within_the_bound(tmp_path):
     coarse = out["search"]["coarse"]
     assert coarse["layers"] == 10_000 and min(coarse["blocks"]) == 256
     assert 0 < out["bound"] <= out["iteration_time"]
+
+
+def test_dropped_caches_give_the_same_search(monkeypatch):
+    """Pairs past the shared cache budget drop their arrays and rebuild them on demand: with
+    a budget of nothing (every other pair drops everything after each program run) the
+    search returns the same plans, times and bounds."""
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages import StageSearch, plan_partition
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.topology import load_topology
+
+    topo = load_topology(ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml")
+    model = layer_model(load_model_spec(ROOT / "specs" / "models" / "gpt3-2.6b.yaml"))
+
+    def run():
+        r = plan_partition(StageSearch(model, topo, "1f1b"), top=3)
+        return [(c.time, c.pair_bound, tuple(c.plan.stages)) for c in r.solutions], r.bound, r.info["subspaces"]
+
+    kept = run()
+    dropped: list = []
+    original = PairProblem.drop_caches
+    monkeypatch.setattr(PairProblem, "drop_caches", lambda self: (dropped.append(1), original(self)))
+    monkeypatch.setattr(problem_module._Caches, "CACHE_BYTES", 0)
+    assert run() == kept and dropped

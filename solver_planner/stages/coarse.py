@@ -22,8 +22,8 @@ import numpy as np
 __all__ = ["EXACT", "UNITS", "coarse_cuts", "fine_bound", "least_memory_floor"]
 
 GRID = 8              # pieces of the first stage's possible ends fine_bound tests per threshold
-EXACT = 1024          # up to this many layers every layer may start a stage
-UNITS = 256           # past it, the blocks stages may start on (at least one per stage): the
+EXACT = 256           # up to this many layers every layer may start a stage
+UNITS = 128           # past it, the blocks stages may start on (at least one per stage): the
                       # programs' work grows as units^2 (each stage's first and last unit)
 
 

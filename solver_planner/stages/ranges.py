@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "apply"]
 
-DENSE = 1024          # the largest table a dense square is built for (8 MB of float64)
+DENSE = 256           # the largest table a dense square is built for (512 KB of float64)
 
 
 def _index(key, n: int):
@@ -41,6 +41,7 @@ class Ranges:
     """A lazy ``[k, i]`` table over ``n`` layers (see the module docstring)."""
 
     below = 0.0
+    keep_square = True          # False: a table read a few cells at a time, built afresh each use
 
     def __init__(self, n: int):
         self.n = n
@@ -54,7 +55,7 @@ class Ranges:
         if not (isinstance(key, tuple) and len(key) == 2) or any(x is None or x is Ellipsis for x in key):
             return np.asarray(self)[key]          # numpy's other indexing, on the square
         k, i = _index(key, self.n)
-        if self._dense is not None or self.n <= DENSE:
+        if self._dense is not None or (self.n <= DENSE and self.keep_square):
             return np.asarray(self)[k, i]
         kk, ii = np.broadcast_arrays(k, i)
         if kk.ndim == 0:
@@ -159,25 +160,23 @@ class Sums(Ranges):
 
 
 class _SparseMax:
-    """Range maxima in O(1) from ``log n`` shifted maxima (a sparse table)."""
+    """Range maxima in O(1) from ``log n`` shifted maxima (a sparse table, one row per level)."""
 
     def __init__(self, values: np.ndarray):
-        self.levels = [np.asarray(values, dtype=float)]
+        values = np.asarray(values, dtype=float)
+        n = len(values)
+        rows = [values]
         width = 1
-        while 2 * width <= len(values):
-            prev = self.levels[-1]
-            self.levels.append(np.maximum(prev[:-width], prev[width:]))
+        while 2 * width <= n:
+            prev = rows[-1]
+            rows.append(np.concatenate([np.maximum(prev[:-width], prev[width:]), np.full(width, -np.inf)]))
             width *= 2
+        self.table = np.stack(rows)         # table[l, k] = max(values[k .. k + 2^l - 1])
 
     def query(self, k, i):
-        span = np.asarray(i - k + 1)
-        level = np.floor(np.log2(np.maximum(span, 1))).astype(int)
-        out = np.empty(np.shape(k))
-        for lv in np.unique(level):
-            sel = level == lv
-            tab = self.levels[lv]
-            out[sel] = np.maximum(tab[np.asarray(k)[sel]], tab[np.asarray(i)[sel] - (1 << int(lv)) + 1])
-        return out
+        k, i = np.asarray(k), np.asarray(i)
+        level = np.floor(np.log2(np.maximum(i - k + 1, 1))).astype(int)
+        return np.maximum(self.table[level, k], self.table[level, np.maximum(i - (1 << level) + 1, 0)])
 
 
 class Maxes(Ranges):
@@ -256,6 +255,8 @@ class _Apply(Ranges):
 
 
 class _Below(Ranges):
+    keep_square = False         # memory at one live count: made per call, read on bands and cells
+
     def __init__(self, inner: Ranges, below: float):
         super().__init__(inner.n)
         self.inner = inner
