@@ -282,3 +282,67 @@ def test_dropped_caches_give_the_same_search(monkeypatch):
     monkeypatch.setattr(PairProblem, "drop_caches", lambda self: (dropped.append(1), original(self)))
     monkeypatch.setattr(problem_module._Caches, "CACHE_BYTES", 0)
     assert run() == kept and dropped
+
+
+@st.composite
+def plain_chains(draw):
+    """(costs, family) of a random chain of 2-9 layers on 2-5 one-GPU hosts, one stage
+    configuration, FLOPs at peak (no optimizer time), no communication: R1 over a plan is
+    then exactly the relaxation fine_bound minimises."""
+    from solver_planner.cost import CostModel
+    from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family
+    from solver_planner.stages.costs import cost_tables
+    from test_stages_objective import random_layer, topology
+
+    hosts = draw(st.integers(2, 5))
+    n = draw(st.integers(hosts, 9))
+    topo = topology(hosts, 1, "10 GB/s", "host")
+    layers = [random_layer(draw, f"l{i}") for i in range(n)]
+    layers = [Layer(**{**x.__dict__, "skips": ()}) for x in layers]
+    opts = MemoryOptions(("none",), "none", draw(st.booleans()), draw(st.booleans()), 64 * 2**20)
+    model = LayerModel("chain", layers, 8, None, options=opts)
+    shape = MeshShape(1, 1)
+    B = draw(st.sampled_from([1, 2, 4, 8]))
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), False)
+    kind = draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"]))
+    return costs, family(kind, costs.stages)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_chains())
+def test_the_fine_bound_is_r1_where_r1_has_nothing_else(case):
+    """Without communication, with one configuration and no optimizer time, R1 over a plan is
+    exactly what fine_bound relaxes it to (the transfers and drains are 0, the fill is the
+    chain of the earlier layers): its greedy split then finds the least R1 over every plan,
+    to its tolerance.  A bound that dropped a term or inflated one would miss it here."""
+    costs, schedules = case
+    pair = PairProblem(costs, schedules)
+    assert len(pair.configs) == 1 and float(costs.optimizer_time(pair.configs[0])[0, 0]) == 0.0
+    r1 = [v for v in (pair.terms(s)[0] for s in all_plans(pair)) if math.isfinite(v)]
+    bound = fine_bound(pair, math.inf)
+    if not r1:
+        assert bound == math.inf
+        return
+    assert min(r1) * (1 - 2e-3) <= bound <= min(r1) * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=7))
+def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(case):
+    """Under GPipe every stage keeps all B micro-batches, so without tied copies the floor
+    relaxes nothing: it is the exact least memory (the program over the bands), to its
+    tolerance; and under any schedule, below it."""
+    if case is None:
+        return
+    plan, schedules = case
+    from solver_planner.stages import family
+
+    pair = PairProblem(plan.costs, family("gpipe", plan.costs.stages))
+    least, _ = pair._least_memory()
+    floor = least_memory_floor(pair)
+    assert floor <= least * (1 + 1e-9)
+    if not pair.costs.model.ties() and math.isfinite(least):
+        assert floor >= least * (1 - 2e-3)
+    # a family whose later stages keep fewer micro-batches: the floor takes the fewest
+    own = PairProblem(plan.costs, schedules)
+    assert least_memory_floor(own) <= own._least_memory()[0] * (1 + 1e-9)
