@@ -70,8 +70,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
 
     The relaxation, ``max_p max(B w_p, [p > 0] (FC_p + B w_p - r_p))``:
 
-    * ``B w_p``: the stage's own work for every micro-batch, part of R1's ``T2`` (the
-      gradient tail and the tied all-reduce dropped);
+    * ``B w_p + G_p``: R1's ``T2``, the stage's own work for every micro-batch and its
+      gradient tail (the tail only without tied layers; the tied all-reduce dropped);
     * ``FC_p + XA_p + B w_p - r_p``: R1's fill, the forward and chain of every earlier stage,
       at each layer's least over the configurations (``FC_p``), and its transfers both ways
       at their least (``XA_p``, which grows with p and depends on nothing else), then the
@@ -119,6 +119,9 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         phases.append((np.concatenate([[0.0], np.cumsum(f)]), np.concatenate([[0.0], np.cumsum(chain - f)])))
     least_chain = np.min([r[0] for r in rows], axis=0)
     FC = np.concatenate([[0.0], np.cumsum(least_chain)])
+    # R1's T2 with the gradient tail, which grows with the stage unless tied copies (a tail
+    # of more buckets) leave it when it takes the layer they share: then without the tail
+    tails = None if c.model.ties() else [pair._config_arrays(j)["T2"] for j in range(len(pair.configs))]
     # the phase term (see the docstring): the fill of forwards before a stage, and the round
     # trip through the layers after it, each layer at its least; the forwards a stage still
     # runs after its first backward, with the family's most warm-up forwards at this stage
@@ -158,6 +161,21 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     def drain(i: int) -> float:
         return min(float(t[0, i]) for t in drains)
 
+    def tail_end(j: int, k: int, hi: int, tau: float) -> int:
+        """The last layer i <= hi with ``T2 = B w + G`` at most tau (G: the gradient tail,
+        which B w outgrows when the stage takes a layer more, :mod:`.costs`)."""
+        T2 = tails[j]
+        if float(T2[k, hi]) <= tau:
+            return hi
+        lo, top = k - 1, hi
+        while top - lo > 1:
+            mid = (lo + top) // 2
+            if float(T2[k, mid]) <= tau:
+                lo = mid
+            else:
+                top = mid
+        return lo
+
     def phase_end(p: int, j: int, k: int, hi: int, tau: float) -> int:
         """The last layer i <= hi with stage p's phase term at most tau (k - 1: none); the
         term grows with i (a layer taken in adds at least its least forward and chain to the
@@ -189,6 +207,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             if p > 0 and late is not None:
                 hi = min(hi, int(np.searchsorted(late, late[k] + tau - FC[k] - XA[p] - off, side="right")) - 2)
             hi = min(hi, L - 1)
+            if tails is not None and hi >= k and hi > best:
+                hi = tail_end(j, k, hi, tau)
             if phase and hi >= k and hi > best:
                 hi = phase_end(p, j, k, hi, tau)
             if hi < k or hi <= best:
@@ -227,10 +247,13 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         return any(rest(b + 1, tau, drain(a)) for a, b in pieces)
 
     if not math.isfinite(upper):
-        # every stage's term is below this: only memory can stop the greedy split
+        # grow a threshold until the greedy split passes: past every term only memory can
+        # stop it, and then no plan fits at all
         upper = 2 * (B * max(r[1][-1] for r in rows) + FC[-1]) + 1.0
-        if not reach(upper):
-            return math.inf
+        while not reach(upper):
+            upper *= 4
+            if upper > 1e30:
+                return math.inf
     lo, hi = 0.0, upper
     if not reach(hi):
         return hi

@@ -182,7 +182,9 @@ class PairProblem:
         # UNITS blocks of about equal work (coarse_cuts; at least one per stage); the bands
         # hold units, not layers
         units = max(UNITS, self.S)
-        self.pos = np.arange(self.L + 1) if self.L <= max(EXACT, self.S) else coarse_cuts(costs, units)
+        # (one stage holds every layer: nothing to cut, blocks or not)
+        exact = self.L <= max(EXACT, self.S) or self.S == 1
+        self.pos = np.arange(self.L + 1) if exact else coarse_cuts(costs, units)
         self.n = len(self.pos) - 1 - self.S + 1
         self.has_split, self.has_whole = family_split(schedules)
         # ZB-H1 defers weight parts past a stage's last chain op (objective.py): R1 moves
