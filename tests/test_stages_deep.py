@@ -368,3 +368,13 @@ def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(ca
     # a family whose later stages keep fewer micro-batches: the floor takes the fewest
     own = PairProblem(plan.costs, schedules)
     assert least_memory_floor(own) <= own._least_memory()[0] * (1 + 1e-9)
+
+
+def test_interleaved_plans_have_at_most_1024_chunks():
+    """10 000 layers on 8 stages would offer 1 250 chunk counts, each plan's bounds growing
+    with the square of its chunks (the search ran past 10 minutes): at most 1 024 in all."""
+    from solver_planner.stages.schedule import MAX_CHUNKS, virtual_options
+
+    options = virtual_options("interleaved-1f1b", 8, 10_000, 64)
+    assert options and max(options) * 8 <= MAX_CHUNKS == 1024 and options == list(range(2, 129))
+    assert virtual_options("interleaved-1f1b", 4, 12, 8) == [2, 3]          # few blocks: as before

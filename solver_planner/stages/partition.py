@@ -3,6 +3,8 @@ micro-batch count, and the per-stage numbers every evaluator reads."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -105,7 +107,18 @@ class Partition:
         return self.costs.of(self.mesh[p])[self.stages[p].config]
 
     def _per_stage(self, attr: str) -> list[float]:
-        return [float(getattr(self.table(p), attr)[s.first, s.last]) for p, s in enumerate(self.stages)]
+        # one lookup per (mesh tables, configuration): a range table reads many cells at once
+        groups: dict = {}
+        for p, s in enumerate(self.stages):
+            groups.setdefault((id(self.costs.of(self.mesh[p])), s.config), []).append(p)
+        out = [0.0] * len(self.stages)
+        for members in groups.values():
+            table = getattr(self.table(members[0]), attr)
+            firsts = np.asarray([self.stages[p].first for p in members])
+            lasts = np.asarray([self.stages[p].last for p in members])
+            for p, v in zip(members, np.asarray(table[firsts, lasts], dtype=float).tolist()):
+                out[p] = v
+        return out
 
     @cached_property
     def forward(self) -> list[float]:

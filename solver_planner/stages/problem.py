@@ -145,19 +145,23 @@ class _Caches:
 
     def touch(self, pair: "PairProblem") -> None:
         entry = self.sizes.pop(id(pair), None)
-        size = entry[1] if entry else 0
-        self.sizes[id(pair)] = (pair, size)
+        self.sizes[id(pair)] = entry if entry else (pair, 0)
 
     def update(self, pair: "PairProblem") -> None:
+        # measured again only when the pair's caches changed (an entry added or replaced)
+        version = tuple(sum(map(id, d.values())) + len(d) for d in (pair._stage, pair.costs._configs,
+                                                                     pair.costs._transfers))
+        entry = self.sizes.get(id(pair))
+        if entry is not None and len(entry) == 3 and entry[2] == version:
+            return
         seen: set = set()
         size = _held(pair._stage, seen) + _held(pair.costs._configs, seen) + _held(pair.costs._transfers, seen)
-        self.sizes.pop(id(pair), None)
-        self.sizes[id(pair)] = (pair, size)
+        self.sizes[id(pair)] = (pair, size, version)
         total = sum(v[1] for v in self.sizes.values())
         for key in list(self.sizes):
             if total <= self.CACHE_BYTES:
                 break
-            other, held = self.sizes[key]
+            other, held = self.sizes[key][:2]
             if other is pair:
                 continue
             other.drop_caches()
@@ -865,7 +869,8 @@ class PairProblem:
                     if V is None or W - V + 1 < 1:
                         break                   # no window reaches past this stage
                     j, r = jumps_after_trip(W, V, self.B)
-                    M = cum[p + h] - cum[p + 1] + last[p + h]
+                    with np.errstate(invalid="ignore"):     # a stage without cells: inf - inf
+                        M = cum[p + h] - cum[p + 1] + last[p + h]
                     if j > 0 and np.isfinite(M):
                         mine.append((j, r, float(M)))
                 # a member without windows leaves its warm-up count without any (the least

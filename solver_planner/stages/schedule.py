@@ -188,14 +188,20 @@ def rounds(stages: int, microbatches: int) -> tuple[int, int] | None:
     return None if microbatches % n else (n, microbatches // n)
 
 
+# the most chunks an interleaved plan has in all: the objective's bounds of a plan grow with
+# the square of its chunks (10 000 layers on 8 stages would offer 1 250 chunks per stage)
+MAX_CHUNKS = 1024
+
+
 def virtual_options(kind: str, stages: int, blocks: int, microbatches: int) -> list[int]:
     """Chunk counts per stage ``kind`` may use with ``blocks`` repeated layers to share out:
-    at least one block per chunk, and for interleaved 1F1B a round structure ``B`` allows."""
+    at least one block per chunk, at most :data:`MAX_CHUNKS` chunks in all, and for
+    interleaved 1F1B a round structure ``B`` allows."""
     if kind == "zb-v":
         return [2] if 2 * stages <= blocks else []
     if kind != "interleaved-1f1b" or stages < 2 or rounds(stages, microbatches) is None:
         return []
-    return [v for v in range(2, blocks // stages + 1)]
+    return [v for v in range(2, min(blocks, MAX_CHUNKS) // stages + 1)]
 
 
 def mesh_order(schedule: Schedule, stages: int, p: int, microbatches: int,

@@ -602,7 +602,9 @@ def _coarse_bounds(pairs: list[PairProblem], board: _Board, info: dict) -> bool:
     least = math.inf
     for pair in coarse:
         top = board.cutoff(pair)
-        bound = fine_bound(pair, top)
+        # not capped at top: the same bound whatever the board holds (check reruns the
+        # search with the plan's own time as an incumbent)
+        bound = fine_bound(pair, math.inf)
         least = min(least, bound)
         if bound < top * (1 - TOLERANCE):
             board.leave(pair, bound)
