@@ -63,6 +63,26 @@ def coarse_cuts(costs, units: int) -> np.ndarray:
     return cuts
 
 
+def _memory_floor(costs, cfg, live: int):
+    """(static prefix, activation prefix, transient) of :meth:`.StageCosts.memory_floor` as
+    plain numbers, for scalar reads (a range table's read costs tens of microseconds; the
+    greedy splits make millions): the transient is the sum of two range maxima."""
+    from .ranges import _SparseMax
+
+    static, act, trans = costs.memory_floor(cfg, live)
+    layers = np.arange(costs.model.num_layers)
+    prefix = [np.concatenate([[0.0], np.cumsum(np.asarray(t[layers, layers], dtype=float))]).tolist()
+              for t in (static, act)]
+    tables = [_SparseMax(part).table for part in costs.transient_parts(cfg)]
+
+    def transient(k: int, i: int) -> float:
+        level = (i - k + 1).bit_length() - 1
+        j = i - (1 << level) + 1
+        return sum(max(float(t[level, k]), float(t[level, j])) for t in tables)
+
+    return prefix[0], prefix[1], transient
+
+
 def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> float:
     """A lower bound of ``R`` (hence of the objective and the simulated time) over *every*
     plan of ``pair``, whatever layers its stages start at; ``upper``: where to stop looking
@@ -112,8 +132,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         chain = f + a + (w - split_part)              # forward and chain of one layer
         work = np.concatenate([[0.0], np.cumsum(f + a + w)])
         late = np.concatenate([[0.0], np.cumsum(B * (f + a + w) - split_part)])
-        static, act, trans = c.memory_floor(cfg, live)
-        rows.append((chain, work, late, static, act, trans))
+        rows.append((chain, work, late) + _memory_floor(c, cfg, live))
         forwards.append(f)
         # the phase term's own parts: forwards and chain ops, as prefix sums
         phases.append((np.concatenate([[0.0], np.cumsum(f)]), np.concatenate([[0.0], np.cumsum(chain - f)])))
@@ -213,12 +232,20 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
                 hi = phase_end(p, j, k, hi, tau)
             if hi < k or hi <= best:
                 continue
-            if float(static[k, hi]) + float(act[k, hi]) + float(trans[k, hi]) <= mem:
+            def fits(i: int) -> bool:
+                return static[i + 1] - static[k] + act[i + 1] - act[k] + trans(k, i) <= mem
+
+            if fits(hi):
                 best = hi                    # memory grows with the stage: all of it fits
                 continue
-            span = np.arange(k, hi + 1)
-            fits = static[k, span] + act[k, span] + trans[k, span] <= mem
-            best = max(best, k + int(np.argmin(fits)) - 1)
+            lo, top = k - 1, hi              # fits(lo) (or none), not fits(top)
+            while top - lo > 1:
+                mid = (lo + top) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    top = mid
+            best = max(best, lo)
         return best
 
     def rest(k: int, tau: float, off: float) -> bool:
@@ -280,13 +307,13 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
     which grows with the layers a stage holds, so the greedy split decides each threshold."""
     c, L, S = pair.costs, pair.L, pair.S
     live = min(pair.live_min(p) for p in range(S))
-    tables = [c.memory_floor(cfg, live) for cfg in pair.configs]
+    tables = [_memory_floor(c, cfg, live) for cfg in pair.configs]
     if not tables:
         return math.inf
 
     def peak(t, k, i):
         static, act, trans = t
-        return np.asarray(static[k, i]) + np.asarray(act[k, i]) + np.asarray(trans[k, i])
+        return static[i + 1] - static[k] + act[i + 1] - act[k] + trans(k, i)
 
     def reach(thr: float) -> bool:
         k = 0

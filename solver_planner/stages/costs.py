@@ -501,11 +501,20 @@ class StageCosts:
         if self.model.ties():
             copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
             static = static + self._copy_bytes(copy)
-        transient = Maxes(gathered_bytes(params, t, d, opts.sharding)) + smp * Maxes(
-            transient_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
+        gathered, recomputed = self.transient_parts(c)
+        transient = Maxes(gathered) + Maxes(recomputed)
         activation = smp * Sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
         self._transfers[key] = (static, activation, transient)
         return self._transfers[key]
+
+    def transient_parts(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, bytes per device live during its backward: the parameters ZeRO-3
+        gathers, and one micro-batch's recomputation (a stage's transient is the largest of
+        each over its layers, :mod:`.memory`)."""
+        m, opts, t = self.model, self.model.options, c.tensor
+        d = self.shape.size // t
+        return (gathered_bytes(m.column("params"), t, d, opts.sharding),
+                self.samples(t) * transient_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
 
     def memory_floor(self, c: StageConfig, live: int) -> tuple[Ranges, Ranges, Ranges]:
         """:meth:`memory`'s parts without tied copies: (static, ``live`` micro-batches'

@@ -372,6 +372,12 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
             raise UnknownError("no plan found: none of the balanced plans greedy tries (one per mesh shape and"
                                " micro-batch count) fits in memory, and none was proven impossible; use --method"
                                " dp, which searches every split", bound=bound)
+        if "coarse" in info:
+            # the likelier reason: no block-aligned plan fits, and the others were not searched
+            raise UnknownError(f"no plan found: past {EXACT:,} layers stages start on block boundaries only (Alpa's"
+                               " operator clustering) and none of those plans was found to fit; plans cutting"
+                               " inside blocks were not searched: give the layers per stage with --split",
+                               bound=bound)
         advice = ("raise --time-limit / --budget / --sim-budget or use --method dp" if chosen == "cp-sat"
                   else "raise --budget / --sim-budget")
         raise UnknownError(f"no plan found within the limits ({_limits(chosen, time_limit, budget)}) and none was"
