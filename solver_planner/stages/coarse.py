@@ -69,7 +69,7 @@ def _memory_floor(costs, cfg, live: int):
     greedy splits make millions): the transient is the sum of two range maxima."""
     from .ranges import _SparseMax
 
-    static, act, trans = costs.memory_floor(cfg, live)
+    static, act, _ = costs.memory_floor(cfg, live)
     layers = np.arange(costs.model.num_layers)
     prefix = [np.concatenate([[0.0], np.cumsum(np.asarray(t[layers, layers], dtype=float))]).tolist()
               for t in (static, act)]

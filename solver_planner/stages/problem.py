@@ -43,8 +43,10 @@ faster plan and cut the gap from 10.4% to 4.1% within the same budget).  Bisecti
 choices for the next one: the branch and bound of :mod:`.search` splits on these
 (Lawler's k-best scheme).
 
-Each stage ``p`` of ``S`` may hold layers ``p .. L - S + p`` only (every stage keeps one layer),
-so every array is stored on that band of ``n = L - S + 1`` first and last layers; the
+Stages start on *units*: every layer, or past :data:`.coarse.EXACT` layers the first layers
+of blocks (:mod:`.coarse`).  Each stage ``p`` of ``S`` may hold units ``p .. U - S + p`` only
+(every stage keeps one), so every array is stored on that band of ``n = U - S + 1`` first and
+last units (``(configs, n, n)`` squares, or for large pairs the cells one by one); the
 programs run over the cells that fit in memory and whose own term is below the cutoff.
 """
 
@@ -141,7 +143,7 @@ class _Caches:
     CACHE_BYTES = 2 * 2**30
 
     def __init__(self):
-        self.sizes: dict[int, tuple] = {}           # id(pair) -> (pair, bytes), oldest first
+        self.sizes: dict[int, tuple] = {}           # id(pair) -> (pair, bytes[, version]), oldest first
 
     def touch(self, pair: "PairProblem") -> None:
         entry = self.sizes.pop(id(pair), None)
