@@ -378,3 +378,22 @@ def test_interleaved_plans_have_at_most_1024_chunks():
     options = virtual_options("interleaved-1f1b", 8, 10_000, 64)
     assert options and max(options) * 8 <= MAX_CHUNKS == 1024 and options == list(range(2, 129))
     assert virtual_options("interleaved-1f1b", 4, 12, 8) == [2, 3]          # few blocks: as before
+
+
+def test_no_block_aligned_plan_says_so(tmp_path, monkeypatch):
+    """When no plan on block boundaries is found while some plan cutting inside blocks may
+    exist (its bound is finite), the search does not claim the budget ran out or that nothing
+    fits: it names the blocks and --split (here the programs are made to find nothing)."""
+    from solver_planner.errors import UnknownError
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages import StageSearch, plan_partition
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.topology import load_topology
+
+    topo = load_topology(ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml")
+    model = layer_model(load_model_spec(deep(tmp_path, 12)))
+    monkeypatch.setattr(problem_module, "UNITS", 6)
+    monkeypatch.setattr(problem_module, "EXACT", 6)
+    monkeypatch.setattr(PairProblem, "feasible", lambda self, *a, **k: None)
+    with pytest.raises(UnknownError, match="block boundaries only.*--split"):
+        plan_partition(StageSearch(model, topo, "1f1b", microbatches=[8], stages=4), method="dp")
