@@ -53,6 +53,7 @@ from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel
+from . import ranges
 from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample)
@@ -539,11 +540,13 @@ class StageCosts:
             out = [a + self._copy_bytes(b) for a, b in zip(out, copy)]
         return out[0], out[1], out[2]
 
-    def memory(self, config: StageConfig, live: int) -> Ranges:
+    def memory(self, config: StageConfig, live: int) -> Ranges | np.ndarray:
         """Peak bytes per device of a stage holding ``live`` micro-batches' activations (inf
         below the diagonal)."""
         static, activation, transient = self.memory_parts(config)
-        if np.ndim(live):                   # live counts per cell (Alpa's rule): a square
+        if np.ndim(live) or static.n <= ranges.DENSE:
+            # a square from the parts' squares (as cheap as reading them), or live counts per
+            # cell (Alpa's rule)
             out = np.asarray(static) + live * np.asarray(activation) + np.asarray(transient)
             return np.where(np.triu(np.ones(out.shape, dtype=bool)), out, np.inf)
         return (static + live * activation + transient).with_below(np.inf)

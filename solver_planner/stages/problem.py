@@ -233,7 +233,7 @@ class PairProblem:
 
     # a pair whose bands would hold more cells than this (stages x n^2 x configurations)
     # builds its cells one by one (_sparse_cells) instead of the (configs, n, n) squares
-    DENSE_CELLS = 2_000_000
+    DENSE_CELLS = 4_000_000
 
     @property
     def sparse(self) -> bool:
