@@ -78,9 +78,13 @@ class Ranges:
             if self.n > DENSE:
                 raise MemoryError(f"a dense [k, i] table of {self.n:,} layers is not built (at most {DENSE:,}); "
                                   "index it by cells instead")
-            k = np.arange(self.n)
-            self._dense = self._cells(*np.broadcast_arrays(k[:, None], k[None, :]))
+            self._dense = self._square()
         return self._dense if dtype is None else self._dense.astype(dtype)
+
+    def _square(self) -> np.ndarray:
+        """Every cell (below the diagonal: ``below``)."""
+        k = np.arange(self.n)
+        return self._cells(*np.broadcast_arrays(k[:, None], k[None, :]))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -190,6 +194,13 @@ class Maxes(Ranges):
     def values(self, k, i):
         return self.table.query(k, i)
 
+    def _square(self) -> np.ndarray:
+        # a running maximum along each row: the same maxima, without a query per cell
+        row = self.table.table[0]
+        k = np.arange(self.n)
+        out = np.maximum.accumulate(np.where(k[None, :] >= k[:, None], row[None, :], -np.inf), axis=1)
+        return np.triu(np.where(np.isfinite(out), out, 0.0))
+
 
 class Tail(Ranges):
     """``g[k, i]``: how long the reductions of layers k..i outlast their backward pieces.
@@ -210,6 +221,15 @@ class Tail(Ranges):
     def values(self, k, i):
         span = self.pc[i + 1] - self.ps[k] + self.best.query(k, i)
         return np.maximum(span - (self.pc[i + 1] - self.pc[k]), 0.0)
+
+    def _square(self) -> np.ndarray:
+        # the same expression, its range maxima as running maxima along each row
+        n = self.n
+        k = np.arange(n)
+        v = self.best.table[0]
+        best = np.maximum.accumulate(np.where(k[None, :] >= k[:, None], v[None, :], -np.inf), axis=1)
+        span = self.pc[None, 1:] - self.ps[:-1, None] + best
+        return np.triu(np.maximum(span - (self.pc[None, 1:] - self.pc[:-1, None]), 0.0))
 
 
 class Copies(Ranges):
