@@ -136,10 +136,10 @@ def test_the_stage_search_estimate_is_what_it_must_hold(tmp_path):
 
 @pytest.mark.slow
 def test_a_model_of_1024_layers_ends_within_the_bound(tmp_path):
-    """1 024 layers on 1 024 GPUs (every layer may start a stage): the search was killed by the
-    kernel at 24 GB, then ended at its 8 GiB bound; each pair's arrays now count against a
-    shared budget (the pairs used longest ago drop theirs), and it finishes under the bound
-    set from outside.  10 000 layers: tests/test_stages_deep.py."""
+    """1 024 layers on 1 024 GPUs: the search was killed by the kernel at 24 GB, then ended at
+    its 8 GiB bound; its tables are now range tables, its stages start on block boundaries
+    (past 256 layers) and each pair's arrays count against a shared budget, and it finishes
+    under the bound set from outside.  10 000 layers: tests/test_stages_deep.py."""
     result = subprocess.run([sys.executable, "-m", "solver_planner", "stages", str(CLUSTERS / "dgx-a100-128x8.yaml"),
                              str(deep(tmp_path, 1024)), "--no-baselines"], capture_output=True, text=True, cwd=ROOT,
                             preexec_fn=outside_limit(memory.STAGES_BOUND))

@@ -1,5 +1,5 @@
 """Deep models in linear memory: stage tables as range tables (stages/ranges.py), a large
-pair's cells built one by one (problem.py), and past 1 024 layers stages that start on block
+pair's cells built one by one (problem.py), and past 256 layers stages that start on block
 boundaries, with a bound over every cut (stages/coarse.py).
 
 Each is checked against what it replaces or bounds: the dense squares, the band's cells,
