@@ -289,15 +289,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     floor = cheap_bound(c)                  # a bound of every plan too (the search starts there)
     if floor < hi and not reach(floor):
         lo = floor
-    for _ in range(60):
-        if hi - lo <= tol * hi:
-            break
-        mid = (lo + hi) / 2
-        if reach(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return _threshold(reach, lo, hi, tol)
 
 
 def least_memory_floor(pair, tol: float = 1e-3) -> float:
@@ -338,8 +330,15 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
     whole = float(max(peak(t, 0, L - 1) for t in tables))
     if not reach(whole):
         return math.inf
-    lo, hi = 0.0, whole
-    while hi - lo > tol * hi:
+    return _threshold(reach, 0.0, whole, tol)
+
+
+def _threshold(reach, lo: float, hi: float, tol: float) -> float:
+    """Bisection between a threshold ``reach`` refuses (``lo``) and one it passes (``hi``):
+    the last refused one, a lower bound of the least that passes, within ``tol`` of it."""
+    for _ in range(60):
+        if hi - lo <= tol * hi:
+            break
         mid = (lo + hi) / 2
         if reach(mid):
             hi = mid

@@ -14,6 +14,7 @@ expressions, so small models pay no more than before (and read the same numbers)
 
 from __future__ import annotations
 
+import abc
 import math
 import operator
 
@@ -37,7 +38,7 @@ def _index(key, n: int):
     return k, i
 
 
-class Ranges:
+class Ranges(abc.ABC):
     """A lazy ``[k, i]`` table over ``n`` layers (see the module docstring)."""
 
     below = 0.0
@@ -47,9 +48,9 @@ class Ranges:
         self.n = n
         self._dense: np.ndarray | None = None
 
-    # subclasses: values on cells with k <= i (broadcast integer arrays)
+    @abc.abstractmethod
     def values(self, k: np.ndarray, i: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Values on cells with k <= i (broadcast integer arrays): what each table defines."""
 
     def __getitem__(self, key):
         if not (isinstance(key, tuple) and len(key) == 2) or any(x is None or x is Ellipsis for x in key):
