@@ -78,3 +78,22 @@ def test_the_unequal_mesh_example_is_what_stages_prints():
     same = api.stages(clusters / "aws-p3.8xlarge-4.yaml", models / "gpt3-6.7b.yaml", baselines=False)
     assert f"{same.run.iteration_time:.1f}" == equal[0]
     assert f"{100 * (1 - doc['iteration_time'] / same.run.iteration_time):.1f}" == equal[1]
+
+
+def test_the_megatron_row_of_the_fidelity_table_is_what_published_runs_prints():
+    # `python benchmarks/published_runs.py` (and `benchmarks/fidelity.py`'s first row)
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import published_runs as runs
+
+    row = re.search(r"^  \| Megatron-LM Table 1, TFLOP/s per GPU .*?\| 10 \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+) \|",
+                    README, re.M)
+    assert row is not None
+    loaded = runs.load_runs()
+    # the published configurations (Megatron-LM's examples/sc21/run_table_1.sh), not defaults
+    assert [r.micro_batch for r in loaded] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    assert [r.virtual for r in loaded] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    assert [r.overlap for r in loaded] == [True] * 4 + [False] * 6
+    summary = runs.summary([runs.predict(r) for r in loaded])
+    assert (f"{summary['median_error'] * 100:.1f}", f"{summary['worst_error'] * 100:.1f}",
+            f"{summary['spearman']:.3f}") == row.groups()

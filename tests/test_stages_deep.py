@@ -397,3 +397,46 @@ def test_no_block_aligned_plan_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(PairProblem, "feasible", lambda self, *a, **k: None)
     with pytest.raises(UnknownError, match="block boundaries only.*--split"):
         plan_partition(StageSearch(model, topo, "1f1b", microbatches=[8], stages=4), method="dp")
+
+
+@st.composite
+def drained_chains(draw):
+    """(costs, family) of a random chain on 2-3 hosts of 2 GPUs, one stage per host with its 2
+    GPUs data-parallel: each stage's gradient all-reduce and optimizer step (R1's drain) are
+    real, and the first stage's delays every later fill.  20-40 layers on 2 stages, 12-24 on 3:
+    fine_bound's pieces of the first stage's ends then hold several layers each."""
+    from solver_planner.cost import CostModel
+    from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family
+    from solver_planner.stages.costs import cost_tables
+    from test_stages_objective import random_layer, topology
+
+    hosts = draw(st.integers(2, 3))
+    n = draw(st.integers(20, 40) if hosts == 2 else st.integers(12, 24))
+    topo = topology(hosts, 2, "10 GB/s", "host", efficiency=True)
+    layers = [random_layer(draw, f"l{i}") for i in range(n)]
+    # every layer with weights (from 64 MiB): drains that grow with each layer a stage takes
+    layers = [Layer(**{**x.__dict__, "skips": (), "params": x.params + 2**26}) for x in layers]
+    opts = MemoryOptions(("none",), "none", draw(st.booleans()), False, 64 * 2**20)
+    model = LayerModel("chain", layers, 8, None, options=opts)
+    shape = MeshShape(1, 2)
+    B = draw(st.sampled_from([2, 4, 8]))
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)
+    kind = draw(st.sampled_from(["1f1b", "gpipe"]))
+    return costs, family(kind, costs.stages)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(drained_chains())
+def test_the_fine_bound_reads_each_first_stage_drain_where_its_piece_starts(case):
+    """With drains, on more layers than fine_bound's pieces of the first stage's ends: a piece
+    [a, b] is tested with the drain of its shortest first stage (a) and the later stages
+    starting after its longest (b), so it covers every plan whose first stage ends in it.
+    The bound stays below the least R1 over every plan, enumerated (with the later stages
+    started after a instead, it does not)."""
+    costs, schedules = case
+    pair = PairProblem(costs, schedules)
+    assert all(float(pair._config_arrays(j)["u0"][0, 0]) > 0 for j in range(len(pair.configs)))
+    r1 = [v for v in (pair.terms(s)[0] for s in all_plans(pair)) if math.isfinite(v)]
+    bound = fine_bound(pair, math.inf, phase=False)
+    if r1:
+        assert bound <= min(r1) * (1 + 1e-9)
