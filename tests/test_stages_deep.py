@@ -351,9 +351,10 @@ def test_the_phase_term_is_below_every_simulated_plan(case, comm):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(max_layers=7))
 def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(case):
-    """Under GPipe every stage keeps all B micro-batches, so without tied copies the floor
-    relaxes nothing: it is the exact least memory (the program over the bands), to its
-    tolerance; and under any schedule, below it."""
+    """The floor counts each stage's own fewest micro-batches (in 1F1B the first stage keeps
+    S): without tied copies it relaxes nothing, under GPipe (every stage keeps all B) and
+    under the instance's family alike: it is the exact least memory (the program over the
+    bands), to its tolerance; with them, below it."""
     if case is None:
         return
     plan, schedules = case
@@ -365,9 +366,12 @@ def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(ca
     assert floor <= least * (1 + 1e-9)
     if not pair.costs.model.ties() and math.isfinite(least):
         assert floor >= least * (1 - 2e-3)
-    # a family whose later stages keep fewer micro-batches: the floor takes the fewest
+    # a family whose later stages keep fewer micro-batches: each stage with its own
     own = PairProblem(plan.costs, schedules)
-    assert least_memory_floor(own) <= own._least_memory()[0] * (1 + 1e-9)
+    least = own._least_memory()[0]
+    assert least_memory_floor(own) <= least * (1 + 1e-9)
+    if not own.costs.model.ties() and math.isfinite(least):
+        assert least_memory_floor(own) >= least * (1 - 2e-3)
 
 
 def test_interleaved_plans_have_at_most_1024_chunks():
@@ -440,3 +444,51 @@ def test_the_fine_bound_reads_each_first_stage_drain_where_its_piece_starts(case
     bound = fine_bound(pair, math.inf, phase=False)
     if r1:
         assert bound <= min(r1) * (1 + 1e-9)
+
+
+@SETTINGS
+@given(instances(max_layers=6))
+def test_the_fine_bound_holds_where_memory_is_all_that_is_left(case):
+    """With the device memory set to the exact least memory, only the plans needing least
+    fit; the bound over every cut, whose memory test counts each stage's own fewest
+    micro-batches, stays below the least R1 of those plans (enumerated).  Counting the
+    first stage's count on every stage would refuse them."""
+    if case is None:
+        return
+    plan, schedules = case
+    costs = plan.costs
+    least, _ = PairProblem(costs, schedules)._least_memory()
+    if not math.isfinite(least) or costs.model.ties():
+        return
+    costs.device_memory = least * (1 + 1e-9)
+    pair = PairProblem(costs, schedules)
+    r1 = [v for v in (pair.terms(s)[0] for s in all_plans(pair)) if math.isfinite(v)]
+    assert r1                                  # the least-memory plan fits
+    assert fine_bound(pair, math.inf, phase=False) <= min(r1) * (1 + 1e-9)
+
+
+def test_a_deep_model_that_fits_no_cut_is_proven_infeasible(tmp_path, monkeypatch):
+    """Stages on blocks, and no plan of any cut fits: under 1F1B stage p keeps 4 - p
+    micro-batches of 64 samples per replica (3.1 GiB a layer each), so the 12 layers do not
+    fit in 4 stages of 16 GiB V100s, though 3 layers a stage would at one micro-batch each.
+    The floor counts each stage's own micro-batches (18.8 GiB; 9.4 GiB with one each), so the
+    search proves it (exit 1 with the shortfall), where it used to say the plans on blocks
+    were not found and point to --split."""
+    from solver_planner.errors import InfeasibleError
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages import StageSearch, plan_partition
+    from solver_planner.stages.layers import layer_model
+    from solver_planner.topology import load_topology
+
+    path = tmp_path / "wide.yaml"
+    path.write_text("name: wide\nlayers:\n  - {name: l, repeat: 12, flops: 2 GFLOP, params: 4 MiB,"
+                    " activations: 50 MiB, allreduces: 2}\ntraining: {global_batch: 1024, dtype: bfloat16,"
+                    " optimizer: adam}\n")
+    topo = load_topology(ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml")
+    model = layer_model(load_model_spec(path))
+    monkeypatch.setattr(problem_module, "UNITS", 6)
+    monkeypatch.setattr(problem_module, "EXACT", 6)
+    search = StageSearch(model, topo, "1f1b", microbatches=[8], stages=4)
+    assert all(p.coarse for p in search.pairs())
+    with pytest.raises(InfeasibleError, match="needs at least"):
+        plan_partition(search, method="dp")

@@ -63,13 +63,15 @@ def coarse_cuts(costs, units: int) -> np.ndarray:
     return cuts
 
 
-def _memory_floor(costs, cfg, live: int):
-    """(static prefix, activation prefix, transient) of :meth:`.StageCosts.memory_floor` as
-    plain numbers, for scalar reads (a range table's read costs tens of microseconds; the
-    greedy splits make millions): the transient is the sum of two range maxima."""
+def _memory_floor(costs, cfg):
+    """(static prefix, prefix of one micro-batch's activations, transient) of
+    :meth:`.StageCosts.memory_floor` as plain numbers, for scalar reads (a range table's read
+    costs tens of microseconds; the greedy splits make millions): a stage keeping ``n``
+    micro-batches holds ``n`` times the activations; the transient is the sum of two range
+    maxima."""
     from .ranges import _SparseMax
 
-    static, act, _ = costs.memory_floor(cfg, live)
+    static, act, _ = costs.memory_floor(cfg, 1)
     layers = np.arange(costs.model.num_layers)
     prefix = [np.concatenate([[0.0], np.cumsum(np.asarray(t[layers, layers], dtype=float))]).tolist()
               for t in (static, act)]
@@ -100,7 +102,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     * the first stage's drain (``u0``) in every later fill, read at the least end of each of
       :data:`GRID` pieces of the first stage's ends (the later stages then start at the
       latest end of the piece), since it grows with the first stage while the rest shrinks;
-    * memory with the fewest micro-batches any stage keeps, tied copies left out;
+    * memory with the fewest micro-batches each stage keeps under the family (in 1F1B the
+      first stage keeps S, the last one), tied copies left out;
     * with ``phase``, the phase of the 1F1B family (the resharding paper's eager-1F1B, ZB-H1
       and GPipe too): stage p's first backward waits for micro-batch 0's forward through the
       stages before it and itself, ``H_p + f_p``, and its round trip through every later
@@ -123,7 +126,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     L, S, B = pair.L, pair.S, pair.B
     if not pair.configs:
         return math.inf
-    live = min(pair.live_min(p) for p in range(S))
+    live = [pair.live_min(p) for p in range(S)]
     rows, phases = [], []
     forwards = []
     for cfg in pair.configs:
@@ -132,7 +135,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         chain = f + a + (w - split_part)              # forward and chain of one layer
         work = np.concatenate([[0.0], np.cumsum(f + a + w)])
         late = np.concatenate([[0.0], np.cumsum(B * (f + a + w) - split_part)])
-        rows.append((chain, work, late) + _memory_floor(c, cfg, live))
+        rows.append((chain, work, late) + _memory_floor(c, cfg))
         forwards.append(f)
         # the phase term's own parts: forwards and chain ops, as prefix sums
         phases.append((np.concatenate([[0.0], np.cumsum(f)]), np.concatenate([[0.0], np.cumsum(chain - f)])))
@@ -233,7 +236,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             if hi < k or hi <= best:
                 continue
             def fits(i: int) -> bool:
-                return static[i + 1] - static[k] + act[i + 1] - act[k] + trans(k, i) <= mem
+                return static[i + 1] - static[k] + live[p] * (act[i + 1] - act[k]) + trans(k, i) <= mem
 
             if fits(hi):
                 best = hi                    # memory grows with the stage: all of it fits
@@ -294,28 +297,32 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
 
 def least_memory_floor(pair, tol: float = 1e-3) -> float:
     """A lower bound of the peak bytes per device of every plan of ``pair`` (any cut): the
-    least over splits into at most S stages of the fullest stage, each with the fewest
-    micro-batches any stage keeps and without tied copies (:meth:`.StageCosts.memory_floor`),
-    which grows with the layers a stage holds, so the greedy split decides each threshold."""
+    least over splits into S stages of the fullest stage, stage p with the fewest
+    micro-batches it keeps under any schedule of the family (``live_min(p)``: in 1F1B the
+    first stage keeps S) and without tied copies (:meth:`.StageCosts.memory_floor`).  A
+    stage's bytes grow with the layers it holds, so the greedy split (each stage as long as
+    it fits) decides each threshold: if some split fits, stage p of the greedy one ends no
+    earlier than that split's, since what the split's stage p + 1 holds contains what is left
+    to the greedy one's."""
     c, L, S = pair.costs, pair.L, pair.S
-    live = min(pair.live_min(p) for p in range(S))
-    tables = [_memory_floor(c, cfg, live) for cfg in pair.configs]
+    live = [pair.live_min(p) for p in range(S)]
+    tables = [_memory_floor(c, cfg) for cfg in pair.configs]
     if not tables:
         return math.inf
 
-    def peak(t, k, i):
+    def peak(t, n, k, i):
         static, act, trans = t
-        return static[i + 1] - static[k] + act[i + 1] - act[k] + trans(k, i)
+        return static[i + 1] - static[k] + n * (act[i + 1] - act[k]) + trans(k, i)
 
     def reach(thr: float) -> bool:
         k = 0
-        for _ in range(S):
+        for p in range(S):
             best = k - 1
             for t in tables:
                 lo, hi = k - 1, L             # peak(k, lo) <= thr (or empty), peak(k, hi) > thr
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
-                    if peak(t, k, mid) <= thr:
+                    if peak(t, live[p], k, mid) <= thr:
                         lo = mid
                     else:
                         hi = mid
@@ -327,7 +334,7 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
                 return True
         return False
 
-    whole = float(max(peak(t, 0, L - 1) for t in tables))
+    whole = float(max(peak(t, max(live), 0, L - 1) for t in tables))
     if not reach(whole):
         return math.inf
     return _threshold(reach, 0.0, whole, tol)
