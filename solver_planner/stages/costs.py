@@ -39,6 +39,7 @@ one reduction of all the stage's gradients follows the last backward.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -63,6 +64,14 @@ __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "host_parts", "divisors", 
            "cost_tables"]
 
 _PROBE = 1e9  # bytes at which affine terms are sampled
+
+
+@functools.lru_cache(maxsize=32)
+def _upper(n: int) -> np.ndarray:
+    """The ``(n, n)`` mask of the diagonal and above (read-only: shared by every call)."""
+    mask = np.triu(np.ones((n, n), dtype=bool))
+    mask.flags.writeable = False
+    return mask
 
 
 def divisors(n: int) -> list[int]:
@@ -548,7 +557,7 @@ class StageCosts:
             # a square from the parts' squares (as cheap as reading them), or live counts per
             # cell (Alpa's rule)
             out = np.asarray(static) + live * np.asarray(activation) + np.asarray(transient)
-            return np.where(np.triu(np.ones(out.shape, dtype=bool)), out, np.inf)
+            return np.where(_upper(out.shape[0]), out, np.inf)
         return (static + live * activation + transient).with_below(np.inf)
 
     # -- transfers ------------------------------------------------------------------------

@@ -62,12 +62,18 @@ __all__ = ["neighbor_path", "neighbor_bound", "steady_warmup", "steady_warmup_of
            "window_bound"]
 
 
+@functools.lru_cache(maxsize=64)     # stages are read in order, p and p + 1 per family member
 def _chain_sequence(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple | None:
     """Stage p's forwards and chain ops in order (``BW`` dropped), the same with and without
-    weight delaying (None otherwise: the path would depend on the plan)."""
+    weight delaying (None otherwise: the path would depend on the plan).  Kept a while: each
+    stage's is read for its own path and its predecessor's (on the 1T model's 128 stages of
+    1 536 micro-batches, building them took a third of the search); a few dozen only, as each
+    holds about 3B ops."""
+    # weight delaying moves BW parts only: a schedule without them has one order
+    delays = (False, True) if schedule.split else (False,)
     seqs = [tuple((op, m) for op, _, m in mesh_order(schedule, stages, p, microbatches, delay) if op != "BW")
-            for delay in (False, True)]
-    return seqs[0] if seqs[0] == seqs[1] else None
+            for delay in delays]
+    return seqs[0] if all(x == seqs[0] for x in seqs) else None
 
 
 @functools.lru_cache(maxsize=8192)
