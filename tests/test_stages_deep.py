@@ -351,10 +351,11 @@ def test_the_phase_term_is_below_every_simulated_plan(case, comm):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(max_layers=7))
 def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(case):
-    """The floor counts each stage's own fewest micro-batches (in 1F1B the first stage keeps
-    S): without tied copies it relaxes nothing, under GPipe (every stage keeps all B) and
-    under the instance's family alike: it is the exact least memory (the program over the
-    bands), to its tolerance; with them, below it."""
+    """Under GPipe every stage keeps all B micro-batches, so without tied copies the floor
+    relaxes nothing: it is the exact least memory (the program over the bands), to its
+    tolerance.  Under the instance's family each stage counts its own fewest micro-batches
+    (in 1F1B the first stage keeps S): below the exact least memory, and never below the
+    floor that counts the fewest of any stage on every stage."""
     if case is None:
         return
     plan, schedules = case
@@ -368,10 +369,51 @@ def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(ca
         assert floor >= least * (1 - 2e-3)
     # a family whose later stages keep fewer micro-batches: each stage with its own
     own = PairProblem(plan.costs, schedules)
-    least = own._least_memory()[0]
-    assert least_memory_floor(own) <= least * (1 + 1e-9)
-    if not own.costs.model.ties() and math.isfinite(least):
-        assert least_memory_floor(own) >= least * (1 - 2e-3)
+    floor = least_memory_floor(own)
+    assert floor <= own._least_memory()[0] * (1 + 1e-9)
+    fewest = PairProblem(plan.costs, schedules)
+    least_live = min(own.live_min(p) for p in range(own.S))
+    fewest.live_min = lambda p: least_live
+    assert floor >= least_memory_floor(fewest) * (1 - 2e-3)
+
+
+def test_the_memory_floor_lets_a_later_stage_hold_what_an_earlier_one_cannot():
+    """Three stages under 1F1B keep 3, 2 and 1 micro-batches; the last layer's activations
+    fit only where one is kept.  The plan of one layer a stage fits at 10 units; a greedy
+    split that may not leave a stage empty puts both small layers on the first stage, then
+    finds no room for the large one on the second, and would have claimed 20.  The bound
+    over every cut, with the memory set to those 10 units, has the same greedy split and
+    the large layer ten times the work (so time alone lets the first stage take both small
+    ones): it stays below the least R1 of the plans that fit."""
+    from solver_planner.cost import CostModel
+    from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family
+    from solver_planner.stages.costs import cost_tables
+    from test_stages_objective import topology
+
+    unit = 2**20
+    layers = [Layer(f"l{i}", 1e9 * a, 2e9 * a, 0.0, 0.0, a * unit, a * unit, 0.0, allreduces=0)
+              for i, a in enumerate((1.0, 1.0, 10.0))]
+    model = LayerModel("chain", layers, 3, None, options=MemoryOptions(("none",), "none", False, False, 0))
+    topo = topology(3, 1, "10 GB/s", "host")
+    costs = StageCosts(model, topo, MeshShape(1, 1), 3, cost_tables(topo, CostModel(topo), MeshShape(1, 1)), False)
+    pair = PairProblem(costs, family("1f1b", 3))
+    assert [pair.live_min(p) for p in range(3)] == [3, 2, 1]
+    least, _ = pair._least_memory()
+    floor = least_memory_floor(pair)
+    assert floor <= least * (1 + 1e-9)
+    assert floor >= least_memory_floor_fewest(pair) * (1 - 2e-3)
+    costs.device_memory = least * (1 + 1e-9)
+    pair = PairProblem(costs, family("1f1b", 3))
+    r1 = [v for v in (pair.terms(s)[0] for s in all_plans(pair)) if math.isfinite(v)]
+    assert r1 and fine_bound(pair, math.inf) <= min(r1) * (1 + 1e-9)
+
+
+def least_memory_floor_fewest(pair) -> float:
+    """The floor counting the fewest micro-batches of any stage on every stage."""
+    fewest = PairProblem(pair.costs, pair.schedules)
+    least_live = min(pair.live_min(p) for p in range(pair.S))
+    fewest.live_min = lambda p: least_live
+    return least_memory_floor(fewest)
 
 
 def test_interleaved_plans_have_at_most_1024_chunks():
@@ -492,3 +534,20 @@ def test_a_deep_model_that_fits_no_cut_is_proven_infeasible(tmp_path, monkeypatc
     assert all(p.coarse for p in search.pairs())
     with pytest.raises(InfeasibleError, match="needs at least"):
         plan_partition(search, method="dp")
+
+
+@pytest.mark.parametrize("work, units", [([1.0, 1.0, 1.3, 8.0, 2.7], 4), ([0.0, 0.0, 0.0, 50.0, 0.0, 0.0, 0.0], 6),
+                                         ([5.0] + [0.01] * 11, 8), ([1.0] * 9, 3)])
+def test_blocks_are_as_many_as_asked_even_around_a_heavy_layer(monkeypatch, work, units):
+    """Equal work puts several boundaries on the layer after a heavy one; the widest blocks
+    are then cut again (repeatedly, a block made by one cut may be cut by the next) until
+    there are ``units`` blocks, each of at least one layer (hypothesis found 3 of 4)."""
+    from types import SimpleNamespace
+
+    from solver_planner.stages import coarse
+
+    monkeypatch.setattr(coarse, "_layer_work", lambda costs: np.asarray(work))
+    costs = SimpleNamespace(model=SimpleNamespace(num_layers=len(work)), configs=[None])
+    cuts = coarse_cuts(costs, units)
+    assert len(cuts) == units + 1 and cuts[0] == 0 and cuts[-1] == len(work)
+    assert all(np.diff(cuts) >= 1)

@@ -48,19 +48,15 @@ def coarse_cuts(costs, units: int) -> np.ndarray:
         targets = total * np.arange(1, units) / units
         cuts = np.searchsorted(cum, targets)
     cuts = np.unique(np.concatenate([[0], np.clip(np.round(cuts).astype(int), 1, L - 1), [L]]))
-    if len(cuts) - 1 < units:
-        # equal work left some boundaries on the same layer (a heavy layer): fill with the
-        # midpoints of the widest blocks, so the count is what was asked (deterministic)
-        extra = units - (len(cuts) - 1)
+    cuts = cuts.tolist()
+    while len(cuts) - 1 < units:
+        # equal work left some boundaries on the same layer (a heavy layer): cut the widest
+        # block (the first of the widest) at its middle until the count is what was asked;
+        # each cut may split a block made by the one before (L > units: always room)
         widths = np.diff(cuts)
-        room = sorted(((-w, k) for k, w in enumerate(widths) if w > 1))
-        add = []
-        while extra > 0 and room:
-            w, k = room.pop(0)
-            add.append(cuts[k] + (-w) // 2)
-            extra -= 1
-        cuts = np.unique(np.concatenate([cuts, add]))
-    return cuts
+        k = int(np.argmax(widths))
+        cuts.insert(k + 1, cuts[k] + int(widths[k]) // 2)
+    return np.asarray(cuts)
 
 
 def _memory_floor(costs, cfg):
@@ -85,7 +81,7 @@ def _memory_floor(costs, cfg):
     return prefix[0], prefix[1], transient
 
 
-def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> float:
+def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: list | None = None) -> float:
     """A lower bound of ``R`` (hence of the objective and the simulated time) over *every*
     plan of ``pair``, whatever layers its stages start at; ``upper``: where to stop looking
     (a time some plan reaches).
@@ -108,19 +104,32 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
       and GPipe too): stage p's first backward waits for micro-batch 0's forward through the
       stages before it and itself, ``H_p + f_p``, and its round trip through every later
       stage, ``Y_p``; after it the stage still runs all B chain ops and the ``B - W_p``
-      forwards its ``W_p`` warm-up forwards left: ``H_p + (1 + B - W_p) f_p + B c_p + Y_p``,
-      with ``H`` and ``Y`` at each layer's least forward (and chain) over the
-      configurations and each transfer at its least (their sum at its least over p and the
-      later stages), ``W_p`` the family's most at p or later.  R1 does not see the later
-      stages at all.  With the tail in ``T2`` (and single-stage pairs searched exactly), it
-      took the gap of 1 024 equal layers on 1 024 GPUs from 53.6% to 20.4%.
+      forwards its ``W_p`` warm-up forwards left; then the last micro-batch's gradient
+      goes back through every earlier stage's chain op, ``D_p``:
+      ``H_p + (1 + B - W_p) f_p + B c_p + Y_p + D_p``, with ``H``, ``Y`` and ``D`` at each
+      layer's least forward (and chain) over the configurations and each transfer at its
+      least (those of ``H`` and ``Y`` at their least over p and the later stages), ``W_p``
+      the family's most at p or later.  R1 does not see the later stages at all.  With the
+      tail in ``T2`` (and single-stage pairs searched exactly), it took the gap of 1 024
+      equal layers on 1 024 GPUs from 53.6% to 20.4%;
+    * with ``phase`` and without ZB-H1, the objective's cycle bound (:mod:`.objective`):
+      ``H_p + (q + 1)(f_p + R_p + c_p) + (B - q W - 1) b_p + D_p`` with ``q = (B - 1) // W``
+      under some warm-up count ``W`` of the family at p, ``R_p`` the round trip ``Y_p``
+      with the transfers after p, ``b_p`` the stage's whole backward.  Every ``W``
+      micro-batches the stage's forward waits for a round trip through the later stages,
+      whose transfers a balanced split cannot hide.  On the 10 000-layer model's pair of 128
+      stages and 64 micro-batches the drain took the bound from 1.11 s to 1.21 s, and this
+      term to 1.25 s (plans of 1.29-1.35 s).
 
     Each part grows when a stage takes more layers (a layer added in front adds at least
-    its forward and chain to ``B w - r``, and takes them out of ``FC``), and a later stage
-    index only adds to ``XA``; so a split into at most S stages with every term at most
-    ``tau`` exists exactly when the greedy one (each stage as long as it can be) ends the
-    model (what a later stage holds, an earlier one could), and bisection on ``tau`` finds
-    the least.
+    its forward and chain to ``B w - r``, and takes them out of ``FC``); so the greedy split
+    (each stage as long as it can be, a stage that cannot take the next layer left empty)
+    ends the model whenever some split has every term at most ``tau``: after stage p it has
+    placed at least the layers that split has, since what that split's next stage holds
+    contains what is left of it to the greedy one's.  Bisection on ``tau`` then finds a
+    bound.  (Where a later stage index only makes every term harder, as ``XA`` does, no
+    stage is ever left empty and the greedy split is exact; memory, whose later stages keep
+    fewer micro-batches, is not.)
     """
     c = pair.costs
     L, S, B = pair.L, pair.S, pair.B
@@ -138,7 +147,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         rows.append((chain, work, late) + _memory_floor(c, cfg))
         forwards.append(f)
         # the phase term's own parts: forwards and chain ops, as prefix sums
-        phases.append((np.concatenate([[0.0], np.cumsum(f)]), np.concatenate([[0.0], np.cumsum(chain - f)])))
+        phases.append((np.concatenate([[0.0], np.cumsum(f)]), np.concatenate([[0.0], np.cumsum(chain - f)]),
+                       np.concatenate([[0.0], np.cumsum(a + w)])))
     least_chain = np.min([r[0] for r in rows], axis=0)
     FC = np.concatenate([[0.0], np.cumsum(least_chain)])
     # R1's T2 with the gradient tail, which grows with the stage unless tied copies (a tail
@@ -149,8 +159,10 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     # runs after its first backward, with the family's most warm-up forwards at this stage
     # or any later one (so a later stage's test is never easier)
     FW = np.concatenate([[0.0], np.cumsum(np.min(forwards, axis=0))])
-    ahead = np.array([max(pair.warmups(p)) for p in range(S)])
-    ahead = np.minimum(np.maximum.accumulate(ahead[::-1])[::-1], B)
+    # and the drain after the stage's last chain op: the last micro-batch's gradient back
+    # through the chain ops of every earlier layer, each at its least (the objective's D)
+    CL = np.concatenate([[0.0], np.cumsum(np.min([r[0] - f for r, f in zip(rows, forwards)], axis=0))])
+    phase_ws = [sorted({min(W, B) for W in pair.warmups(p)}) for p in range(S)]
     # the transfers of R1's fill, each at its least over the configurations and the cut's
     # layer: XA[p] = x(0->1) + x(1->0) + ... + x(p-1->p) + x(p->p-1), growing with p
     act = float(np.min(c.model.column("activations"))) if L else 0.0
@@ -170,7 +182,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     # p and every later stage, so that it never falls with p
     before = np.concatenate([[0.0], np.cumsum(ahead_x)])
     after = np.concatenate([np.cumsum((np.asarray(ahead_x) + np.asarray(back_x))[::-1])[::-1], [0.0]])
-    XP = np.minimum.accumulate((before + after)[::-1])[::-1]
+    back_before = np.concatenate([[0.0], np.cumsum(back_x)])      # the drain's transfers
     mem = c.device_memory
     if pair.deferred is not None:
         # ZB-H1 defers weight parts past the chain by a stage-dependent count: drop the term
@@ -180,8 +192,19 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     # every later stage's fill; it grows with the layers the first stage holds
     drains = [pair._config_arrays(j)["u0"] for j in range(len(pair.configs))]
 
-    def drain(i: int) -> float:
+    def drain(i: int, j: int | None = None) -> float:
+        """The first stage's drain when it ends at layer i, under configuration j (or the
+        least over them)."""
+        if j is not None:
+            return float(drains[j][0, i])
         return min(float(t[0, i]) for t in drains)
+
+    def own_drain(p: int, j: int):
+        """Stage p's own drain in its phase and cycle terms: the first stage's, under its
+        configuration (later stages count it in ``off``)."""
+        if p == 0 and drains:
+            return lambda i: drain(i, j)
+        return lambda i: 0.0
 
     def tail_end(j: int, k: int, hi: int, tau: float) -> int:
         """The last layer i <= hi with ``T2 = B w + G`` at most tau (G: the gradient tail,
@@ -198,41 +221,103 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
                 top = mid
         return lo
 
-    def phase_end(p: int, j: int, k: int, hi: int, tau: float) -> int:
-        """The last layer i <= hi with stage p's phase term at most tau (k - 1: none); the
-        term grows with i (a layer taken in adds at least its least forward and chain to the
-        stage and takes them out of the round trip)."""
-        F, C = phases[j]
-        m = 1 + B - int(ahead[p])
-        base = FW[k] + FC[L] + XP[p] - m * F[k] - B * C[k]
+    def phase_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
+        """The last layer i <= hi with stage p's phase term at most tau under some warm-up
+        count of the family (k - 1: none).  The objective's phase (:func:`.objective.phase_time`)
+        with ``W < B``: the first chain op after the first round trip, ``B - W`` forwards and
+        chain ops, the last chain op after the last round trip and the ``W - 1`` backwards
+        before it, ``(1 + B - W) f + (1 + B - W) c + R + max(R, (W - 1) b)``; with ``W >= B``,
+        ``f + R + B c``.  It grows with i (a layer taken in adds at least twice its forward
+        and chain, and takes its least out of each round trip)."""
+        F, C, Bb = phases[j]
+        fill = FW[k] + CL[k] + back_before[p] + off + before[p]
+        trip = FC[L] + after[p]
+        own = own_drain(p, j)
+        out = k - 1
+        for W in phase_ws[p]:
+            if pair.deferred is not None:
+                # ZB-H1 moves weight parts past the last chain op (objective.py): only the
+                # first round trip and the chain ops and forwards after it
+                m = 1 + B - W
 
-        def term(i: int) -> float:
-            return base + m * F[i + 1] + B * C[i + 1] - FC[i + 1]
+                def term(i: int) -> float:
+                    return fill + m * (F[i + 1] - F[k]) + B * (C[i + 1] - C[k]) + trip - FC[i + 1] + own(i)
+            elif W < B:
+                m = 1 + B - W
 
-        lo, top = k - 1, hi + 1                 # term(lo) fits (or none), term(top) does not
-        if term(hi) <= tau:
-            return hi
-        while top - lo > 1:
-            mid = (lo + top) // 2
-            if term(mid) <= tau:
-                lo = mid
+                def term(i: int) -> float:
+                    R = trip - FC[i + 1]
+                    return (fill + m * (F[i + 1] - F[k] + C[i + 1] - C[k]) + R
+                            + max(R, (W - 1) * (Bb[i + 1] - Bb[k])) + own(i))
             else:
-                top = mid
-        return lo
+                def term(i: int) -> float:
+                    return fill + F[i + 1] - F[k] + B * (C[i + 1] - C[k]) + trip - FC[i + 1] + own(i)
+
+            if term(hi) <= tau:
+                return hi
+            lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
+            while top - lo > 1:
+                mid = (lo + top) // 2
+                if term(mid) <= tau:
+                    lo = mid
+                else:
+                    top = mid
+            out = max(out, lo)
+        return out
+
+    # the cycle bound's warm-up counts per stage (objective.py; not under ZB-H1, whose
+    # deferred weight parts it reads differently)
+    cycle_ws = None if pair.deferred is not None else [sorted(set(pair.warmups(p))) for p in range(S)]
+
+    def cycle_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
+        """The last layer i <= hi with stage p's cycle term at most tau under some warm-up
+        count of the family (k - 1: none).  The objective's cycle bound, ``H + (q + 1)(f + R +
+        c) + (B - qW - 1) b`` with ``q = (B - 1) // W`` (the drain dropped), each part at its
+        least over every cut: the fill at the earlier layers' least forwards and the least
+        forward transfers, the round trip ``R`` at the later layers' least forward and chain
+        and the least transfers both ways; it grows with i (a layer taken in adds its own
+        forward and chain q + 1 times and takes out its least once)."""
+        F, C, Bb = phases[j]
+        fill = FW[k] + before[p] + CL[k] + back_before[p] + off        # with the drain
+        trip = FC[L] + after[p]
+        own = own_drain(p, j)
+        out = k - 1
+        for W in cycle_ws[p]:
+            q = (B - 1) // W
+            mb = B - q * W - 1
+
+            def term(i: int) -> float:
+                return (fill + (q + 1) * (F[i + 1] - F[k] + trip - FC[i + 1] + C[i + 1] - C[k])
+                        + mb * (Bb[i + 1] - Bb[k]) + own(i))
+
+            if term(hi) <= tau:
+                return hi
+            lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
+            while top - lo > 1:
+                mid = (lo + top) // 2
+                if term(mid) <= tau:
+                    lo = mid
+                else:
+                    top = mid
+            out = max(out, lo)
+        return out
 
     def end(p: int, k: int, tau: float, off: float) -> int:
-        """The last layer stage p starting at k can hold with its terms at most tau."""
+        """The last layer stage p starting at k can hold with its terms at most tau, leaving
+        a layer to each later stage (a plan has S stages, so its stage p ends there too)."""
         best = k - 1
         for j, (chain, work, late, static, act, trans) in enumerate(rows):
             # the last layer i with B (work[i+1] - work[k]) <= tau, and the fill term
             hi = int(np.searchsorted(work, work[k] + tau / B, side="right")) - 2
             if p > 0 and late is not None:
                 hi = min(hi, int(np.searchsorted(late, late[k] + tau - FC[k] - XA[p] - off, side="right")) - 2)
-            hi = min(hi, L - 1)
+            hi = min(hi, L - 1 - (S - 1 - p))
             if tails is not None and hi >= k and hi > best:
                 hi = tail_end(j, k, hi, tau)
             if phase and hi >= k and hi > best:
-                hi = phase_end(p, j, k, hi, tau)
+                hi = phase_end(p, j, k, hi, tau, off)
+            if phase and cycle_ws is not None and hi >= k and hi > best:
+                hi = cycle_end(p, j, k, hi, tau, off)
             if hi < k or hi <= best:
                 continue
             def fits(i: int) -> bool:
@@ -251,30 +336,42 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             best = max(best, lo)
         return best
 
-    def rest(k: int, tau: float, off: float) -> bool:
-        """Do stages 1.. reach the end from layer k (a later k only helps)?"""
+    def rest(k: int, tau: float, off: float, out: list | None = None) -> bool:
+        """Do stages 1.. reach the end from layer k (a later k only helps)?  ``out``: the
+        last layers of the stages, as they are taken."""
         for p in range(1, S):
             if k >= L:
                 return True
             i = end(p, k, tau, off)
             if i < k:
-                return False
+                # stage p cannot take layer k: a later one may (its terms are not all
+                # harder: memory counts fewer micro-batches there), so it stays empty
+                continue
+            if out is not None:
+                out.append(i)
             k = i + 1
         return k >= L
 
-    def reach(tau: float) -> bool:
+    def reach(tau: float, out: list | None = None) -> bool:
         last = end(0, 0, tau, 0.0)
         if last < 0:
             return False
+        if out is not None:
+            out[:] = [last]
         if last >= L - 1:
             return True
         if not drains or S == 1:
-            return rest(last + 1, tau, 0.0)
+            return rest(last + 1, tau, 0.0, out)
         # the first stage ends in [a, b]: its drain is at least the drain at a and the others
         # start at b + 1 at the latest, so one test per piece covers every end in it
         ends = np.unique(np.linspace(0, last, min(GRID, last + 1) + 1).astype(int))
         pieces = [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])] or [(0, last)]
-        return any(rest(b + 1, tau, drain(a)) for a, b in pieces)
+        for a, b in pieces:
+            if out is not None:
+                out[:] = [b]
+            if rest(b + 1, tau, drain(a), out):
+                return True
+        return False
 
     if not math.isfinite(upper):
         # grow a threshold until the greedy split passes: past every term only memory can
@@ -292,7 +389,12 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     floor = cheap_bound(c)                  # a bound of every plan too (the search starts there)
     if floor < hi and not reach(floor):
         lo = floor
-    return _threshold(reach, lo, hi, tol)
+    bound = _threshold(reach, lo, hi, tol)
+    if ends is not None:
+        tau = bound
+        while not reach(tau, ends):
+            tau = tau * (1 + tol) + 1e-12
+    return bound
 
 
 def least_memory_floor(pair, tol: float = 1e-3) -> float:
@@ -300,10 +402,12 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
     least over splits into S stages of the fullest stage, stage p with the fewest
     micro-batches it keeps under any schedule of the family (``live_min(p)``: in 1F1B the
     first stage keeps S) and without tied copies (:meth:`.StageCosts.memory_floor`).  A
-    stage's bytes grow with the layers it holds, so the greedy split (each stage as long as
-    it fits) decides each threshold: if some split fits, stage p of the greedy one ends no
-    earlier than that split's, since what the split's stage p + 1 holds contains what is left
-    to the greedy one's."""
+    stage's bytes grow with the layers it holds, so a greedy split (each stage as long as it
+    fits, a stage that cannot take the next layer left empty) passes every threshold some
+    split meets: after stage p the greedy one has placed at least the layers that split has
+    (what that split's stage p + 1 holds contains what is left of it to the greedy one's).
+    Empty stages make it a relaxation: a later stage, keeping fewer micro-batches, may hold
+    a layer an earlier one cannot."""
     c, L, S = pair.costs, pair.L, pair.S
     live = [pair.live_min(p) for p in range(S)]
     tables = [_memory_floor(c, cfg) for cfg in pair.configs]
@@ -318,6 +422,7 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
         k = 0
         for p in range(S):
             best = k - 1
+            cap = L - 1 - (S - 1 - p)         # a layer left to each later stage
             for t in tables:
                 lo, hi = k - 1, L             # peak(k, lo) <= thr (or empty), peak(k, hi) > thr
                 while hi - lo > 1:
@@ -326,9 +431,11 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
                         lo = mid
                     else:
                         hi = mid
-                best = max(best, lo)
+                best = max(best, min(lo, cap))
             if best < k:
-                return False
+                # no room for layer k at this stage's count: a later stage (keeping fewer
+                # micro-batches) may hold it, so leave this one empty (a relaxation)
+                continue
             k = best + 1
             if k >= L:
                 return True
