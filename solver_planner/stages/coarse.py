@@ -103,33 +103,31 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
     * with ``phase``, the phase of the 1F1B family (the resharding paper's eager-1F1B, ZB-H1
       and GPipe too): stage p's first backward waits for micro-batch 0's forward through the
       stages before it and itself, ``H_p + f_p``, and its round trip through every later
-      stage, ``Y_p``; after it the stage still runs all B chain ops and the ``B - W_p``
-      forwards its ``W_p`` warm-up forwards left; then the last micro-batch's gradient
-      goes back through every earlier stage's chain op, ``D_p``:
-      ``H_p + (1 + B - W_p) f_p + B c_p + Y_p + D_p``, with ``H``, ``Y`` and ``D`` at each
-      layer's least forward (and chain) over the configurations and each transfer at its
-      least (those of ``H`` and ``Y`` at their least over p and the later stages), ``W_p``
-      the family's most at p or later.  R1 does not see the later stages at all.  With the
-      tail in ``T2`` (and single-stage pairs searched exactly), it took the gap of 1 024
-      equal layers on 1 024 GPUs from 53.6% to 20.4%;
+      stage, ``Y_p``; after it the stage still runs all B chain ops; then the last
+      micro-batch's gradient goes back through every earlier stage's chain op, ``D_p`` (the
+      first stage's own drain, under its configuration): ``H_p + f_p + B c_p + Y_p + D_p``;
+      with fewer warm-up forwards ``W`` than micro-batches, also ``H_p + (1 + B - W)(f_p +
+      c_p) + 2 Y_p + D_p`` (the last chain op waits for the last round trip too).  ``H``,
+      ``Y`` and ``D`` are at each layer's least forward (and chain) over the configurations,
+      each transfer at its least over p and the later stages, ``W`` the family's most at p
+      or later.  R1 does not see the later stages at all.  With the tail in ``T2`` (and
+      single-stage pairs searched exactly), the phase took the gap of 1 024 equal layers on
+      1 024 GPUs from 53.6% to 20.4%; with the drain, the second round trip and the cycle
+      below, to 10.0%;
     * with ``phase`` and without ZB-H1, the objective's cycle bound (:mod:`.objective`):
-      ``H_p + (q + 1)(f_p + R_p + c_p) + (B - q W - 1) b_p + D_p`` with ``q = (B - 1) // W``
-      under some warm-up count ``W`` of the family at p, ``R_p`` the round trip ``Y_p``
-      with the transfers after p, ``b_p`` the stage's whole backward.  Every ``W``
-      micro-batches the stage's forward waits for a round trip through the later stages,
-      whose transfers a balanced split cannot hide.  On the 10 000-layer model's pair of 128
-      stages and 64 micro-batches the drain took the bound from 1.11 s to 1.21 s, and this
-      term to 1.25 s (plans of 1.29-1.35 s).
+      ``H_p + (q + 1)(f_p + Y_p + c_p) + D_p`` with ``q = (B - 1) // W``: every ``W``
+      micro-batches the stage's forward waits for a round trip through the later stages.
 
     Each part grows when a stage takes more layers (a layer added in front adds at least
-    its forward and chain to ``B w - r``, and takes them out of ``FC``); so the greedy split
-    (each stage as long as it can be, a stage that cannot take the next layer left empty)
-    ends the model whenever some split has every term at most ``tau``: after stage p it has
-    placed at least the layers that split has, since what that split's next stage holds
-    contains what is left of it to the greedy one's.  Bisection on ``tau`` then finds a
-    bound.  (Where a later stage index only makes every term harder, as ``XA`` does, no
-    stage is ever left empty and the greedy split is exact; memory, whose later stages keep
-    fewer micro-batches, is not.)
+    its forward and chain to the stage, and takes its least out of ``FC``, ``H`` or ``D``);
+    and every part but memory is never easier at a later stage index.  So the greedy split
+    (each stage as long as it can be, leaving a layer to each later stage) ends the model
+    whenever some split has every term at most ``tau``: after stage p it has placed at least
+    the layers that split has, since what that split's next stage holds contains what is
+    left of it to the greedy one's, and what a later stage of the split holds the greedy
+    one's next stage could hold too.  Memory is the exception (a later stage keeps fewer
+    micro-batches): a stage whose time terms let it take the next layer but whose memory
+    does not is left empty, and the split goes on.  Bisection on ``tau`` then finds a bound.
     """
     c = pair.costs
     L, S, B = pair.L, pair.S, pair.B
@@ -162,7 +160,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
     # and the drain after the stage's last chain op: the last micro-batch's gradient back
     # through the chain ops of every earlier layer, each at its least (the objective's D)
     CL = np.concatenate([[0.0], np.cumsum(np.min([r[0] - f for r, f in zip(rows, forwards)], axis=0))])
-    phase_ws = [sorted({min(W, B) for W in pair.warmups(p)}) for p in range(S)]
+    ahead = np.array([max(pair.warmups(p)) for p in range(S)])
+    ahead = np.minimum(np.maximum.accumulate(ahead[::-1])[::-1], B)
     # the transfers of R1's fill, each at its least over the configurations and the cut's
     # layer: XA[p] = x(0->1) + x(1->0) + ... + x(p-1->p) + x(p->p-1), growing with p
     act = float(np.min(c.model.column("activations"))) if L else 0.0
@@ -183,6 +182,9 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
     before = np.concatenate([[0.0], np.cumsum(ahead_x)])
     after = np.concatenate([np.cumsum((np.asarray(ahead_x) + np.asarray(back_x))[::-1])[::-1], [0.0]])
     back_before = np.concatenate([[0.0], np.cumsum(back_x)])      # the drain's transfers
+    # the phase and cycle terms' transfers (forward before p, its drain's back, both ways
+    # after it), at their least over p and every later stage: never falling with p
+    XPD = np.minimum.accumulate((before + back_before + after)[::-1])[::-1]
     mem = c.device_memory
     if pair.deferred is not None:
         # ZB-H1 defers weight parts past the chain by a stage-dependent count: drop the term
@@ -212,6 +214,10 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
         T2 = tails[j]
         if float(T2[k, hi]) <= tau:
             return hi
+        if hi - k < 4096:
+            # one read of the row (a range table's reads cost tens of microseconds each)
+            row = np.asarray(T2[k, np.arange(k, hi + 1)], dtype=float)
+            return k - 1 + int(np.searchsorted(row, tau, side="right"))
         lo, top = k - 1, hi
         while top - lo > 1:
             mid = (lo + top) // 2
@@ -221,91 +227,67 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
                 top = mid
         return lo
 
-    def phase_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
-        """The last layer i <= hi with stage p's phase term at most tau under some warm-up
-        count of the family (k - 1: none).  The objective's phase (:func:`.objective.phase_time`)
-        with ``W < B``: the first chain op after the first round trip, ``B - W`` forwards and
-        chain ops, the last chain op after the last round trip and the ``W - 1`` backwards
-        before it, ``(1 + B - W) f + (1 + B - W) c + R + max(R, (W - 1) b)``; with ``W >= B``,
-        ``f + R + B c``.  It grows with i (a layer taken in adds at least twice its forward
-        and chain, and takes its least out of each round trip)."""
-        F, C, Bb = phases[j]
-        fill = FW[k] + CL[k] + back_before[p] + off + before[p]
-        trip = FC[L] + after[p]
-        own = own_drain(p, j)
-        out = k - 1
-        for W in phase_ws[p]:
-            if pair.deferred is not None:
-                # ZB-H1 moves weight parts past the last chain op (objective.py): only the
-                # first round trip and the chain ops and forwards after it
-                m = 1 + B - W
-
-                def term(i: int) -> float:
-                    return fill + m * (F[i + 1] - F[k]) + B * (C[i + 1] - C[k]) + trip - FC[i + 1] + own(i)
-            elif W < B:
-                m = 1 + B - W
-
-                def term(i: int) -> float:
-                    R = trip - FC[i + 1]
-                    return (fill + m * (F[i + 1] - F[k] + C[i + 1] - C[k]) + R
-                            + max(R, (W - 1) * (Bb[i + 1] - Bb[k])) + own(i))
+    def last_fitting(term, k: int, hi: int, tau: float) -> int:
+        """The last layer i in k..hi with ``term(i) <= tau`` (k - 1: none), ``term`` growing."""
+        if term(hi) <= tau:
+            return hi
+        lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
+        while top - lo > 1:
+            mid = (lo + top) // 2
+            if term(mid) <= tau:
+                lo = mid
             else:
-                def term(i: int) -> float:
-                    return fill + F[i + 1] - F[k] + B * (C[i + 1] - C[k]) + trip - FC[i + 1] + own(i)
+                top = mid
+        return lo
 
-            if term(hi) <= tau:
-                return hi
-            lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
-            while top - lo > 1:
-                mid = (lo + top) // 2
-                if term(mid) <= tau:
-                    lo = mid
-                else:
-                    top = mid
-            out = max(out, lo)
-        return out
+    def phase_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
+        """The last layer i <= hi with stage p's phase term at most tau (k - 1: none).  The
+        objective's phase (:func:`.objective.phase_time`) is at least ``f + B c + R`` and,
+        with fewer warm-up forwards ``W`` than micro-batches, ``(1 + B - W)(f + c) + 2 R``
+        (the first and the last chain op each after a round trip); with ``W`` the family's
+        most at p or later, and the transfers at their least at p or later, so that a later
+        stage's test is never easier.  It grows with i (a layer taken in adds at least its
+        forward and chain twice and takes its least out of each round trip)."""
+        F, C, _ = phases[j]
+        fill = FW[k] + CL[k] + XPD[p] + off
+        own = own_drain(p, j)
+        W = int(ahead[p])
+        m = 1 + B - W
 
-    # the cycle bound's warm-up counts per stage (objective.py; not under ZB-H1, whose
-    # deferred weight parts it reads differently)
-    cycle_ws = None if pair.deferred is not None else [sorted(set(pair.warmups(p))) for p in range(S)]
+        def term(i: int) -> float:
+            f, cc, R = F[i + 1] - F[k], C[i + 1] - C[k], FC[L] - FC[i + 1]
+            if pair.deferred is not None:
+                # ZB-H1 moves weight parts past the last chain op: the first round trip only
+                return fill + m * f + B * cc + R + own(i)
+            one = f + B * cc + R
+            return fill + (max(one, m * (f + cc) + 2 * R) if W < B else one) + own(i)
+
+        return last_fitting(term, k, hi, tau)
 
     def cycle_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
-        """The last layer i <= hi with stage p's cycle term at most tau under some warm-up
-        count of the family (k - 1: none).  The objective's cycle bound, ``H + (q + 1)(f + R +
-        c) + (B - qW - 1) b`` with ``q = (B - 1) // W`` (the drain dropped), each part at its
-        least over every cut: the fill at the earlier layers' least forwards and the least
-        forward transfers, the round trip ``R`` at the later layers' least forward and chain
-        and the least transfers both ways; it grows with i (a layer taken in adds its own
-        forward and chain q + 1 times and takes out its least once)."""
-        F, C, Bb = phases[j]
-        fill = FW[k] + before[p] + CL[k] + back_before[p] + off        # with the drain
-        trip = FC[L] + after[p]
+        """The last layer i <= hi with stage p's cycle term at most tau (k - 1: none).  The
+        objective's cycle bound is at least ``H + (q + 1)(f + R + c) + D`` with ``q = (B - 1)
+        // W`` (every W micro-batches a forward waits for a round trip through the later
+        stages), each part at its least over every cut, W the family's most at p or later
+        (fewest cycles) and the transfers at their least at p or later.  It grows with i (a
+        layer taken in adds its own forward and chain q + 1 times and takes its least out of
+        each round trip)."""
+        F, C, _ = phases[j]
+        fill = FW[k] + CL[k] + XPD[p] + off
         own = own_drain(p, j)
-        out = k - 1
-        for W in cycle_ws[p]:
-            q = (B - 1) // W
-            mb = B - q * W - 1
+        q = (B - 1) // int(ahead[p])
 
-            def term(i: int) -> float:
-                return (fill + (q + 1) * (F[i + 1] - F[k] + trip - FC[i + 1] + C[i + 1] - C[k])
-                        + mb * (Bb[i + 1] - Bb[k]) + own(i))
+        def term(i: int) -> float:
+            return fill + (q + 1) * (F[i + 1] - F[k] + C[i + 1] - C[k] + FC[L] - FC[i + 1]) + own(i)
 
-            if term(hi) <= tau:
-                return hi
-            lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
-            while top - lo > 1:
-                mid = (lo + top) // 2
-                if term(mid) <= tau:
-                    lo = mid
-                else:
-                    top = mid
-            out = max(out, lo)
-        return out
+        return last_fitting(term, k, hi, tau)
 
-    def end(p: int, k: int, tau: float, off: float) -> int:
+    def end(p: int, k: int, tau: float, off: float) -> tuple[int, bool]:
         """The last layer stage p starting at k can hold with its terms at most tau, leaving
-        a layer to each later stage (a plan has S stages, so its stage p ends there too)."""
-        best = k - 1
+        a layer to each later stage (a plan has S stages, so its stage p ends there too); and
+        whether its time terms alone let it hold layer k (if not, no later stage can either:
+        each of them is never easier at a later stage)."""
+        best, timely = k - 1, False
         for j, (chain, work, late, static, act, trans) in enumerate(rows):
             # the last layer i with B (work[i+1] - work[k]) <= tau, and the fill term
             hi = int(np.searchsorted(work, work[k] + tau / B, side="right")) - 2
@@ -316,10 +298,12 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
                 hi = tail_end(j, k, hi, tau)
             if phase and hi >= k and hi > best:
                 hi = phase_end(p, j, k, hi, tau, off)
-            if phase and cycle_ws is not None and hi >= k and hi > best:
+            if phase and pair.deferred is None and hi >= k and hi > best:
                 hi = cycle_end(p, j, k, hi, tau, off)
             if hi < k or hi <= best:
                 continue
+            timely = True
+
             def fits(i: int) -> bool:
                 return static[i + 1] - static[k] + live[p] * (act[i + 1] - act[k]) + trans(k, i) <= mem
 
@@ -334,7 +318,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
                 else:
                     top = mid
             best = max(best, lo)
-        return best
+        return best, timely
 
     def rest(k: int, tau: float, off: float, out: list | None = None) -> bool:
         """Do stages 1.. reach the end from layer k (a later k only helps)?  ``out``: the
@@ -342,10 +326,12 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
         for p in range(1, S):
             if k >= L:
                 return True
-            i = end(p, k, tau, off)
+            i, timely = end(p, k, tau, off)
             if i < k:
-                # stage p cannot take layer k: a later one may (its terms are not all
-                # harder: memory counts fewer micro-batches there), so it stays empty
+                if not timely:
+                    return False
+                # only memory keeps layer k off stage p: a later stage, keeping fewer
+                # micro-batches, may hold it, so this one stays empty
                 continue
             if out is not None:
                 out.append(i)
@@ -353,7 +339,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
         return k >= L
 
     def reach(tau: float, out: list | None = None) -> bool:
-        last = end(0, 0, tau, 0.0)
+        last, _ = end(0, 0, tau, 0.0)
         if last < 0:
             return False
         if out is not None:
