@@ -81,7 +81,7 @@ def _memory_floor(costs, cfg):
     return prefix[0], prefix[1], transient
 
 
-def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: list | None = None) -> float:
+def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> float:
     """A lower bound of ``R`` (hence of the objective and the simulated time) over *every*
     plan of ``pair``, whatever layers its stages start at; ``upper``: where to stop looking
     (a time some plan reaches).
@@ -214,10 +214,6 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
         T2 = tails[j]
         if float(T2[k, hi]) <= tau:
             return hi
-        if hi - k < 4096:
-            # one read of the row (a range table's reads cost tens of microseconds each)
-            row = np.asarray(T2[k, np.arange(k, hi + 1)], dtype=float)
-            return k - 1 + int(np.searchsorted(row, tau, side="right"))
         lo, top = k - 1, hi
         while top - lo > 1:
             mid = (lo + top) // 2
@@ -320,9 +316,8 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
             best = max(best, lo)
         return best, timely
 
-    def rest(k: int, tau: float, off: float, out: list | None = None) -> bool:
-        """Do stages 1.. reach the end from layer k (a later k only helps)?  ``out``: the
-        last layers of the stages, as they are taken."""
+    def rest(k: int, tau: float, off: float) -> bool:
+        """Do stages 1.. reach the end from layer k (a later k only helps)?"""
         for p in range(1, S):
             if k >= L:
                 return True
@@ -333,31 +328,22 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
                 # only memory keeps layer k off stage p: a later stage, keeping fewer
                 # micro-batches, may hold it, so this one stays empty
                 continue
-            if out is not None:
-                out.append(i)
             k = i + 1
         return k >= L
 
-    def reach(tau: float, out: list | None = None) -> bool:
+    def reach(tau: float) -> bool:
         last, _ = end(0, 0, tau, 0.0)
         if last < 0:
             return False
-        if out is not None:
-            out[:] = [last]
         if last >= L - 1:
             return True
         if not drains or S == 1:
-            return rest(last + 1, tau, 0.0, out)
+            return rest(last + 1, tau, 0.0)
         # the first stage ends in [a, b]: its drain is at least the drain at a and the others
         # start at b + 1 at the latest, so one test per piece covers every end in it
         ends = np.unique(np.linspace(0, last, min(GRID, last + 1) + 1).astype(int))
         pieces = [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])] or [(0, last)]
-        for a, b in pieces:
-            if out is not None:
-                out[:] = [b]
-            if rest(b + 1, tau, drain(a), out):
-                return True
-        return False
+        return any(rest(b + 1, tau, drain(a)) for a, b in pieces)
 
     if not math.isfinite(upper):
         # grow a threshold until the greedy split passes: past every term only memory can
@@ -375,12 +361,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True, ends: 
     floor = cheap_bound(c)                  # a bound of every plan too (the search starts there)
     if floor < hi and not reach(floor):
         lo = floor
-    bound = _threshold(reach, lo, hi, tol)
-    if ends is not None:
-        tau = bound
-        while not reach(tau, ends):
-            tau = tau * (1 + tol) + 1e-12
-    return bound
+    return _threshold(reach, lo, hi, tol)
 
 
 def least_memory_floor(pair, tol: float = 1e-3) -> float:
