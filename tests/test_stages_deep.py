@@ -378,13 +378,14 @@ def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(ca
 
 
 def test_the_memory_floor_lets_a_later_stage_hold_what_an_earlier_one_cannot():
-    """Three stages under 1F1B keep 3, 2 and 1 micro-batches; the last layer's activations
-    fit only where one is kept.  The plan of one layer a stage fits at 10 units; a greedy
-    split that may not leave a stage empty puts both small layers on the first stage, then
-    finds no room for the large one on the second, and would have claimed 20.  The bound
-    over every cut, with the memory set to those 10 units, has the same greedy split and
-    the large layer ten times the work (so time alone lets the first stage take both small
-    ones): it stays below the least R1 of the plans that fit."""
+    """Three stages under 1F1B keep 3, 2 and 1 micro-batches; of four layers the third's
+    activations are ten times the others' and fit only where one is kept.  The least memory
+    is 11 units (one layer, one layer, the last two); a greedy split that may not leave a
+    stage empty puts both first layers on the first stage (6 units), then finds no room for
+    the large one on the second, and would have claimed 20.  The bound over every cut, with
+    the memory set to those 11 units, has the same greedy split and the large layer ten
+    times the work (so time alone lets the first stage take both small ones): it stays
+    below the least R1 of the plans that fit."""
     from solver_planner.cost import CostModel
     from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family
     from solver_planner.stages.costs import cost_tables
@@ -392,13 +393,14 @@ def test_the_memory_floor_lets_a_later_stage_hold_what_an_earlier_one_cannot():
 
     unit = 2**20
     layers = [Layer(f"l{i}", 1e9 * a, 2e9 * a, 0.0, 0.0, a * unit, a * unit, 0.0, allreduces=0)
-              for i, a in enumerate((1.0, 1.0, 10.0))]
-    model = LayerModel("chain", layers, 3, None, options=MemoryOptions(("none",), "none", False, False, 0))
+              for i, a in enumerate((1.0, 1.0, 10.0, 1.0))]
+    model = LayerModel("chain", layers, 3, None, options=MemoryOptions(("none",), "none", False, False, 64 * 2**20))
     topo = topology(3, 1, "10 GB/s", "host")
     costs = StageCosts(model, topo, MeshShape(1, 1), 3, cost_tables(topo, CostModel(topo), MeshShape(1, 1)), False)
     pair = PairProblem(costs, family("1f1b", 3))
     assert [pair.live_min(p) for p in range(3)] == [3, 2, 1]
     least, _ = pair._least_memory()
+    assert least == pytest.approx(11 * unit, rel=1e-6)
     floor = least_memory_floor(pair)
     assert floor <= least * (1 + 1e-9)
     assert floor >= least_memory_floor_fewest(pair) * (1 - 2e-3)
