@@ -59,6 +59,21 @@ def coarse_cuts(costs, units: int) -> np.ndarray:
     return np.asarray(cuts)
 
 
+def _last_fitting(term, k: int, hi: int, tau: float) -> int:
+    """The last i in k..hi with ``term(i) <= tau`` (k - 1: none), ``term`` growing with i:
+    every greedy split below asks this of each stage."""
+    if term(hi) <= tau:
+        return hi
+    lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if term(mid) <= tau:
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
 def _memory_floor(costs, cfg):
     """(static prefix, prefix of one micro-batch's activations, transient) of
     :meth:`.StageCosts.memory_floor` as plain numbers, for scalar reads (a range table's read
@@ -177,8 +192,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     back_x = [least(q + 1, q) for q in range(S - 1)]           # x(q+1 -> q)
     steps = [0.0] + [ahead_x[q - 1] + back_x[q - 1] for q in range(1, S)]
     XA = np.cumsum(steps)
-    # the phase term's transfers: forward before stage p, both ways after it; the least over
-    # p and every later stage, so that it never falls with p
+    # the phase and cycle terms' transfers: forward before stage p, both ways after it
     before = np.concatenate([[0.0], np.cumsum(ahead_x)])
     after = np.concatenate([np.cumsum((np.asarray(ahead_x) + np.asarray(back_x))[::-1])[::-1], [0.0]])
     back_before = np.concatenate([[0.0], np.cumsum(back_x)])      # the drain's transfers
@@ -212,29 +226,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         """The last layer i <= hi with ``T2 = B w + G`` at most tau (G: the gradient tail,
         which B w outgrows when the stage takes a layer more, :mod:`.costs`)."""
         T2 = tails[j]
-        if float(T2[k, hi]) <= tau:
-            return hi
-        lo, top = k - 1, hi
-        while top - lo > 1:
-            mid = (lo + top) // 2
-            if float(T2[k, mid]) <= tau:
-                lo = mid
-            else:
-                top = mid
-        return lo
-
-    def last_fitting(term, k: int, hi: int, tau: float) -> int:
-        """The last layer i in k..hi with ``term(i) <= tau`` (k - 1: none), ``term`` growing."""
-        if term(hi) <= tau:
-            return hi
-        lo, top = k - 1, hi                 # term(lo) fits (or none), term(top) does not
-        while top - lo > 1:
-            mid = (lo + top) // 2
-            if term(mid) <= tau:
-                lo = mid
-            else:
-                top = mid
-        return lo
+        return _last_fitting(lambda i: float(T2[k, i]), k, hi, tau)
 
     def phase_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
         """The last layer i <= hi with stage p's phase term at most tau (k - 1: none).  The
@@ -258,7 +250,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             one = f + B * cc + R
             return fill + (max(one, m * (f + cc) + 2 * R) if W < B else one) + own(i)
 
-        return last_fitting(term, k, hi, tau)
+        return _last_fitting(term, k, hi, tau)
 
     def cycle_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
         """The last layer i <= hi with stage p's cycle term at most tau (k - 1: none).  The
@@ -276,7 +268,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         def term(i: int) -> float:
             return fill + (q + 1) * (F[i + 1] - F[k] + C[i + 1] - C[k] + FC[L] - FC[i + 1]) + own(i)
 
-        return last_fitting(term, k, hi, tau)
+        return _last_fitting(term, k, hi, tau)
 
     def end(p: int, k: int, tau: float, off: float) -> tuple[int, bool]:
         """The last layer stage p starting at k can hold with its terms at most tau, leaving
@@ -299,21 +291,9 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             if hi < k or hi <= best:
                 continue
             timely = True
-
-            def fits(i: int) -> bool:
-                return static[i + 1] - static[k] + live[p] * (act[i + 1] - act[k]) + trans(k, i) <= mem
-
-            if fits(hi):
-                best = hi                    # memory grows with the stage: all of it fits
-                continue
-            lo, top = k - 1, hi              # fits(lo) (or none), not fits(top)
-            while top - lo > 1:
-                mid = (lo + top) // 2
-                if fits(mid):
-                    lo = mid
-                else:
-                    top = mid
-            best = max(best, lo)
+            # memory grows with the stage too
+            best = max(best, _last_fitting(
+                lambda i: static[i + 1] - static[k] + live[p] * (act[i + 1] - act[k]) + trans(k, i), k, hi, mem))
         return best, timely
 
     def rest(k: int, tau: float, off: float) -> bool:
@@ -391,14 +371,7 @@ def least_memory_floor(pair, tol: float = 1e-3) -> float:
             best = k - 1
             cap = L - 1 - (S - 1 - p)         # a layer left to each later stage
             for t in tables:
-                lo, hi = k - 1, L             # peak(k, lo) <= thr (or empty), peak(k, hi) > thr
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if peak(t, live[p], k, mid) <= thr:
-                        lo = mid
-                    else:
-                        hi = mid
-                best = max(best, min(lo, cap))
+                best = max(best, min(_last_fitting(lambda i: peak(t, live[p], k, i), k, L - 1, thr), cap))
             if best < k:
                 # no room for layer k at this stage's count: a later stage (keeping fewer
                 # micro-batches) may hold it, so leave this one empty (a relaxation)

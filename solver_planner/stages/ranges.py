@@ -38,6 +38,13 @@ def _index(key, n: int):
     return k, i
 
 
+def _row_maxima(v: np.ndarray) -> np.ndarray:
+    """``out[k, i] = max(v[k..i])`` for ``k <= i`` (-inf below the diagonal), as running
+    maxima along each row of the square."""
+    k = np.arange(len(v))
+    return np.maximum.accumulate(np.where(k[None, :] >= k[:, None], v[None, :], -np.inf), axis=1)
+
+
 class Ranges(abc.ABC):
     """A lazy ``[k, i]`` table over ``n`` layers (see the module docstring)."""
 
@@ -197,9 +204,7 @@ class Maxes(Ranges):
 
     def _square(self) -> np.ndarray:
         # a running maximum along each row: the same maxima, without a query per cell
-        row = self.table.table[0]
-        k = np.arange(self.n)
-        out = np.maximum.accumulate(np.where(k[None, :] >= k[:, None], row[None, :], -np.inf), axis=1)
+        out = _row_maxima(self.table.table[0])
         return np.triu(np.where(np.isfinite(out), out, 0.0))
 
 
@@ -225,11 +230,7 @@ class Tail(Ranges):
 
     def _square(self) -> np.ndarray:
         # the same expression, its range maxima as running maxima along each row
-        n = self.n
-        k = np.arange(n)
-        v = self.best.table[0]
-        best = np.maximum.accumulate(np.where(k[None, :] >= k[:, None], v[None, :], -np.inf), axis=1)
-        span = self.pc[None, 1:] - self.ps[:-1, None] + best
+        span = self.pc[None, 1:] - self.ps[:-1, None] + _row_maxima(self.best.table[0])
         return np.triu(np.maximum(span - (self.pc[None, 1:] - self.pc[:-1, None]), 0.0))
 
 
