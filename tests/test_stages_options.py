@@ -204,3 +204,37 @@ def test_the_gradient_program_named_is_the_one_priced():
             a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
             assert name == name_priced
         assert float(costs[StageConfig(1)].bucket_time(bucket)) == pytest.approx(a + b * bucket, rel=1e-9)
+
+
+def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp_path):
+    """A model whose layers have no attention core: selective recomputation keeps and re-runs
+    what no recomputation does, so ``recompute: auto`` searches none and full only, and the
+    best plan is the one found with selective searched too (it doubled the plans per stage)."""
+    import dataclasses
+
+    import yaml
+
+    from solver_planner.stages.layers import layer_model
+
+    layers = [{"name": f"l{i}", "flops": f"{10 + 7 * i} GFLOP", "params": f"{100 + 40 * i} MiB",
+               "activations": f"{4 + i} MiB"} for i in range(5)]
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
+        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
+    lm = layer_model(load_model_spec(path))
+    assert lm.options.recompute == ("none", "full")
+    topo = load_topology(CLUSTERS / "aws-p3.8xlarge-2.yaml")
+    fewer = plan_partition(StageSearch(lm, topo), "dp", budget=100_000)
+    every = dataclasses.replace(lm, options=dataclasses.replace(lm.options, recompute=("none", "selective", "full")))
+    more = plan_partition(StageSearch(every, topo), "dp", budget=100_000)
+    assert fewer.status.value == more.status.value == "OPTIMAL"
+    assert fewer.solution.time == pytest.approx(more.solution.time, rel=1e-12)
+    # a layer whose selective recomputation differs keeps it in the search
+    layers[2]["selective_flops"] = "1 GFLOP"
+    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
+        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
+    assert layer_model(load_model_spec(path)).options.recompute == ("none", "selective", "full")
+    # a transformer has an attention core
+    spec = load_model_spec(SPECS / "models" / "gpt3-2.6b.yaml")
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"recompute": "auto"})})
+    assert layer_model(spec).options.recompute == ("none", "selective", "full")

@@ -312,4 +312,16 @@ def layer_model(model: ModelSpec) -> LayerModel:
     else:
         layers = _from_specs(model.layers, t)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
-    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, MemoryOptions.of(t))
+    options = MemoryOptions.of(t)
+    if t.recompute == "auto" and not any(_selective_differs(x) for x in layers):
+        # selective recomputation keeps and re-runs what no layer of this model has: it is
+        # "none" in every time and byte, so searching it too only doubles the plans per stage
+        options = replace(options, recompute=tuple(m for m in options.recompute if m != "selective"))
+    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, options)
+
+
+def _selective_differs(layer: Layer) -> bool:
+    """Whether selective recomputation of ``layer`` keeps or re-runs anything other than
+    what no recomputation does (:mod:`.memory`, :mod:`.operators`)."""
+    return (layer.selective_flops != 0 or (layer.selective_saved is not None and layer.selective_saved != layer.saved)
+            or any(op.core for op in layer.ops))
