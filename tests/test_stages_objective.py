@@ -151,8 +151,15 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
         return 0.0
     B = c.microbatches
     load: dict = {}
-    first: dict = {}
+    users: dict = {}          # port -> (stage, kind) of every task any configuration puts on it
     for p, st in enumerate(plan.stages):
+        for cfg in pair.configs:
+            kinds = [("act", c.transfer_resources(cfg.tensor, p, p + 1))] if p + 1 < c.stages else []
+            kinds += [("grad", c.transfer_resources(cfg.tensor, p, p - 1))] if p > 0 else []
+            kinds += [("red", c.reduction_resources(cfg.tensor, p))] if c.shape.size // cfg.tensor > 1 else []
+            for kind, ports in kinds:
+                for r in ports:
+                    users.setdefault(r, set()).add((p, kind))
         tasks = []
         if p + 1 < c.stages:
             tasks.append((c.transfer_resources(st.tensor, p, p + 1), B * edge_time(plan, p, p + 1)))
@@ -166,13 +173,31 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
         for ports, seconds in tasks:
             for r in ports:
                 load[r] = load.get(r, 0.0) + seconds
-                first.setdefault(r, p)
+    for r in users:
+        load.setdefault(r, 0.0)
     if not c.model.ties():
-        # the head: every layer before the first stage holding the port, at its least forward
-        # time over the configurations, then that stage's own forward
+        # the head: every layer before the first stage that may hold the port, at its least
+        # forward time over the configurations, then that stage's own forward
         least = [min(c.layer_times(cfg)[0][layer] for cfg in pair.configs) for layer in range(c.model.num_layers)]
-        for r, p in first.items():
+        for r, who in users.items():
+            p = min(q for q, _ in who)
             load[r] += sum(least[:plan.stages[p].first]) + plan.forward[p]
+    if not c.model.ties() and len(c.model.edges()) == c.model.num_layers - 1:
+        # the tail: a transfer back to stage q, or on from stage q - 1, leaves stage q's chain op
+        # and drain behind it (objective.py's D), which runs back through every earlier stage
+        split, whole = family_split(pair.schedules)
+        ch = plan.backward_act if split else plan.backward
+        drain = []
+        for q in range(c.stages):
+            if q == 0:
+                own = min(plan.tail_full[0] if whole else math.inf,
+                          plan.backward_weight[0] + plan.tail_weight[0] if split else math.inf)
+            else:
+                own = drain[-1] + edge_time(plan, q, q - 1)
+            drain.append(own + ch[q])
+        for r, who in users.items():
+            if all(kind != "red" for _, kind in who):
+                load[r] += drain[min(q + 1 if kind == "act" else q - 1 for q, kind in who)]
     return max(load.values(), default=0.0)
 
 
