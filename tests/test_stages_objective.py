@@ -175,14 +175,20 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
                 load[r] = load.get(r, 0.0) + seconds
     for r in users:
         load.setdefault(r, 0.0)
-    if not c.model.ties():
-        # the head: every layer before the first stage that may hold the port, at its least
-        # forward time over the configurations, then that stage's own forward
-        least = [min(c.layer_times(cfg)[0][layer] for cfg in pair.configs) for layer in range(c.model.num_layers)]
-        for r, who in users.items():
+    # a tied copy's all-reduce starts at 0 and leaves no tail: every port it may hold, with
+    # layer x on any stage p <= x that leaves a layer to each later stage, any tensor degree
+    S, L = c.stages, c.model.num_layers
+    tied = {r for a, b in c.model.ties() for sa in range(S) for sb in range(sa + 1, S)
+            if sa <= a and S - 1 - sa <= L - 1 - a and sb <= b and S - 1 - sb <= L - 1 - b
+            for cfg in pair.configs for r in c.tie_between(b, sa, sb, cfg.tensor)[1]}
+    least = [min(c.layer_times(cfg)[0][layer] for cfg in pair.configs) for layer in range(c.model.num_layers)]
+    for r, who in users.items():
+        if r not in tied:
+            # the head: every layer before the first stage that may hold the port, at its least
+            # forward time over the configurations, then that stage's own forward
             p = min(q for q, _ in who)
             load[r] += sum(least[:plan.stages[p].first]) + plan.forward[p]
-    if not c.model.ties() and len(c.model.edges()) == c.model.num_layers - 1:
+    if len(c.model.edges()) == c.model.num_layers - 1:
         # the tail: a transfer back to stage q, or on from stage q - 1, leaves stage q's chain op
         # and drain behind it (objective.py's D), which runs back through every earlier stage
         split, whole = family_split(pair.schedules)
@@ -191,12 +197,12 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
         for q in range(c.stages):
             if q == 0:
                 own = min(plan.tail_full[0] if whole else math.inf,
-                          plan.backward_weight[0] + plan.tail_weight[0] if split else math.inf)
+                          plan.backward_weight[0] + plan.tail_weight[0] if split else math.inf) + tie_floor(plan, 0)
             else:
                 own = drain[-1] + edge_time(plan, q, q - 1)
             drain.append(own + ch[q])
         for r, who in users.items():
-            if all(kind != "red" for _, kind in who):
+            if r not in tied and all(kind != "red" for _, kind in who):
                 load[r] += drain[min(q + 1 if kind == "act" else q - 1 for q, kind in who)]
     return max(load.values(), default=0.0)
 
@@ -696,3 +702,34 @@ def test_a_slow_link_between_two_stages_is_the_neighbour_cycle(monkeypatch):
     # without it the bound was 15% under the simulated time; with it, 4%
     sim = run.iteration_time
     assert sim - b.value < 0.4 * (sim - without.value), (without, b, sim)
+
+
+def test_the_port_relaxation_counts_the_drain_after_a_port_and_a_tied_all_reduce_in_it():
+    """R4's tail: after the last transfer through a middle host's port, the last micro-batch's
+    gradient still runs back through the stages before it and the first stage waits for its
+    tied embedding's all-reduce (objective.py's D).  4 stages on 4 hosts of a slow network, the
+    last layer tied to the first: the ports of hosts 1 and 2 are no tied all-reduce's, so their
+    classes get the tail, which holds the tie; R4 is the reference's and below the objective."""
+    topo = topology(4, 2, "1 GB/s", "host")
+    act = 32 * 2**20
+    layers = [Layer(f"l{i}", 2e11, 4e11, 2**28, 2**29, act, act, 0.0, allreduces=0) for i in range(6)]
+    layers[5] = Layer(**{**layers[5].__dict__, "tied_to": 0, "tied_params": 2**30})
+    model = LayerModel("tied", layers, 8, None)
+    shape = MeshShape(1, 2)
+    costs = StageCosts(model, topo, shape, 8, cost_tables(topo, CostModel(topo), shape), True)
+    config = next(cfg for cfg in costs.configs if cfg.tensor == 2)
+    plan = Partition(costs, [StagePlan(0, 1, config), StagePlan(2, 2, config), StagePlan(3, 4, config),
+                             StagePlan(5, 5, config)])
+    schedules = family("1f1b", 4)
+    pair = PairProblem(costs, schedules)
+    tied = pair._tie_ports()
+    assert tied == {f"eth[{h}].{d}" for h in (0, 3) for d in ("rx", "tx")}
+    r4 = pair.terms(plan.stages)[3]
+    assert r4 == pytest.approx(port_loads(plan, pair), rel=1e-12)
+    tie = tie_floor(plan, 0)
+    assert tie > 0.5 * r4                        # the tied all-reduce is most of the drain
+    loads_only = max(sum(float(arrays[p][pair._cell(p, st)]) for p, st in enumerate(plan.stages)
+                         if p in arrays and p > 0) for arrays, _ in pair._port_loads())
+    assert r4 > loads_only + tie                  # the tail, with the tie, on top of the loads
+    for s in schedules:
+        assert r4 <= bounds(plan, s).value * (1 + REL) <= simulate_schedule(plan, s).iteration_time * (1 + REL)

@@ -446,11 +446,15 @@ class PairProblem:
 
         # the port bound's head: no task of stage p0 or later starts before stage p0's first
         # forward has run, after every earlier layer's forward (each at least its least time
-        # over the configurations).  Not with tied layers: the objective starts a tied copy's
-        # all-reduce, which may share these ports, at 0.
-        if not c.model.ties():
-            least = np.min([c.layer_times(cfg)[0] for cfg in self.configs], axis=0)
-            before = np.concatenate([[0.0], np.cumsum(least)])
+        # over the configurations).  Not on a port a tied copy's all-reduce may hold: the
+        # objective starts it at 0 (and it leaves no tail).
+        tied = self._tie_ports()
+        least = np.min([c.layer_times(cfg)[0] for cfg in self.configs], axis=0)
+        before = np.concatenate([[0.0], np.cumsum(least)])
+        free: dict = {}               # a class of ports of which one no tied all-reduce holds
+        for r, u in users.items():
+            g = tuple(sorted(u))
+            free[g] = free.get(g, False) or (tied is not None and r not in tied)
         groups = sorted({tuple(sorted(u)) for u in users.values()})
         # the port bound's tail: after the last transfer a port serves, the last micro-batch's
         # drain is still to come (objective.py).  A transfer from stage p back to p - 1 leaves
@@ -459,10 +463,10 @@ class PairProblem:
         # of those depths over the class.  Not where a task with no tail may hold the class's
         # ports: a gradient reduction, a tied copy's all-reduce, a skip connection's transfer
         # (its gradient drains from an earlier stage than the sender's neighbour).
-        tails = not c.model.ties() and len(c.model.edges()) == self.L - 1
+        tails = len(c.model.edges()) == self.L - 1
 
         def depth(group) -> int:
-            if not tails or any(types[ty][2] == "red" for ty in group):
+            if not tails or not free[group] or any(types[ty][2] == "red" for ty in group):
                 return -1
             return min(types[ty][0] + (1 if types[ty][2] == "act" else -1) for ty in group)
 
@@ -484,7 +488,7 @@ class PairProblem:
                     arrays[q] = np.zeros((len(self.configs), n, n))
                 for j in range(len(self.configs)):
                     arrays[q][j] += self._drain_square(q, j)
-            if not c.model.ties():
+            if free[group]:
                 ks0 = self.band(p0)[0]
                 for j in range(len(self.configs)):
                     head = before[ks0, None] + self._square(self._config_arrays(j)["F"], p0)
@@ -493,14 +497,38 @@ class PairProblem:
             out.append((arrays, top))
         return out
 
+    TIE_PLACEMENTS = 256       # placements of tied layers _tie_ports lists at most
+
+    def _tie_ports(self) -> set | None:
+        """Every port a tied copy's all-reduce may hold, over the stages that may hold the
+        two layers and every tensor degree of the copy (None: more placements than
+        ``TIE_PLACEMENTS``, any port may be)."""
+        c, S, L = self.costs, self.S, self.L
+        out: set = set()
+        if not c.comm:
+            return out
+        degrees = sorted({cfg.tensor for cfg in self.configs})
+        count = 0
+        for a, b in c.model.ties():
+            # stage p may hold layer x when p <= x and the S - 1 - p later stages fit in the layers after x
+            for sa in range(max(0, a - (L - S)), min(a, S - 1) + 1):
+                for sb in range(max(sa + 1, b - (L - S)), min(b, S - 1) + 1):
+                    count += len(degrees)
+                    if count > self.TIE_PLACEMENTS:
+                        return None
+                    for tb in degrees:
+                        out.update(c.tie_between(b, sa, sb, tb)[1])
+        return out
+
     def _drain_square(self, q: int, j: int) -> np.ndarray:
         """(n, n): stage q's part of the drain through it (objective.py's ``D``, for R4's
         tails): its chain op, and the gradient back to stage q - 1 (on the first stage its own
-        gradient tail), each at the least any schedule of the family gives."""
+        gradient tail and tied all-reduce), each at the least any schedule of the family gives."""
         arr = self._config_arrays(j)
         sq = self._square(arr["C"], q)
         if q == 0:
-            sq = sq + self._square(arr["u0"], q)
+            ks, is_ = self.band(0)
+            sq = sq + self._square(arr["u0"], q) + self._tie_floor(0, self.configs[j].tensor, ks[:, None], is_[None, :])
         else:
             a, b = self.costs.transfer(self.configs[j].tensor, q, q - 1)
             sq = sq + (a + b * arr["act"][self.band(q)[0] - 1])[:, None]
