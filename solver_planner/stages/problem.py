@@ -262,6 +262,8 @@ class PairProblem:
     def band_index(self, p: int, first: int, last: int) -> tuple[int, int]:
         """The band indices of stage p's cell of layers first..last; (-1, -1) when the band
         has no such cell (a stage not starting or ending on a block boundary)."""
+        if len(self.pos) == self.L + 1:          # every layer starts a unit: pos[u] = u
+            return first - p, last - p
         u = int(np.searchsorted(self.pos, first))
         v = int(np.searchsorted(self.pos, last + 1)) - 1
         if u >= len(self.pos) or self.pos[u] != first or v + 1 >= len(self.pos) or self.pos[v + 1] != last + 1:
@@ -470,9 +472,18 @@ class PairProblem:
                 return -1
             return min(types[ty][0] + (1 if types[ty][2] == "act" else -1) for ty in group)
 
-        arrays_held = sum(len({types[ty][0] for ty in g} | set(range(depth(g) + 1))) for g in groups)
+        # (the drain's squares are shared by the classes, one per stage)
+        arrays_held = (sum(len({types[ty][0] for ty in g}) for g in groups)
+                       + max((depth(g) + 1 for g in groups), default=0))
         if arrays_held * len(self.configs) * n * n * 8 > self.PORT_BYTES:
             return out
+        drains: dict[int, np.ndarray] = {}
+
+        def drain(q: int) -> np.ndarray:
+            if q not in drains:
+                drains[q] = np.stack([self._drain_square(q, j) for j in range(len(self.configs))])
+            return drains[q]
+
         for group in groups:
             # only the stages the class's tasks belong to (one to three), and those its tail
             # drains through: the others add 0
@@ -484,10 +495,10 @@ class PairProblem:
                 arrays[p][j] += load(ty)
             p0 = min(arrays)
             for q in range(depth(group) + 1):
-                if q not in arrays:
-                    arrays[q] = np.zeros((len(self.configs), n, n))
-                for j in range(len(self.configs)):
-                    arrays[q][j] += self._drain_square(q, j)
+                if q in arrays:
+                    arrays[q] += drain(q)
+                else:
+                    arrays[q] = drain(q)            # shared: never written to
             if free[group]:
                 ks0 = self.band(p0)[0]
                 for j in range(len(self.configs)):
@@ -495,7 +506,19 @@ class PairProblem:
                     arrays[p0][j] += np.triu(head)
             top = sum(float(a.max()) for a in arrays.values())
             out.append((arrays, top))
+        # a class at most another on every stage's every cell bounds nothing the other does not
+        # (both its terms and its masks follow from the other's): dropped, on pairs of few
+        # classes (the comparisons grow as their square)
+        if len(out) <= self.PRUNED_CLASSES:
+            out.sort(key=lambda x: -x[1])
+            kept: list = []
+            for arrays, top in out:
+                if not any(all(p in big and bool((a <= big[p]).all()) for p, a in arrays.items()) for big, _ in kept):
+                    kept.append((arrays, top))
+            out[:] = kept
         return out
+
+    PRUNED_CLASSES = 128
 
     TIE_PLACEMENTS = 256       # placements of tied layers _tie_ports lists at most
 
@@ -546,11 +569,12 @@ class PairProblem:
         start = prefix[-1].last + 1 if prefix else 0
         j0 = len(prefix)
         out = list(masks)
+        fixed = [(p, self._cell(p, st)) for p, st in enumerate(prefix)]
         for arrays in classes:
             own = [arrays[j0 + q][c["j"], c["bk"], c["bi"]] if j0 + q in arrays
                    else np.zeros(len(c["k"])) for q, c in enumerate(cells)]
             acc = np.full(L + 1, np.inf)
-            acc[start] = sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(prefix) if p in arrays)
+            acc[start] = sum(float(arrays[p][cell]) for p, cell in fixed if p in arrays)
             before = []
             for q, c in enumerate(cells):
                 before.append(acc)
