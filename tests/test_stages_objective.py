@@ -22,7 +22,7 @@ from solver_planner.spec.cluster import ClusterSpec
 from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, Schedule, family, simulate_schedule
 from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables, mesh_shapes
 from solver_planner.stages.enumerate import all_plans
-from solver_planner.stages.objective import bounds, deferred_weights, family_split
+from solver_planner.stages.objective import bounds, deferred_weights, family_split, fits
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.problem import PairProblem, Subspace
 from solver_planner.topology import Topology
@@ -247,9 +247,11 @@ def test_every_bound_is_below_the_simulated_time(case):
     R1 = relaxation(plan, schedules)
     pair = PairProblem(plan.costs, schedules)
     R = pair.relaxation(plan.stages) if all(fits_band(pair, plan)) else -math.inf
+    memo: dict = {}                   # what the search shares across a family's schedules
     for sch in schedules:
         run = simulate_schedule(plan, sch)
         b = bounds(plan, sch)
+        assert bounds(plan, sch, memo=memo) == b and fits(plan, sch, memo) == fits(plan, sch)
         assert b.stage <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.cycle <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.port <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)

@@ -108,7 +108,7 @@ def _chain(plan: Partition, split: bool) -> list[float]:
     return plan.backward_act if split else plan.backward
 
 
-def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bounds:
+def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: dict | None = None) -> Bounds:
     """The stage, cycle and port bounds of ``plan`` under ``schedule`` (module docstring).
 
     ``enough``: a caller that drops every plan whose bound reaches it; when the stage, cycle
@@ -119,40 +119,51 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
     are a chain) and per mesh (all its chunks' work on one exec resource); the cycle and
     phase bounds, which read 1F1B's order, are not used.  Under ZB-H1 the weight parts a
     stage defers to the cool-down (``k_p`` after its last ``BA``) move from before its last
-    chain op to after it, and the phase bound is not used."""
+    chain op to after it, and the phase bound is not used.
+
+    ``memo``: a dict kept across the schedules of one plan.  The fill, the drains, the round
+    trips, the stage bound and the port bound depend on the schedule only through whether
+    it splits backward and how many weight parts it defers, so schedules that agree on those
+    share them (an eager-1F1B family prices 9 schedules of 2 or 3 such kinds)."""
     c = plan.costs
     B = c.microbatches
     S = len(plan.stages)               # chunks: the stages without interleaving
     split = schedule.split
     f, b, bw = plan.forward, plan.backward, plan.backward_weight
     ch = _chain(plan, split)
-    g = plan.tail_weight if split else plan.tail_full
     w = [x + y for x, y in zip(f, b)]
     chans = plan.channels
-    act = {(p, q): plan.activation_time(p, q) for p, q in chans}
-    grad = {(p, q): plan.gradient_time(q, p) for p, q in chans}      # keyed by the forward pair
-    tie = [0.0] * S                    # a tied copy's all-reduce follows both stages' reductions
-    for a, bb, q in plan.copies:
-        t = c.tie_sync(plan, a, bb)[0]
-        for p in (plan.owner[a], q):
-            tie[p] = max(tie[p], t)
     kk = deferred_weights(schedule, c.stages, B) if split else (0,) * S
-    u = [kk[p] * bw[p] + g[p] + tie[p] for p in range(S)]
-    # fill: earliest start of each stage's first forward
-    ins = [[] for _ in range(S)]
-    outs_of = [[] for _ in range(S)]
-    for p, q in chans:
-        ins[q].append(p)
-        outs_of[p].append(q)
-    H = [0.0] * S
-    for q in range(1, S):
-        H[q] = max((H[p] + f[p] + act[p, q] for p in ins[q]), default=0.0)
-    # drain after the last chain op, for the last micro-batch
-    D = [0.0] * S
-    for p in range(S):
-        D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in ins[p]])
-    stage = max(H[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
-    R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
+    key = (split, kk)
+    if memo is not None and key in memo:
+        act, grad, tie, g, ins, outs_of, H, D, stage, R = memo[key]
+    else:
+        act = {(p, q): plan.activation_time(p, q) for p, q in chans}
+        grad = {(p, q): plan.gradient_time(q, p) for p, q in chans}      # keyed by the forward pair
+        tie = [0.0] * S                # a tied copy's all-reduce follows both stages' reductions
+        for a, bb, q in plan.copies:
+            t = c.tie_sync(plan, a, bb)[0]
+            for p in (plan.owner[a], q):
+                tie[p] = max(tie[p], t)
+        g = plan.tail_weight if split else plan.tail_full
+        u = [kk[p] * bw[p] + g[p] + tie[p] for p in range(S)]
+        # fill: earliest start of each stage's first forward
+        ins = [[] for _ in range(S)]
+        outs_of = [[] for _ in range(S)]
+        for p, q in chans:
+            ins[q].append(p)
+            outs_of[p].append(q)
+        H = [0.0] * S
+        for q in range(1, S):
+            H[q] = max((H[p] + f[p] + act[p, q] for p in ins[q]), default=0.0)
+        # drain after the last chain op, for the last micro-batch
+        D = [0.0] * S
+        for p in range(S):
+            D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in ins[p]])
+        stage = max(H[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
+        R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
+        if memo is not None:
+            memo[key] = (act, grad, tie, g, ins, outs_of, H, D, stage, R)
     cycle = phase = 0.0
     if plan.virtual > 1:
         for m in range(c.stages):
@@ -192,7 +203,12 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf) -> Bou
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
     if max(stage, cycle, phase) >= enough:
         return Bounds(stage, cycle, -math.inf, phase)
-    port = _port_bound(plan, B, H, R, f, w, ch, D, act, grad)
+    if memo is not None and (key, "port") in memo:
+        port = memo[key, "port"]
+    else:
+        port = _port_bound(plan, B, H, R, f, w, ch, D, act, grad)
+        if memo is not None:
+            memo[key, "port"] = port
     return Bounds(stage, cycle, port, phase)
 
 
@@ -281,14 +297,20 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, D, act, grad) -> float:
     return best if groups else 0.0
 
 
-def fits(plan: Partition, schedule: Schedule) -> bool:
-    """Every stage's peak memory, with the micro-batches the schedule keeps, fits."""
+def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
+    """Every stage's peak memory, with the micro-batches the schedule keeps, fits (``memo``:
+    as in :func:`bounds`; schedules keeping as many micro-batches on every stage share it)."""
     c = plan.costs
     if plan.virtual > 1:
         return all(m <= c.device_memory for m in plan.mesh_memory(mesh_orders(plan, schedule))[0])
     delays = weight_delays(plan, schedule)
-    live = [live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]
-    return all(m <= c.device_memory for m in plan.memory(live))
+    live = tuple(live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages))
+    if memo is not None and ("fits", live) in memo:
+        return memo["fits", live]
+    out = all(m <= c.device_memory for m in plan.memory(list(live)))
+    if memo is not None:
+        memo["fits", live] = out
+    return out
 
 
 def family_split(schedules: list[Schedule]) -> tuple[bool, bool]:

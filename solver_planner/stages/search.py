@@ -444,7 +444,8 @@ def _report(progress, text: str) -> None:
 def _price(plan: Partition, schedules: list[Schedule], enough: float = math.inf) -> list[tuple[Bounds, Schedule]]:
     """The bounds of every schedule of the family that fits, least first (``enough``: see
     :func:`~solver_planner.stages.objective.bounds`; only for plans dropped at it)."""
-    return sorted(((bounds(plan, s, enough), s) for s in schedules if fits(plan, s)),
+    memo: dict = {}                   # what the schedules share (objective.bounds)
+    return sorted(((bounds(plan, s, enough, memo), s) for s in schedules if fits(plan, s, memo)),
                   key=lambda m: (m[0].value, m[1]))
 
 
