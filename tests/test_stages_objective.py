@@ -252,6 +252,9 @@ def test_every_bound_is_below_the_simulated_time(case):
         run = simulate_schedule(plan, sch)
         b = bounds(plan, sch)
         assert bounds(plan, sch, memo=memo) == b and fits(plan, sch, memo) == fits(plan, sch)
+        # ZB-H1 splits backward too but defers more weight parts: nothing shared with the others
+        zb = family("zb-h1", plan.costs.stages)[0]
+        assert bounds(plan, zb, memo=memo) == bounds(plan, zb)
         assert b.stage <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.cycle <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
         assert b.port <= run.iteration_time * (1 + REL), (sch, b, run.iteration_time)
