@@ -570,30 +570,33 @@ class PairProblem:
         j0 = len(prefix)
         out = list(masks)
         fixed = [(p, self._cell(p, st)) for p, st in enumerate(prefix)]
-        for arrays in classes:
-            own = [arrays[j0 + q][c["j"], c["bk"], c["bi"]] if j0 + q in arrays
-                   else np.zeros(len(c["k"])) for q, c in enumerate(cells)]
-            acc = np.full(L + 1, np.inf)
-            acc[start] = sum(float(arrays[p][cell]) for p, cell in fixed if p in arrays)
-            before = []
-            for q, c in enumerate(cells):
-                before.append(acc)
-                val = acc[c["k"]] + own[q]
-                acc = np.full(L + 1, np.inf)
-                if len(val):
-                    acc[c["ends"] + 1] = np.minimum.reduceat(val, c["starts"])
-            if not acc[L] <= tau:
-                return None
-            after = np.full(L + 1, np.inf)
-            after[L] = 0.0
-            for q in range(len(cells) - 1, -1, -1):
-                c = cells[q]
-                bad = before[q][c["k"]] + own[q] + after[c["i"] + 1] > tau
-                out[q] = bad if out[q] is None else (out[q] | bad)
-                val = np.where(out[q], np.inf, own[q] + after[c["i"] + 1])[c["by_k"]]
-                after = np.full(L + 1, np.inf)
-                if len(val):
-                    after[c["firsts"]] = np.minimum.reduceat(val, c["starts_k"])
+        K = len(classes)
+        # every class at once, one row each
+        own = [np.stack([arrays[j0 + q][c["j"], c["bk"], c["bi"]] if j0 + q in arrays else np.zeros(len(c["k"]))
+                         for arrays in classes]) for q, c in enumerate(cells)]
+        acc = np.full((K, L + 1), np.inf)
+        acc[:, start] = [sum(float(arrays[p][cell]) for p, cell in fixed if p in arrays) for arrays in classes]
+        before = []
+        for q, c in enumerate(cells):
+            before.append(acc)
+            val = acc[:, c["k"]] + own[q]
+            acc = np.full((K, L + 1), np.inf)
+            if val.shape[1]:
+                acc[:, c["ends"] + 1] = np.minimum.reduceat(val, c["starts"], axis=1)
+        if not (acc[:, L] <= tau).all():
+            return None
+        # backwards, a cell any class rules out is out for every class (those plans are gone)
+        after = np.full((K, L + 1), np.inf)
+        after[:, L] = 0.0
+        for q in range(len(cells) - 1, -1, -1):
+            c = cells[q]
+            rest = own[q] + after[:, c["i"] + 1]
+            bad = (before[q][:, c["k"]] + rest > tau).any(axis=0)
+            out[q] = bad if out[q] is None else (out[q] | bad)
+            val = np.where(out[q], np.inf, rest)[:, c["by_k"]]
+            after = np.full((K, L + 1), np.inf)
+            if val.shape[1]:
+                after[:, c["firsts"]] = np.minimum.reduceat(val, c["starts_k"], axis=1)
         return out
 
     # R5 is used when its program's cell pairs are at most this many (S n (n configs)^2):
