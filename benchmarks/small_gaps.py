@@ -11,6 +11,7 @@ auto`, default budgets).  Columns: status, gap, wall seconds, and what bounds th
 
     python benchmarks/small_gaps.py                 # seeds 0-59, about a minute on one core
     python benchmarks/small_gaps.py --seeds 0-199
+    python benchmarks/small_gaps.py --seeds 38 --budget 200000 --sim-budget 100000000   # larger budgets
 
 Goal (the request for certificates that close): OPTIMAL or a gap of at most 1% within 2 s
 on every instance of at most 16 devices and 12 layers.  Printed, never asserted.
@@ -31,6 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from solver_planner.choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS  # noqa: E402
 from solver_planner.errors import PlannerError  # noqa: E402
 from solver_planner.spec import load_model_spec  # noqa: E402
 from solver_planner.stages.report import plan_stages  # noqa: E402
@@ -70,6 +72,10 @@ def seeds_of(text: str) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-59", help="a seed or a range a-b (inclusive)")
+    ap.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
+                    help=f"subspaces solved before stopping with a gap (stages --budget; default {DEFAULT_BUDGET})")
+    ap.add_argument("--sim-budget", type=int, default=DEFAULT_SIMULATIONS,
+                    help=f"simulated tasks per listed plan (stages --sim-budget; default {DEFAULT_SIMULATIONS})")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +84,7 @@ def main() -> None:
             topo, spec, schedule, what = instance(seed, Path(tmp))
             start = time.perf_counter()
             try:
-                res = plan_stages(topo, spec, schedule).result
+                res = plan_stages(topo, spec, schedule, budget=args.budget, simulations=args.sim_budget).result
                 status, gap = res.status.value, res.gap
                 note = ("budget" if res.info.get("budget_exhausted") else "") if status != "OPTIMAL" else ""
             except PlannerError as exc:
