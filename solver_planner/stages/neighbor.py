@@ -76,7 +76,7 @@ def _chain_sequence(schedule: Schedule, stages: int, p: int, microbatches: int) 
     return seqs[0] if all(x == seqs[0] for x in seqs) else None
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1 << 16)     # a few numbers each; every pair's stages and family members
 def neighbor_path(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple[int, int, int, int] | None:
     """(forwards, chain ops, jumps, chain ops after the last forward) of the path with the
     most jumps (then the most forwards, then chain ops) from stage p's first forward to its

@@ -202,6 +202,7 @@ class PairProblem:
         self.deferred = deferred_weights(zb[0], self.S, self.B) if zb else None
         self.r3 = not zb
         self._stage: dict = {}
+        self._paths: dict = {}        # p -> the neighbour paths' counts (_neighbor_paths)
         self._values: dict = {}       # (p, StagePlan) -> _value's terms: plans share stages
         self._last_terms: tuple = ((), None)   # feasible() and minimize() ask for the same plan's
         self.fixed: list[tuple[int, int]] | None = None
@@ -465,7 +466,9 @@ class PairProblem:
         # of those depths over the class.  Not where a task with no tail may hold the class's
         # ports: a gradient reduction, a tied copy's all-reduce, a skip connection's transfer
         # (its gradient drains from an earlier stage than the sender's neighbour).
-        tails = len(c.model.edges()) == self.L - 1
+        # (on pairs of at most TAIL_STAGES stages: a tail spans the stages before the class,
+        # and on deep pairs that made the masks' work grow with the stage count)
+        tails = len(c.model.edges()) == self.L - 1 and S <= self.TAIL_STAGES
 
         def depth(group) -> int:
             if not tails or not free[group] or any(types[ty][2] == "red" for ty in group):
@@ -509,7 +512,7 @@ class PairProblem:
         # a class at most another on every stage's every cell bounds nothing the other does not
         # (both its terms and its masks follow from the other's): dropped, on pairs of few
         # classes (the comparisons grow as their square)
-        if len(out) <= self.PRUNED_CLASSES:
+        if len(out) <= self.PRUNED_CLASSES and S <= self.TAIL_STAGES:
             out.sort(key=lambda x: -x[1])
             kept: list = []
             for arrays, top in out:
@@ -519,6 +522,7 @@ class PairProblem:
         return out
 
     PRUNED_CLASSES = 128
+    TAIL_STAGES = 16
 
     TIE_PLACEMENTS = 256       # placements of tied layers _tie_ports lists at most
 
@@ -570,8 +574,21 @@ class PairProblem:
         j0 = len(prefix)
         out = list(masks)
         fixed = [(p, self._cell(p, st)) for p, st in enumerate(prefix)]
-        K = len(classes)
-        # every class at once, one row each
+        # a few classes at once, one row each (rows of every cell of every stage: on deep
+        # pairs of thousands of cells per stage, all classes at once took gigabytes)
+        for lo in range(0, len(classes), self.MASK_ROWS):
+            if not self._port_rows(tau, classes[lo:lo + self.MASK_ROWS], start, j0, fixed, cells, out):
+                return None
+        return out
+
+    MASK_ROWS = 8
+
+    def _port_rows(self, tau, classes, start, j0, fixed, cells, out) -> bool:
+        """:meth:`_port_masks` for some classes at once: ``out`` (the masks, per remaining
+        stage) gains every cell on no completion with each class's load at most tau (a cell
+        one class rules out goes for all: those plans are gone); False when some class has no
+        such completion."""
+        L, K = self.L, len(classes)
         own = [np.stack([arrays[j0 + q][c["j"], c["bk"], c["bi"]] if j0 + q in arrays else np.zeros(len(c["k"]))
                          for arrays in classes]) for q, c in enumerate(cells)]
         acc = np.full((K, L + 1), np.inf)
@@ -584,8 +601,7 @@ class PairProblem:
             if val.shape[1]:
                 acc[:, c["ends"] + 1] = np.minimum.reduceat(val, c["starts"], axis=1)
         if not (acc[:, L] <= tau).all():
-            return None
-        # backwards, a cell any class rules out is out for every class (those plans are gone)
+            return False
         after = np.full((K, L + 1), np.inf)
         after[:, L] = 0.0
         for q in range(len(cells) - 1, -1, -1):
@@ -597,7 +613,7 @@ class PairProblem:
             after = np.full((K, L + 1), np.inf)
             if val.shape[1]:
                 after[:, c["firsts"]] = np.minimum.reduceat(val, c["starts_k"], axis=1)
-        return out
+        return True
 
     # R5 is used when its program's cell pairs are at most this many (S n (n configs)^2):
     # small pairs, where a slow link between two stages sets the time and nothing else sees it
@@ -615,15 +631,17 @@ class PairProblem:
         and without those another member's counts all undercut (the bound grows with each
         count, so the least over the family is the least over these); empty when some member
         has none (the family's least would then be no bound)."""
-        key = ("neighbor", p)
-        if key not in self._stage:
+        # kept apart from the arrays _Caches may drop: a few numbers per stage, and costly to
+        # find again (a path reads the schedule's whole op order; on a 1 024-layer model under
+        # eager-1F1B, recomputing them after every drop took 45% of `plan`)
+        if p not in self._paths:
             paths = {neighbor_path(s, self.S, p, self.B) for s in self.schedules}
             if None in paths:
-                self._stage[key] = []
+                self._paths[p] = []
             else:
-                self._stage[key] = sorted(x for x in paths if not any(
+                self._paths[p] = sorted(x for x in paths if not any(
                     y != x and all(u <= v for u, v in zip(y, x)) for y in paths))
-        return self._stage[key]
+        return self._paths[p]
 
     def _neighbor_term(self, p: int, a, b):
         """R5's term of stage p (cell values ``a``) before stage p + 1 (``b``), without the fill
