@@ -182,8 +182,9 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
             if sa <= a and S - 1 - sa <= L - 1 - a and sb <= b and S - 1 - sb <= L - 1 - b
             for cfg in pair.configs for r in c.tie_between(b, sa, sb, cfg.tensor)[1]}
     least = [min(c.layer_times(cfg)[0][layer] for cfg in pair.configs) for layer in range(c.model.num_layers)]
+    skips = len(c.model.edges()) != c.model.num_layers - 1      # a skip may hold a port from an earlier stage on
     for r, who in users.items():
-        if r not in tied:
+        if r not in tied and not skips:
             # the head: every layer before the first stage that may hold the port, at its least
             # forward time over the configurations, then that stage's own forward
             p = min(q for q, _ in who)

@@ -450,14 +450,16 @@ class PairProblem:
         # the port bound's head: no task of stage p0 or later starts before stage p0's first
         # forward has run, after every earlier layer's forward (each at least its least time
         # over the configurations).  Not on a port a tied copy's all-reduce may hold: the
-        # objective starts it at 0 (and it leaves no tail).
+        # objective starts it at 0 (and it leaves no tail); nor with skip connections: a skip
+        # from an earlier stage may hold the port from that stage's forward on.
         tied = self._tie_ports()
+        skips = len(c.model.edges()) != self.L - 1
         least = np.min([c.layer_times(cfg)[0] for cfg in self.configs], axis=0)
         before = np.concatenate([[0.0], np.cumsum(least)])
-        free: dict = {}               # a class of ports of which one no tied all-reduce holds
+        free: dict = {}               # a class of ports of which one no tied all-reduce nor skip holds
         for r, u in users.items():
             g = tuple(sorted(u))
-            free[g] = free.get(g, False) or (tied is not None and r not in tied)
+            free[g] = free.get(g, False) or (tied is not None and r not in tied and not skips)
         groups = sorted({tuple(sorted(u)) for u in users.values()})
         # the port bound's tail: after the last transfer a port serves, the last micro-batch's
         # drain is still to come (objective.py).  A transfer from stage p back to p - 1 leaves
@@ -468,10 +470,8 @@ class PairProblem:
         # (its gradient drains from an earlier stage than the sender's neighbour).
         # (on pairs of at most TAIL_STAGES stages: a tail spans the stages before the class,
         # and on deep pairs that made the masks' work grow with the stage count)
-        tails = len(c.model.edges()) == self.L - 1 and S <= self.TAIL_STAGES
-
         def depth(group) -> int:
-            if not tails or not free[group] or any(types[ty][2] == "red" for ty in group):
+            if S > self.TAIL_STAGES or not free[group] or any(types[ty][2] == "red" for ty in group):
                 return -1
             return min(types[ty][0] + (1 if types[ty][2] == "act" else -1) for ty in group)
 
