@@ -72,6 +72,24 @@ def test_steady_warmup_is_what_the_orders_say():
                     assert steady_warmup(s, S, p, B) == steady_warmup_of_orders(s, S, p, B), (s, S, B, p)
 
 
+def test_neighbour_paths_from_the_warm_ups_are_what_the_orders_say():
+    """neighbor_path finds a path from two steady warm-ups where it can; read off the two
+    stages' op orders instead, for every schedule without chunks, on every small pipeline."""
+    from solver_planner.stages.neighbor import neighbor_path, path_of_orders
+
+    schedules = [Schedule("1f1b"), Schedule("1f1b", weight_delay=True), Schedule("eager-1f1b", eagerness=1),
+                 Schedule("eager-1f1b", eagerness=3, weight_delay=True), Schedule("zb-h1"), Schedule("gpipe")]
+    found = 0
+    for s in schedules:
+        for S in range(1, 9):
+            for B in range(1, 20):
+                for p in range(S):
+                    path = neighbor_path(s, S, p, B)
+                    assert path == path_of_orders(s, S, p, B), (s, S, B, p)
+                    found += path is not None
+    assert found > 500
+
+
 def test_steady_warmup_reads_the_orders_it_applies_to():
     for kind, eager in (("1f1b", 0), ("eager-1f1b", 1), ("eager-1f1b", 2)):
         s = Schedule(kind, eagerness=eager)

@@ -76,11 +76,40 @@ def _chain_sequence(schedule: Schedule, stages: int, p: int, microbatches: int) 
     return seqs[0] if all(x == seqs[0] for x in seqs) else None
 
 
-@functools.lru_cache(maxsize=1 << 16)     # a few numbers each; every pair's stages and family members
 def neighbor_path(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple[int, int, int, int] | None:
     """(forwards, chain ops, jumps, chain ops after the last forward) of the path with the
     most jumps (then the most forwards, then chain ops) from stage p's first forward to its
-    last (module docstring); None when it has no jump, or the schedule runs model chunks."""
+    last (module docstring); None when it has no jump, or the schedule runs model chunks.
+
+    Where stages p and p + 1 both run the steady order (:func:`steady_warmup`), the path
+    depends on their warm-ups and B only, and is found from those: reading the orders of
+    every stage of every member of an eager-1F1B family took half of `plan`'s time on a
+    1 024-layer model (the tests check the two agree)."""
+    B = microbatches
+    if schedule.virtual > 1 or p + 1 >= stages or B < 2:
+        return None
+    W, V = steady_warmup(schedule, stages, p, B), steady_warmup(schedule, stages, p + 1, B)
+    if W is not None and V is not None:
+        return _steady_path(W, V, B)
+    return path_of_orders(schedule, stages, p, B)
+
+
+def _steady(W: int, B: int) -> tuple:
+    """The steady order's forwards and chain ops (``C``) with ``W`` warm-up forwards."""
+    out = [("F", m) for m in range(W)]
+    for m in range(B - W):
+        out += [("C", m), ("F", m + W)]
+    return tuple(out + [("C", m) for m in range(B - W, B)])
+
+
+@functools.lru_cache(maxsize=1 << 16)     # a few numbers each
+def _steady_path(W: int, V: int, B: int) -> tuple[int, int, int, int] | None:
+    return _path(_steady(W, B), _steady(V, B), B)
+
+
+@functools.lru_cache(maxsize=8192)
+def path_of_orders(schedule: Schedule, stages: int, p: int, microbatches: int) -> tuple[int, int, int, int] | None:
+    """:func:`neighbor_path` read off the two stages' op orders (any schedule without chunks)."""
     B = microbatches
     if schedule.virtual > 1 or p + 1 >= stages or B < 2:
         return None
@@ -88,6 +117,11 @@ def neighbor_path(schedule: Schedule, stages: int, p: int, microbatches: int) ->
     nxt = _chain_sequence(schedule, stages, p + 1, B)
     if mine is None or nxt is None:
         return None
+    return _path(mine, nxt, B)
+
+
+def _path(mine: tuple, nxt: tuple, B: int) -> tuple[int, int, int, int] | None:
+    """:func:`neighbor_path` of stage p's and stage p + 1's forwards and chain ops."""
     # q: the last forward before each chain op
     a: dict[int, int] = {}
     last = None
