@@ -210,11 +210,7 @@ def steady_warmup_of_orders(schedule: Schedule, stages: int, p: int, microbatche
         W += 1
     if not 0 < W < B or len(seq) != 2 * B:
         return None
-    steady = [("F", m) for m in range(W)]
-    for m in range(B - W):
-        steady += [("C", m), ("F", m + W)]
-    steady += [("C", m) for m in range(B - W, B)]
-    if [("F" if op == "F" else "C", m) for op, m in seq] != steady:
+    if tuple(("F" if op == "F" else "C", m) for op, m in seq) != _steady(W, B):
         return None
     return W
 
