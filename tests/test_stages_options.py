@@ -234,6 +234,12 @@ def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp
     path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
         "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
     assert layer_model(load_model_spec(path)).options.recompute == ("none", "selective", "full")
+    # so does one whose selective recomputation keeps fewer bytes
+    del layers[2]["selective_flops"]
+    layers[3]["selective_saved"] = "1 MiB"
+    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
+        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
+    assert layer_model(load_model_spec(path)).options.recompute == ("none", "selective", "full")
     # a transformer has an attention core
     spec = load_model_spec(SPECS / "models" / "gpt3-2.6b.yaml")
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"recompute": "auto"})})

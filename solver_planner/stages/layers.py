@@ -21,7 +21,7 @@ from ..errors import PlannerError
 from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
 from ..spec.model import ModelSpec
-from .memory import MemoryOptions
+from .memory import MemoryOptions, recompute_flops, saved_per_sample
 from .operators import Operator
 
 __all__ = ["Layer", "LayerModel", "transformer_layers", "transformer_operators", "layer_model",
@@ -313,15 +313,17 @@ def layer_model(model: ModelSpec) -> LayerModel:
         layers = _from_specs(model.layers, t)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
     options = MemoryOptions.of(t)
-    if t.recompute == "auto" and not any(_selective_differs(x) for x in layers):
+    if t.recompute == "auto" and not _selective_differs(layers):
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage
         options = replace(options, recompute=tuple(m for m in options.recompute if m != "selective"))
     return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, options)
 
 
-def _selective_differs(layer: Layer) -> bool:
-    """Whether selective recomputation of ``layer`` keeps or re-runs anything other than
-    what no recomputation does (:mod:`.memory`, :mod:`.operators`)."""
-    return (layer.selective_flops != 0 or (layer.selective_saved is not None and layer.selective_saved != layer.saved)
-            or any(op.core for op in layer.ops))
+def _selective_differs(layers: list[Layer]) -> bool:
+    """Whether selective recomputation keeps or re-runs anything no recomputation does, by
+    the rules that price it: the bytes kept and the FLOPs re-run (:mod:`.memory`), and the
+    attention-core operators re-run when operators are priced one by one (:mod:`.operators`)."""
+    return (not np.array_equal(saved_per_sample(layers, "selective", 1, False), saved_per_sample(layers, "none", 1, False))
+            or bool(np.any(recompute_flops(layers, "selective") != recompute_flops(layers, "none")))
+            or any(op.core for x in layers for op in x.ops))
