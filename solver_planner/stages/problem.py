@@ -468,10 +468,10 @@ class PairProblem:
         # of those depths over the class.  Not where a task with no tail may hold the class's
         # ports: a gradient reduction, a tied copy's all-reduce, a skip connection's transfer
         # (its gradient drains from an earlier stage than the sender's neighbour).
-        # (on pairs of at most TAIL_STAGES stages: a tail spans the stages before the class,
+        # (on pairs of at most SMALL_STAGES stages: a tail spans the stages before the class,
         # and on deep pairs that made the masks' work grow with the stage count)
         def depth(group) -> int:
-            if S > self.TAIL_STAGES or not free[group] or any(types[ty][2] == "red" for ty in group):
+            if S > self.SMALL_STAGES or not free[group] or any(types[ty][2] == "red" for ty in group):
                 return -1
             return min(types[ty][0] + (1 if types[ty][2] == "act" else -1) for ty in group)
 
@@ -512,7 +512,7 @@ class PairProblem:
         # a class at most another on every stage's every cell bounds nothing the other does not
         # (both its terms and its masks follow from the other's): dropped, on pairs of few
         # classes (the comparisons grow as their square)
-        if len(out) <= self.PRUNED_CLASSES and S <= self.TAIL_STAGES:
+        if len(out) <= self.PRUNED_CLASSES and S <= self.SMALL_STAGES:
             out.sort(key=lambda x: -x[1])
             kept: list = []
             for arrays, top in out:
@@ -522,7 +522,7 @@ class PairProblem:
         return out
 
     PRUNED_CLASSES = 128
-    TAIL_STAGES = 16
+    SMALL_STAGES = 16          # R4's tails and class pruning: on pairs of at most this many stages
 
     TIE_PLACEMENTS = 256       # placements of tied layers _tie_ports lists at most
 
