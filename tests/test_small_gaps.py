@@ -1,0 +1,23 @@
+"""``benchmarks/small_gaps.py`` as the README runs it: its budgets reach the search."""
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def run(*args: str) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "small_gaps.py"), *args],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_budgets_given_are_the_search_s():
+    # seed 3: 8 GPUs, 9 layers; three subspaces leave a gap, the README's larger budgets prove it
+    small = run("--seeds", "3", "--budget", "3", "--sim-budget", "100000000")
+    assert " FEASIBLE " in small and "budget" in small.splitlines()[1]
+    large = run("--seeds", "3", "--budget", "200000", "--sim-budget", "100000000")
+    row = large.splitlines()[1]
+    assert " OPTIMAL " in row and "0.0%" in row
+    assert "1 instances, 1 with a plan: 1 OPTIMAL" in large
