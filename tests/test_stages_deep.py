@@ -104,6 +104,10 @@ def test_stage_costs_read_the_same_lazily(case):
                      "tail_weight", "reduction_all", "grad_bytes", "optimizer")
             cells = {name: np.asarray(getattr(lazy, name)[k, i]) for name in names}
             cells["memory"] = np.asarray(fresh.memory(cfg, 3)[k, i])
+            # one cell at a time (Ranges.at: Python numbers, no numpy): exactly the same
+            for name in names:
+                table = getattr(lazy, name)
+                assert [float(table[int(a), int(b)]) for a, b in zip(k, i)] == cells[name].tolist(), name
             ranges.DENSE = old
             dense = c[cfg]
             for name in names:

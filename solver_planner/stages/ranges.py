@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "apply"]
 
+_INTS = (int, np.integer)
 DENSE = 256           # the largest table a dense square is built for (512 KB of float64)
 
 
@@ -62,6 +63,14 @@ class Ranges(abc.ABC):
     def __getitem__(self, key):
         if not (isinstance(key, tuple) and len(key) == 2) or any(x is None or x is Ellipsis for x in key):
             return np.asarray(self)[key]          # numpy's other indexing, on the square
+        k, i = key
+        if self._dense is None and isinstance(k, _INTS) and isinstance(i, _INTS) and not (
+                self.n <= DENSE and self.keep_square):
+            # one cell, as plain arithmetic (:meth:`at`): the greedy splits of
+            # coarse.fine_bound read hundreds of thousands of them one at a time
+            if not (0 <= k < self.n and 0 <= i < self.n):
+                raise IndexError(f"cell ({k}, {i}) of a table of {self.n} layers")
+            return np.float64(self.at(int(k), int(i)) if k <= i else self.below)
         k, i = _index(key, self.n)
         if self._dense is not None or (self.n <= DENSE and self.keep_square):
             return np.asarray(self)[k, i]
@@ -71,6 +80,13 @@ class Ranges(abc.ABC):
             out = self._cells(kk, ii)[0]
             return out
         return self._cells(kk, ii)
+
+    def at(self, k: int, i: int) -> float:
+        """``values`` of the one cell ``k <= i``.  The tables below compute it with Python
+        numbers read off their arrays (a numpy read of one cell costs tens of microseconds,
+        and lists of the arrays would take three times their memory); each gives exactly what
+        ``values`` gives (tested)."""
+        return float(self.values(np.array([k]), np.array([i]))[0])
 
     def _cells(self, k: np.ndarray, i: np.ndarray) -> np.ndarray:
         ok = k <= i
@@ -158,6 +174,9 @@ class Const(Ranges):
     def values(self, k, i):
         return np.full(np.shape(k), self.value)
 
+    def at(self, k, i):
+        return self.value
+
 
 class Sums(Ranges):
     """``values[k] + ... + values[i]``."""
@@ -169,6 +188,9 @@ class Sums(Ranges):
 
     def values(self, k, i):
         return self.prefix[i + 1] - self.prefix[k]
+
+    def at(self, k, i):
+        return self.prefix.item(i + 1) - self.prefix.item(k)
 
 
 class _SparseMax:
@@ -190,6 +212,12 @@ class _SparseMax:
         level = np.floor(np.log2(np.maximum(i - k + 1, 1))).astype(int)
         return np.maximum(self.table[level, k], self.table[level, np.maximum(i - (1 << level) + 1, 0)])
 
+    def at(self, k: int, i: int) -> float:
+        """``query`` of one range ``k <= i``."""
+        level = (i - k + 1).bit_length() - 1
+        a, b = self.table.item(level, k), self.table.item(level, i - (1 << level) + 1)
+        return a if a >= b or a != a else b          # np.maximum's, NaN included
+
 
 class Maxes(Ranges):
     """``max(values[k..i])``."""
@@ -201,6 +229,9 @@ class Maxes(Ranges):
 
     def values(self, k, i):
         return self.table.query(k, i)
+
+    def at(self, k, i):
+        return self.table.at(k, i)
 
     def _square(self) -> np.ndarray:
         # a running maximum along each row: the same maxima, without a query per cell
@@ -227,6 +258,12 @@ class Tail(Ranges):
     def values(self, k, i):
         span = self.pc[i + 1] - self.ps[k] + self.best.query(k, i)
         return np.maximum(span - (self.pc[i + 1] - self.pc[k]), 0.0)
+
+    def at(self, k, i):
+        pc, ps = self.pc, self.ps
+        span = pc.item(i + 1) - ps.item(k) + self.best.at(k, i)
+        out = span - (pc.item(i + 1) - pc.item(k))
+        return out if out >= 0.0 or out != out else 0.0   # np.maximum(out, 0.0)
 
     def _square(self) -> np.ndarray:
         # the same expression, its range maxima as running maxima along each row
@@ -275,6 +312,9 @@ class _Apply(Ranges):
     def values(self, k, i):
         return self.fn(*(a.values(k, i) if isinstance(a, Ranges) else a for a in self.args))
 
+    def at(self, k, i):
+        return float(self.fn(*(a.at(k, i) if isinstance(a, Ranges) else a for a in self.args)))
+
 
 class _Below(Ranges):
     keep_square = False         # memory at one live count: made per call, read on bands and cells
@@ -286,6 +326,9 @@ class _Below(Ranges):
 
     def values(self, k, i):
         return self.inner.values(k, i)
+
+    def at(self, k, i):
+        return self.inner.at(k, i)
 
 
 def apply(fn, *args) -> Ranges:
