@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_MODELS", "ComputeModel", "fit_matmul", "fit_stream"]
 
+_NUMBERS = (float, int)         # plain Python numbers (ComputeModel.time's one-pass path)
+
 
 @dataclass(frozen=True)
 class ComputeModel:
@@ -100,6 +102,11 @@ class ComputeModel:
         (element-wise on arrays); 0 where a pass has neither FLOPs nor bytes."""
         import numpy as np   # here: `import solver_planner` and the CLI's start stay light
 
+        if type(flops) in _NUMBERS and type(nbytes) in _NUMBERS and type(kernels) in _NUMBERS:
+            # one pass, in Python numbers: the same formula as below (tested equal), at a
+            # tenth of numpy's cost on one value (a stage table's cells are read one at a
+            # time by the deep-model bound, each with its optimizer step)
+            return np.float64(self._one(float(flops), float(nbytes), float(kernels)))
         f = np.asarray(flops, dtype=float)
         if self.is_peak:
             return f / self.peak
@@ -108,6 +115,15 @@ class ComputeModel:
         arith = np.where(f > 0, (f + k * self.half_flops) / (self.peak * self.efficiency), 0.0)
         busy = np.maximum(arith, self._memory(m))
         return np.where(busy > 0, k * self.overhead + busy, 0.0)
+
+    def _one(self, f: float, m: float, k: float) -> float:
+        if self.is_peak:
+            return f / self.peak
+        arith = (f + k * self.half_flops) / (self.peak * self.efficiency) if f > 0 else 0.0
+        bw = self.streaming_bandwidth
+        memory = m / bw if bw > 0 else 0.0
+        busy = arith if arith >= memory or arith != arith else memory      # np.maximum's
+        return k * self.overhead + busy if busy > 0 else 0.0
 
     @property
     def streaming_bandwidth(self) -> float:

@@ -61,6 +61,20 @@ def test_roofline_and_efficiency_curve(v100, flops, nbytes, kernels):
         assert float(v100.time(flops, nbytes, 1)) <= t * (1 + 1e-12)
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(flops=st.one_of(st.just(0.0), st.floats(-1.0, 1e15)), nbytes=st.one_of(st.just(0.0), st.floats(0, 1e12)),
+       kernels=st.one_of(st.integers(0, 64), st.floats(0.0, 64.0)), mode=st.sampled_from(["efficiency", "roofline", "peak"]))
+def test_one_pass_in_python_numbers_is_the_array_formula(v100, flops, nbytes, kernels, mode):
+    """time() of plain numbers takes its own path (Ranges.at reads cells one at a time):
+    exactly the array formula's value, in every mode."""
+    import numpy as np
+
+    model = ComputeModel.of(load_topology(DGX2).device, mode)
+    one = model.time(flops, nbytes, kernels)
+    arrays = model.time(np.array([flops]), np.array([nbytes]), np.array([float(kernels)]))
+    assert isinstance(one, np.float64) and float(one) == float(arrays[0])
+
 def test_peak_model_is_flops_over_peak():
     peak = ComputeModel.of(load_topology(DGX2).device, "peak")
     assert float(peak.time(125e12, 1e15, 100)) == pytest.approx(1.0)
