@@ -145,6 +145,36 @@ def test_cells_built_one_by_one_are_the_bands_cells(case, where):
 
 
 @SETTINGS
+@given(instances(max_layers=7), st.integers(2, 7))
+def test_a_large_pairs_window_minima_are_their_definition(case, units):
+    """R3's window minima on a large pair: per stage, the least over its configurations and
+    the single units of its band of f + c, plus the least transfer in (from the unit's
+    previous layer) and out (its last), each read unit by unit here."""
+    if case is None:
+        return
+    plan, schedules = case
+    with pytest.MonkeyPatch.context() as mp:
+        pair = coarse_pair(plan, schedules, min(units, plan.costs.model.num_layers), mp)
+    pair.DENSE_CELLS = -1
+    c, S = pair.costs, pair.S
+    want_inner, want_last = np.full(S, np.inf), np.full(S, np.inf)
+    for p in range(S):
+        for j, cfg in enumerate(pair.configs):
+            arr = pair._config_arrays(j)
+            for u in range(p, p + pair.n):
+                k, i = int(pair.pos[u]), int(pair.pos[u + 1]) - 1
+                fc = float(arr["F"][k, i]) + float(arr["C"][k, i])
+                xg = min(c.transfer(cfg.tensor, p, p - 1)[0] + c.transfer(cfg.tensor, p, p - 1)[1] * arr["act"][int(pair.pos[v]) - 1]
+                         for v in range(p, p + pair.n)) if p > 0 else 0.0
+                xf = min(c.transfer(cfg.tensor, p, p + 1)[0] + c.transfer(cfg.tensor, p, p + 1)[1] * arr["act"][int(pair.pos[v + 1]) - 1]
+                         for v in range(p, p + pair.n)) if p + 1 < S else 0.0
+                want_inner[p] = min(want_inner[p], fc + xg + xf)
+                want_last[p] = min(want_last[p], fc + xg)
+    inner, last = pair._sparse_window_minima()
+    assert np.array_equal(inner, want_inner) and np.array_equal(last, want_last)
+
+
+@SETTINGS
 @given(instances(max_layers=6))
 def test_a_large_pairs_bound_is_below_every_plan(case):
     """A large pair leaves out the port and neighbour terms and reads the windows at a lower

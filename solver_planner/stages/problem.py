@@ -944,23 +944,26 @@ class PairProblem:
         the layers) plus the least transfers in and out over the band's first and last
         layers (memory not asked: a lower bound all the same)."""
         inner, last = np.full(self.S, np.inf), np.full(self.S, np.inf)
-        c = self.costs
-        for p in range(self.S):
-            ks, is_ = self.band(p)
-            for j, cfg in enumerate(self.configs):
-                arr = self._config_arrays(j)
-                units = self.pos[p:p + self.n + 1]
-                k, i = units[:-1], units[1:] - 1
-                fc = float(np.min(np.asarray(arr["F"][k, i]) + np.asarray(arr["C"][k, i])))
-                acts = arr["act"]
+        c, n = self.costs, self.n
+        # every unit once (stage p's band is units p .. p + n - 1), then each band's least:
+        # read per stage, the same cells took a tenth of an eager-1F1B search on 1 024 layers
+        k, i = self.pos[:-1], self.pos[1:] - 1
+        for j, cfg in enumerate(self.configs):
+            arr = self._config_arrays(j)
+            fc_all = np.asarray(arr["F"][k, i]) + np.asarray(arr["C"][k, i])
+            acts = arr["act"]
+            before, after = acts[k - 1], acts[i]      # what enters a band's first unit, leaves its last
+            for p in range(self.S):
+                fc = float(fc_all[p:p + n].min())
                 xg = 0.0
                 if p > 0:
+                    # a + b x grows with x (b >= 0): its least is at the least x
                     a, b = c.transfer(cfg.tensor, p, p - 1)
-                    xg = float(np.min(a + b * acts[ks - 1]))
+                    xg = float(a + b * before[p:p + n].min())
                 xf = 0.0
                 if p + 1 < self.S:
                     a, b = c.transfer(cfg.tensor, p, p + 1)
-                    xf = float(np.min(a + b * acts[is_]))
+                    xf = float(a + b * after[p:p + n].min())
                 inner[p] = min(inner[p], fc + xg + xf)
                 last[p] = min(last[p], fc + xg)
         return inner, last
