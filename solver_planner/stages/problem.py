@@ -204,8 +204,7 @@ class PairProblem:
         self._stage: dict = {}
         self._paths: dict = {}        # p -> the neighbour paths' counts (_neighbor_paths)
         # R3's window minima (_window_minima): 2 S numbers, kept when the caches are dropped
-        # (rebuilding them from the stage tables each time was a tenth of an eager-1F1B
-        # search on a 1 024-layer model)
+        # (rebuilt, they would read every stage's cells again)
         self._minima: tuple[np.ndarray, np.ndarray] | None = None
         self._values: dict = {}       # (p, StagePlan) -> _value's terms: plans share stages
         self._last_terms: tuple = ((), None)   # feasible() and minimize() ask for the same plan's
@@ -946,7 +945,7 @@ class PairProblem:
         inner, last = np.full(self.S, np.inf), np.full(self.S, np.inf)
         c, n = self.costs, self.n
         # every unit once (stage p's band is units p .. p + n - 1), then each band's least:
-        # read per stage, the same cells took a tenth of an eager-1F1B search on 1 024 layers
+        # the bands overlap, and read per stage a unit was read up to S times
         k, i = self.pos[:-1], self.pos[1:] - 1
         for j, cfg in enumerate(self.configs):
             arr = self._config_arrays(j)
