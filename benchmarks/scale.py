@@ -11,11 +11,14 @@ plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) and Megatron-LM's 1T-parameter 
 (`gpt-1t.yaml`) at the default budgets; its note is the status, the gap and the devices used (on 100 000 GPUs no plan of equal meshes uses them all).
 `plan` plans GPT-3 175B under 1F1B and writes the plan file that the next row `check`s (the
 goal for `plan` on 100 000 GPUs: 60 s).  `deep` runs `stages` on models of 1 024 to 10 000
-equal layers (``--layers``): time and memory against depth.
+equal layers (``--layers``): time and memory against depth; `deep-eager` the same under the
+eager-1F1B family, and `deep-plan` the whole `plan` of each (eager-1F1B, its default), then
+`check` of its plan file.
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
     python benchmarks/scale.py --commands deep --gpus 1024 --layers 1024,10000 --repeat 1
+    python benchmarks/scale.py --commands deep-plan --gpus 1024 --layers 10000 --repeat 1
 
 Adding a family (``stages``, ``plan``, ...): write a function ``rows(gpus, workdir)``
 yielding ``(label, argv)`` pairs and add it to ``FAMILIES``.
@@ -138,6 +141,26 @@ def deep_rows(gpus: int, workdir: Path) -> Rows:
                                                  "--no-baselines", "--json"]
 
 
+def deep_eager_rows(gpus: int, workdir: Path) -> Rows:
+    """`stages -s eager-1f1b` (the schedule family `plan` searches by default) of the deep
+    models."""
+    cluster, _ = specs(gpus, workdir)
+    for layers in LAYERS:
+        yield f"{layers:,} equal layers, eager-1F1B", ["stages", str(cluster), str(deep_spec(layers, workdir)),
+                                                       "-s", "eager-1f1b", "--no-baselines", "--json"]
+
+
+def deep_plan_rows(gpus: int, workdir: Path) -> Rows:
+    """The whole `plan` of each deep model (its default schedule family, eager-1F1B), then
+    `check` of its plan file."""
+    cluster, _ = specs(gpus, workdir)
+    for layers in LAYERS:
+        model = deep_spec(layers, workdir)
+        planfile = workdir / f"plan-deep{layers}-{gpus}.yaml"
+        yield f"{layers:,} equal layers: plan -o plan.yaml", ["plan", str(cluster), str(model), "-o", str(planfile)]
+        yield f"{layers:,} equal layers: check plan.yaml", ["check", str(cluster), str(model), str(planfile)]
+
+
 def plan_rows(gpus: int, workdir: Path) -> Rows:
     """The whole `plan` of GPT-3 175B (1F1B, a plan file written), then `check` of that file
     (the rows run in order, so the file exists when `check` runs)."""
@@ -149,7 +172,8 @@ def plan_rows(gpus: int, workdir: Path) -> Rows:
 
 
 FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,
-                                                    "stages": stages_rows, "plan": plan_rows, "deep": deep_rows}
+                                                    "stages": stages_rows, "plan": plan_rows, "deep": deep_rows,
+                                                    "deep-eager": deep_eager_rows, "deep-plan": deep_plan_rows}
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -200,7 +224,7 @@ def main() -> None:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         ap.error(f"unknown command family {unknown[0]!r}; expected {', '.join(FAMILIES)}")
-    print(f"{'command':<8} {'GPUs':>7}  {'case':<52} {'exit':>4} {'median s':>9} {'peak MB':>8}  note")
+    print(f"{'command':<10} {'GPUs':>7}  {'case':<52} {'exit':>4} {'median s':>9} {'peak MB':>8}  note")
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
             for gpus in (int(g) for g in args.gpus.split(",")):
@@ -209,8 +233,8 @@ def main() -> None:
                     code, _, _, note = runs[-1]
                     wall = statistics.median(r[1] for r in runs)
                     peak = max(r[2] for r in runs)
-                    note = note if code != 0 or family in ("stages", "deep") else ""
-                    print(f"{family:<8} {gpus:>7}  {label[:52]:<52} {code:>4} {wall:>9.2f} {peak / 1e6:>8.0f}"
+                    note = note if code != 0 or family in ("stages", "deep", "deep-eager") else ""
+                    print(f"{family:<10} {gpus:>7}  {label[:52]:<52} {code:>4} {wall:>9.2f} {peak / 1e6:>8.0f}"
                           f"  {note[:100]}", flush=True)
 
 
