@@ -63,18 +63,16 @@ class Ranges(abc.ABC):
     def __getitem__(self, key):
         if not (isinstance(key, tuple) and len(key) == 2) or any(x is None or x is Ellipsis for x in key):
             return np.asarray(self)[key]          # numpy's other indexing, on the square
+        if self._dense is not None or (self.n <= DENSE and self.keep_square):
+            return np.asarray(self)[_index(key, self.n)]
         k, i = key
-        if self._dense is None and isinstance(k, _INTS) and isinstance(i, _INTS) and not (
-                self.n <= DENSE and self.keep_square):
+        if isinstance(k, _INTS) and isinstance(i, _INTS):
             # one cell, as plain arithmetic (:meth:`at`): the greedy splits of
             # coarse.fine_bound read hundreds of thousands of them one at a time
             if not (0 <= k < self.n and 0 <= i < self.n):
                 raise IndexError(f"cell ({k}, {i}) of a table of {self.n} layers")
             return np.float64(self.at(int(k), int(i)) if k <= i else self.below)
-        k, i = _index(key, self.n)
-        if self._dense is not None or (self.n <= DENSE and self.keep_square):
-            return np.asarray(self)[k, i]
-        kk, ii = np.broadcast_arrays(k, i)
+        kk, ii = np.broadcast_arrays(*_index(key, self.n))
         if kk.ndim == 0:
             kk, ii = kk.reshape(1), ii.reshape(1)
             out = self._cells(kk, ii)[0]
