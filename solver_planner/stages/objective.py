@@ -72,6 +72,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from .link import LINK_MICROBATCHES, link_key, link_steps, link_time, paced
 from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
@@ -203,6 +204,12 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: 
             cycle = max(cycle, H[p] + f[p] + B * act[p, q] + f[q] + R[q] + ch[q] + B * grad[p, q] + ch[p] + D[p])
     if max(stage, cycle, phase) >= enough:
         return Bounds(stage, cycle, -math.inf, phase)
+    if plan.virtual == 1:
+        # the link bound (link.py), counted with the cycle bound: a channel whose transfers
+        # outlast the stages' ops paces both stages
+        cycle = max(cycle, _link_bound(plan, schedule, key, memo, f, ch, act, grad, H, R, D))
+        if max(stage, cycle, phase) >= enough:
+            return Bounds(stage, cycle, -math.inf, phase)
     if memo is not None and (key, "port") in memo:
         port = memo[key, "port"]
     else:
@@ -210,6 +217,37 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: 
         if memo is not None:
             memo[key, "port"] = port
     return Bounds(stage, cycle, port, phase)
+
+
+def _link_bound(plan: Partition, schedule: Schedule, key: tuple, memo: dict | None, f, ch, act, grad, H, R,
+                D) -> float:
+    """The largest link bound (:mod:`.link`) over the channels between neighbouring stages
+    whose transfers can wait for each other; -inf when none applies."""
+    B = plan.costs.microbatches
+    S = len(plan.stages)
+    if B > LINK_MICROBATCHES or not plan.costs.comm:
+        return -math.inf
+    split = schedule.split
+    bw = plan.backward_weight
+    delays = None
+    best = -math.inf
+    for p in range(S - 1):
+        q = p + 1
+        if (p, q) not in act or not paced(act[p, q], grad[p, q], f[p], ch[q]):
+            continue
+        if delays is None:           # read only when some link paces (it scans every channel)
+            delays = weight_delays(plan, schedule)
+        at = (key, "link", p, link_key(schedule, S, p, B, delays[p], delays[q]))
+        if memo is not None and at in memo:
+            v = memo[at]
+        else:
+            steps = link_steps(schedule, S, p, B, delays[p], delays[q])
+            v = H[p] + link_time(steps, B, f[p], ch[p], bw[p] if split else 0.0, f[q], ch[q],
+                                 bw[q] if split else 0.0, act[p, q], grad[p, q], R[q], D[p], D[q])
+            if memo is not None:
+                memo[at] = v
+        best = max(best, v)
+    return best
 
 
 @functools.lru_cache(maxsize=4096)

@@ -65,11 +65,14 @@ from .costs import StageConfig, StageCosts
 from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from .ranges import Ranges, apply
 from .objective import deferred_weights, family_split, phase_time
+from .link import LINK_MICROBATCHES, link_key, link_steps, link_time
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
+
+_CELL = ("F", "Bk", "BC", "XF", "XG", "G")      # what R5's link term reads of a cell
 
 _SLACK = 1e-12
 # the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
@@ -203,6 +206,8 @@ class PairProblem:
         self.r3 = not zb
         self._stage: dict = {}
         self._paths: dict = {}        # p -> the neighbour paths' counts (_neighbor_paths)
+        # skip connections: a stage may send more gradients than the cut's tensor (R5's link term)
+        self._skips = any(j != i + 1 for i, j, _ in costs.model.edges())
         # R3's window minima (_window_minima): 2 S numbers, kept when the caches are dropped
         # (rebuilt, they would read every stage's cells again)
         self._minima: tuple[np.ndarray, np.ndarray] | None = None
@@ -647,40 +652,148 @@ class PairProblem:
                     y != x and all(u <= v for u, v in zip(y, x)) for y in paths))
         return self._paths[p]
 
-    def _neighbor_term(self, p: int, a, b):
-        """R5's term of stage p (cell values ``a``) before stage p + 1 (``b``), without the fill
-        (R2's ``H``, which the callers add): the least over the family of the neighbour cycle
-        bound (neighbor.py) with the round trip through stage p + 1 only and the gradient tail
-        as the drain (element-wise on arrays)."""
+    def _r5_has(self, p: int) -> bool:
+        """Whether R5 has a term for stages p and p + 1: a neighbour path for every member of
+        the family, or the link bound (link.py), which every schedule without chunks has."""
+        return bool(self._neighbor_paths(p)) or self._links_on()
+
+    def _links_on(self) -> bool:
+        return self.B <= LINK_MICROBATCHES and all(s.virtual == 1 for s in self.schedules)
+
+    def _neighbor_term(self, p: int, a, b) -> tuple:
+        """R5's terms of stage p (cell values ``a``) before stage p + 1 (``b``), element-wise on
+        arrays: ``(after the drain, after the fill)``, to which the callers add what comes
+        before the stage: the objective's fill and drain together less the stage's own tail
+        (``E - G``, :meth:`_r3_fills`), and R2's fill ``H``.
+
+        * after the drain: the least over the family of the neighbour cycle bound
+          (neighbor.py) with the round trip through stage p + 1 only, and the least over the
+          family of the link bound (:meth:`_link_term`) ending at stage p's last chain op,
+          whichever is larger; both end with the stage's drain ``D_p``, here its own tail
+          ``G`` (each least is at most the objective's least over the members);
+        * after the fill: the link bound ending at either stage's last op (its deferred
+          weight parts included) and its own tail (-inf where there is none)."""
         f, c = a["F"], a["Bk"] - a["BC"]
         there = a["XF"] + b["F"] + (b["Bk"] - b["BC"]) + b["XG"]
         jump = f + c + there
-        out = None
-        for path in self._neighbor_paths(p):
+        drained = -np.inf
+        paths = self._neighbor_paths(p)
+        for k, path in enumerate(paths):
             v = neighbor_bound(path, 0.0, f, c, jump, there, a["G"])
-            out = v if out is None else np.minimum(out, v)
+            drained = v if k == 0 else np.minimum(drained, v)
+        filled = -np.inf
+        if self._links_on():
+            if np.ndim(a["F"]) == 0 and np.ndim(b["F"]) == 0:
+                mine, theirs = self._link_cell(p, a, b)
+            else:
+                mine, theirs = self._link_term(p, a, b)
+            drained = np.maximum(drained, mine)
+            filled = theirs
+        return drained, filled
+
+    def _link_cell(self, p: int, a: dict, b: dict) -> tuple[float, float]:
+        """:meth:`_link_term` of one cell of each stage, in Python numbers and remembered (the
+        programs ask for a prefix's pairs at every run: numpy on single values took 70% of a
+        search)."""
+        key = ("link", p, id(a), id(b))
+        hit = self._values.get(key)
+        if hit is not None and hit[0] is a and hit[1] is b:
+            return hit[2]
+        arrays = self._link_term(p, {k: np.asarray([v]) for k, v in a.items() if k in _CELL},
+                                 {k: np.asarray([v]) for k, v in b.items() if k in _CELL})
+        out = (float(arrays[0][0]), float(arrays[1][0]))
+        self._values[key] = (a, b, out)
         return out
 
-    def _neighbor_masks(self, tau, prefix, vals, cells, masks, fills) -> list | None:
+    def _link_term(self, p: int, a, b) -> tuple[np.ndarray, np.ndarray]:
+        """The least over the family of the link bound (link.py) of stages p and p + 1 without
+        the fill, on cells ``a`` and ``b``, in two parts: (the end of p's last chain op and its
+        drain, here its tail ``G``; the end of either stage's last op, with its own tail).  The
+        round trip after
+        stage p + 1 is taken as 0 and the transfers carry the cut's tensor only; -inf where
+        the link cannot pace the two (:func:`.link.paced`).  A stage delays its weight parts
+        when its gradient transfers outlast them (:func:`.pipeline.weight_delays`); with skip
+        connections a stage may send more than the cut's tensor, so where the cut's alone
+        does not decide, both orders are played and the lesser kept."""
+        keys = _CELL
+        n = max(np.size(a["F"]), np.size(b["F"]))      # a cell, or arrays of them (one may be a cell)
+        A = {k: np.broadcast_to(np.asarray(a[k], dtype=float), (n,)) for k in keys}
+        Bq = {k: np.broadcast_to(np.asarray(b[k], dtype=float), (n,)) for k in keys}
+        xa, xg = A["XF"], Bq["XG"]
+        out_p, out_q = np.full(n, np.inf), np.full(n, np.inf)
+        played: dict = {}
+        for s in self.schedules:
+            split = s.split
+            cp, wp = (A["Bk"] - A["BC"], A["BC"]) if split else (A["Bk"], np.zeros(n))
+            cq, wq = (Bq["Bk"] - Bq["BC"], Bq["BC"]) if split else (Bq["Bk"], np.zeros(n))
+            paced = (xa > A["F"]) | (xg > cq)
+            if not paced.any():
+                return np.full(n, -np.inf), np.full(n, -np.inf)
+            if split and s.weight_delay and s.kind != "zb-h1":
+                sure_p = (A["XG"] > A["BC"]) if p > 0 else np.zeros(n, dtype=bool)
+                sure_q = xg > Bq["BC"]
+                variants = []
+                for dp_, dq_ in itertools.product((False, True) if p > 0 else (False,), (False, True)):
+                    if self._skips:
+                        # the cut's transfer outlasting the weight part makes the delay certain
+                        on = (dp_ | ~sure_p) & (dq_ | ~sure_q)
+                    else:
+                        on = (sure_p == dp_) & (sure_q == dq_)
+                    variants.append((dp_, dq_, on & paced))
+            else:
+                variants = [(False, False, paced)]
+            best_p, best_q = np.full(n, np.inf), np.full(n, np.inf)
+            for dp_, dq_, on in variants:
+                if not on.any():
+                    continue
+                # members that agree on the two orders share them, played on every paced cell
+                key = link_key(s, self.S, p, self.B, dp_, dq_)
+                if key not in played:
+                    steps = link_steps(s, self.S, p, self.B, dp_, dq_)
+                    vp, vq = np.full(n, np.inf), np.full(n, np.inf)
+                    chain_p, end_p, end_q = link_time(steps, self.B, A["F"][paced], cp[paced], wp[paced],
+                                                      Bq["F"][paced], cq[paced], wq[paced], xa[paced], xg[paced], 0.0,
+                                                      0.0, 0.0, mx=np.maximum, parts=True)
+                    # after p's last chain op comes its drain (at least its tail); after each
+                    # stage's last op (the deferred weight parts included), its own tail
+                    vp[paced] = chain_p + A["G"][paced]
+                    vq[paced] = np.maximum(end_p + A["G"][paced], end_q + Bq["G"][paced])
+                    played[key] = vp, vq
+                vp, vq = played[key]
+                best_p[on] = np.minimum(best_p[on], vp[on])
+                best_q[on] = np.minimum(best_q[on], vq[on])
+            out_p = np.minimum(out_p, np.where(np.isfinite(best_p), best_p, -np.inf))
+            out_q = np.minimum(out_q, np.where(np.isfinite(best_q), best_q, -np.inf))
+        return out_p, out_q
+
+    def _neighbor_masks(self, tau, prefix, vals, cells, masks, fills, drains) -> list | None:
         """``masks`` with every cell removed that lies on no completion whose R5 terms all stay
         at most tau (forward and backward reachability over pairs of neighbouring cells),
         each with the least fill reaching its cell (``fills``: R2's program's accumulators,
-        as for R3 in :meth:`_ymaxes`); None: there is no such completion."""
+        as for R3 in :meth:`_ymaxes`) and the least fill and drain together (``drains``:
+        :meth:`_drains`); None: there is no such completion."""
         j0 = len(prefix)
         fill = [0.0]
         for v in vals:
             fill.append(fill[-1] + v["INC2"])
+        off = self._r3_fills(vals)
         for p in range(j0 - 1):
-            if self._neighbor_paths(p) and fill[p] + self._neighbor_term(p, vals[p], vals[p + 1]) > tau:
-                return None
+            if self._r5_has(p):
+                drained, filled = self._neighbor_term(p, vals[p], vals[p + 1])
+                if off[p] + drained > tau or fill[p] + filled > tau:
+                    return None
         keep = [np.ones(len(c["k"]), dtype=bool) if m is None else ~m for m, c in zip(masks, cells)]
         keep[0] &= cells[0]["k"] == (prefix[-1].last + 1 if prefix else 0)
-        if j0 and self._neighbor_paths(j0 - 1):
-            keep[0] &= fill[j0 - 1] + self._neighbor_term(j0 - 1, vals[-1], cells[0]) <= tau
-        budgets = []                      # per cell: tau less its least fill; -inf where R2 reaches none
-        for acc, c in zip(fills, cells):
-            hk = acc[c["k"]]
-            budgets.append(np.where(np.isfinite(hk), tau - np.where(np.isfinite(hk), hk, 0.0), -np.inf))
+        if j0 and self._r5_has(j0 - 1):
+            drained, filled = self._neighbor_term(j0 - 1, vals[-1], cells[0])
+            keep[0] &= (off[j0 - 1] + drained <= tau) & (fill[j0 - 1] + filled <= tau)
+        budgets = []        # per cell: tau less its least fill and drain, and less its least fill
+        with np.errstate(invalid="ignore"):         # tau = inf: inf - inf where unreached
+            for q, (acc, c) in enumerate(zip(fills, cells)):
+                hk = acc[c["k"]]
+                ek = np.maximum(hk, drains[q][c["k"]] + c["XG"] - c["G"])
+                budgets.append((np.where(np.isfinite(ek), tau - ek, -np.inf),
+                                np.where(np.isfinite(hk), tau - hk, -np.inf)))
         # forward: cells reached through passing pairs; then backward: cells with a passing
         # completion (the last stage's cells end the plan)
         reach = [keep[0]]
@@ -699,10 +812,10 @@ class PairProblem:
             return None
         return out
 
-    def _neighbor_pairs(self, p: int, ca: dict, cb: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _neighbor_pairs(self, p: int, ca: dict, cb: dict) -> tuple:
         """The pairs of a cell of ``ca`` (stage p) and a cell of ``cb`` (stage p + 1) that
-        follows it, as index arrays, and R5's term of stage p on each without the fill (-inf
-        when stage p has none).  Remembered in ``ca`` for ``cb``: they do not depend on tau."""
+        follows it, as index arrays, and R5's two terms of stage p on each (:meth:`_neighbor_term`;
+        -inf when stage p has none).  Remembered in ``ca`` for ``cb``: they do not depend on tau."""
         memo = ca.setdefault("neighbor", {})
         if cb["uid"] in memo:
             return memo[cb["uid"]]
@@ -719,22 +832,23 @@ class PairProblem:
             ib_parts.append(np.tile(ib, len(ia)))
         ia = np.concatenate(ia_parts) if ia_parts else np.zeros(0, dtype=int)
         ib = np.concatenate(ib_parts) if ib_parts else np.zeros(0, dtype=int)
-        if self._neighbor_paths(p) and len(ia):
-            a = {key: ca[key][ia] for key in ("F", "Bk", "BC", "XF", "G")}
-            b = {key: cb[key][ib] for key in ("F", "Bk", "BC", "XG")}
-            nb = np.asarray(self._neighbor_term(p, a, b), dtype=float)
-        else:
-            nb = np.full(len(ia), -np.inf)
-        memo[cb["uid"]] = (ia, ib, nb)
-        return ia, ib, nb
+        drained = filled = np.full(len(ia), -np.inf)
+        if self._r5_has(p) and len(ia):
+            a = {key: ca[key][ia] for key in _CELL}
+            b = {key: cb[key][ib] for key in _CELL}
+            drained, filled = (np.broadcast_to(np.asarray(x, dtype=float), (len(ia),))
+                               for x in self._neighbor_term(p, a, b))
+        memo[cb["uid"]] = (ia, ib, drained, filled)
+        return memo[cb["uid"]]
 
-    def _neighbor_step(self, p: int, ca: dict, ok_a: np.ndarray, cb: dict, budget: np.ndarray,
+    def _neighbor_step(self, p: int, ca: dict, ok_a: np.ndarray, cb: dict, budget: tuple,
                        forward: bool) -> np.ndarray:
         """Forward: which cells of ``cb`` (stage p + 1) follow some cell of ``ca`` kept by
-        ``ok_a`` with R5's term of stage p (without the fill) at most the cell's ``budget``.
-        Backward: which cells of ``ca`` precede some cell of ``cb`` kept by ``ok_a``."""
-        ia, ib, nb = self._neighbor_pairs(p, ca, cb)
-        ok = nb <= budget[ia]
+        ``ok_a`` with R5's terms of stage p at most the cell's ``budget`` (tau less its least
+        fill and drain, tau less its least fill).  Backward: which cells of ``ca`` precede
+        some cell of ``cb`` kept by ``ok_a``."""
+        ia, ib, drained, filled = self._neighbor_pairs(p, ca, cb)
+        ok = (drained <= budget[0][ia]) & (filled <= budget[1][ia])
         if forward:
             out = np.zeros(len(cb["k"]), dtype=bool)
             out[ib[ok & ok_a[ia]]] = True
@@ -1088,8 +1202,9 @@ class PairProblem:
         r5 = 0.0
         if self._neighbor_on():
             for p in range(self.S - 1):
-                if self._neighbor_paths(p):
-                    r5 = max(r5, fill[p] + float(self._neighbor_term(p, vals[p], vals[p + 1])))
+                if self._r5_has(p):
+                    drained, filled = self._neighbor_term(p, vals[p], vals[p + 1])
+                    r5 = max(r5, r3_fill[p] + float(drained), fill[p] + float(filled))
         return r1, r2, r3, r4, r5
 
     def relaxation(self, stages) -> float:
@@ -1135,7 +1250,11 @@ class PairProblem:
             return None
         if self._neighbor_on():
             fills = self._forward(tau, prefix, vals, cells, masks, "INC2")
-            masks = None if fills is None else self._neighbor_masks(tau, prefix, vals, cells, masks, fills)
+            if fills is not None:
+                drains = self._drains(tau, prefix, vals, cells, masks, fills)
+                masks = self._neighbor_masks(tau, prefix, vals, cells, masks, fills, drains)
+            else:
+                masks = None
             if masks is None:
                 return None
         ymax: list = []

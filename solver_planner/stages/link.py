@@ -1,0 +1,158 @@
+"""The link bound: two neighbouring stages and the channel between them, played out alone.
+
+A channel sends its micro-batches one at a time and in order (each transfer of a channel
+waits for the one before it, :mod:`.pipeline`), so when one micro-batch's activation takes
+longer than the sender's forward, or its gradient longer than the receiver's chain op, the
+*link* paces the pipeline, not the stages.  None of the other bounds sees that: each counts
+one transfer per crossing (the cycle and neighbour bounds) or every transfer of a port with
+the least head and tail (the port bound).  On random instances of 8 and 16 devices whose
+cut crosses a 10 Gbps host link, they left the plans 15-25% under their simulated time.
+
+For stages ``p`` and ``q = p + 1`` this module plays out the part of the iteration's task
+graph that lies on the two stages and the channel: each stage's ops in its schedule's order
+(``F``, the chain op ``B`` or ``BA``, and ``BW``, with their durations), the activations
+``A(m)`` after ``F_p(m)`` and ``A(m - 1)``, ``F_q(m)`` after ``A(m)``, ``q``'s chain op of
+``m`` after ``F_q(m)`` and the round trip through the later stages (``R_q``), the gradients
+``G(m)`` after that chain op and ``G(m - 1)``, and ``p``'s chain op of ``m`` after ``G(m)``.
+Every edge is a dependency of the real graph with the real duration, and ``F_p(0)`` starts
+no earlier than the fill ``H_p``; waiting for anything left out (other channels, busy
+ports, the earlier stages' forwards) only delays the real run.  So the last chain op of
+either stage starts no earlier than it does here, and the iteration lasts at least::
+
+    LK_p = H_p + max(start C_p(B - 1) + c_p + D_p,  start C_q(B - 1) + c_q + D_q)
+
+with ``D`` the drain after a stage's last chain op (:mod:`.objective`).  Ordering every
+event of the two stages is a fixed sequence of max-plus steps for given warm-ups, schedule
+and weight delays (:func:`link_steps`), run once on numbers (a plan's objective) or on
+arrays of cells (the relaxation's R5, :mod:`.problem`).
+
+When the activation takes at most the sender's forward and the gradient at most the
+receiver's chain op, a channel's transfers never wait for each other (each is done before
+the next one is ready), and the bound adds little to the neighbour cycle; it is computed
+only for links where one of them takes longer (:func:`paced`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .schedule import Schedule, stage_order, warmup
+
+__all__ = ["link_key", "link_steps", "link_time", "paced", "LINK_MICROBATCHES"]
+
+# The bound plays out about 4B steps per link; past this many micro-batches it is left out
+# (still a lower bound without it): the small plans where a link paces the pipeline have
+# few, and a 1 536-micro-batch plan of 128 stages would take seconds per plan.
+LINK_MICROBATCHES = 512
+
+# step codes: p's forward, chain op, weight part; q's forward, chain op, weight part
+PF, PC, PW, QF, QC, QW = range(6)
+
+
+def link_key(schedule: Schedule, stages: int, p: int, B: int, delay_p: bool, delay_q: bool) -> tuple:
+    """What the two stages' orders depend on (members of an eager-1F1B family that agree on
+    the two warm-ups share their steps)."""
+    if schedule.kind == "zb-h1":
+        return ("zb-h1", stages, p, B)
+    split = schedule.split
+    return (split, warmup(schedule, stages, p, B), warmup(schedule, stages, p + 1, B), B,
+            split and delay_p, split and delay_q)
+
+
+def link_steps(schedule: Schedule, stages: int, p: int, microbatches: int, delay_p: bool = False,
+               delay_q: bool = False) -> tuple[tuple[int, int], ...] | None:
+    """The max-plus steps of stages ``p`` and ``p + 1`` (module docstring) in an order that
+    respects every edge; None for schedules with model chunks."""
+    if schedule.virtual > 1 or p + 1 >= stages:
+        return None
+    key = link_key(schedule, stages, p, microbatches, delay_p, delay_q)
+    hit = _STEPS.get(key)
+    if hit is None:
+        if len(_STEPS) >= 4096:
+            _STEPS.clear()
+        hit = _STEPS[key] = _steps(schedule, stages, p, microbatches, delay_p, delay_q)
+    return hit
+
+
+_STEPS: dict[tuple, tuple] = {}       # by link_key: the schedules that agree on it share the steps
+
+
+def _steps(schedule: Schedule, stages: int, p: int, B: int, delay_p: bool,
+           delay_q: bool) -> tuple[tuple[int, int], ...]:
+    mine = stage_order(schedule, stages, p, B, delay_p)
+    theirs = stage_order(schedule, stages, p + 1, B, delay_q)
+    code_p = {"F": PF, "B": PC, "BA": PC, "BW": PW}
+    code_q = {"F": QF, "B": QC, "BA": QC, "BW": QW}
+    sent: set[int] = set()            # activations sent (p's forwards done)
+    back: set[int] = set()            # gradients sent (q's chain ops done)
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(mine) or j < len(theirs):
+        moved = False
+        while i < len(mine):
+            op, m = mine[i]
+            if code_p[op] == PC and m not in back:
+                break
+            out.append((code_p[op], m))
+            if op == "F":
+                sent.add(m)
+            i += 1
+            moved = True
+        while j < len(theirs):
+            op, m = theirs[j]
+            if op == "F" and m not in sent:
+                break
+            out.append((code_q[op], m))
+            if code_q[op] == QC:
+                back.add(m)
+            j += 1
+            moved = True
+        if not moved:
+            raise ValueError(f"{schedule}: stages {p} and {p + 1} wait for each other")
+    return tuple(out)
+
+
+def paced(xa, xg, fp, cq) -> bool:
+    """Whether a channel's transfers can wait for each other: an activation longer than the
+    sender's forward or a gradient longer than the receiver's chain op (module docstring;
+    on numbers)."""
+    return xa > fp or xg > cq
+
+
+def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq, xa, xg, rq, dp, dq,
+              mx: Callable = max, parts: bool = False):
+    """``LK_p - H_p`` (module docstring) for durations ``fp, cp, wp`` (p's forward, chain op
+    and weight part), the same for q, the transfers ``xa`` and ``xg``, q's round trip ``rq``
+    and the drains ``dp``, ``dq``; numbers with ``mx = max``, or arrays with ``np.maximum``.
+    ``parts``: (end of p's last chain op, end of p's last op, end of q's last op), the drains
+    left out."""
+    tp = tq = last_a = last_g = 0.0
+    a_end: list = [None] * B
+    g_end: list = [None] * B
+    fq_end: list = [None] * B
+    sp = sq = -math.inf
+    for code, m in steps:
+        if code == PF:
+            tp = tp + fp
+            last_a = a_end[m] = mx(tp, last_a) + xa
+        elif code == PC:
+            s = mx(tp, g_end[m])
+            tp = s + cp
+            if m == B - 1:
+                sp = s
+        elif code == PW:
+            tp = tp + wp
+        elif code == QF:
+            tq = fq_end[m] = mx(tq, a_end[m]) + fq
+        elif code == QC:
+            s = mx(tq, fq_end[m] + rq)
+            tq = s + cq
+            last_g = g_end[m] = mx(tq, last_g) + xg
+            if m == B - 1:
+                sq = s
+        else:
+            tq = tq + wq
+    if parts:
+        return sp + cp, tp, tq
+    return mx(sp + cp + dp, sq + cq + dq)

@@ -1,0 +1,100 @@
+"""The link bound (stages/link.py): two neighbouring stages and their channel played out alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from solver_planner.cost import CostModel
+from solver_planner.stages import Layer, LayerModel, MeshShape, Schedule, family, simulate_schedule
+from solver_planner.stages.costs import StageCosts, cost_tables
+from solver_planner.stages.link import PC, PF, PW, QC, QF, QW, link_steps
+from solver_planner.stages.objective import bounds
+from solver_planner.stages.partition import Partition, StagePlan
+from solver_planner.stages.problem import PairProblem
+from solver_planner.stages.schedule import stage_order
+
+from test_stages_objective import topology
+
+SCHEDULES = [Schedule("1f1b"), Schedule("gpipe"), Schedule("zb-h1")] + family("eager-1f1b", 4)
+
+
+@pytest.mark.parametrize("S, B", [(2, 1), (2, 5), (4, 3), (4, 9), (6, 16)])
+@pytest.mark.parametrize("delays", [(False, False), (True, False), (False, True), (True, True)])
+def test_the_steps_run_each_stage_in_its_order_and_after_what_it_waits_for(S, B, delays):
+    for schedule in SCHEDULES + family("eager-1f1b", S):
+        for p in range(S - 1):
+            steps = link_steps(schedule, S, p, B, *delays)
+            mine = [(op, m) for op, m in stage_order(schedule, S, p, B, delays[0])]
+            theirs = [(op, m) for op, m in stage_order(schedule, S, p + 1, B, delays[1])]
+            names = {PF: "F", PW: "BW", QF: "F", QW: "BW"}
+            chain = "BA" if schedule.split else "B"
+            got_p = [(names.get(code, chain), m) for code, m in steps if code in (PF, PC, PW)]
+            got_q = [(names.get(code, chain), m) for code, m in steps if code in (QF, QC, QW)]
+            assert got_p == mine and got_q == theirs, (schedule, p)
+            at = {step: i for i, step in enumerate(steps)}
+            for m in range(B):
+                assert at[PF, m] < at[QF, m] and at[QC, m] < at[PC, m], (schedule, p, m)
+
+
+def two_hosts(B: int, act_mib: float, layers: int = 2):
+    """``layers`` stages of one GPU each on two hosts joined by 1 GB/s, no parameters (no
+    gradient reductions or optimizer step): the link and the stages are the whole iteration."""
+    topo = topology(2, 1, "1 GB/s", "host") if layers == 2 else topology(2, 2, "1 GB/s", "host")
+    act = act_mib * 2**20
+    model = LayerModel("link", [Layer(f"l{i}", 2e11, 4e11, 0.0, 0.0, act, act, 0.0, allreduces=0, weight=2e11)
+                                for i in range(layers)], 16, None)
+    shape = MeshShape(1, 1)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)
+    return Partition(costs, [StagePlan(p, p, costs.configs[0]) for p in range(layers)])
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "eager-1f1b", "zb-h1"])
+def test_two_stages_and_their_link_are_the_whole_iteration(kind, B):
+    """On two stages whose transfers outlast their ops and nothing else runs, the link bound
+    plays out every task of the iteration: the objective is the simulated time (the other
+    bounds count one transfer per crossing: up to 40% under it)."""
+    plan = two_hosts(B, act_mib=16)
+    assert plan.activation_time(0, 1) > 2 * max(plan.forward)
+    for schedule in family(kind, 2):
+        run = simulate_schedule(plan, schedule)
+        assert bounds(plan, schedule).value == pytest.approx(run.iteration_time, rel=1e-9), schedule
+
+
+def test_the_link_bound_stays_below_the_simulation_when_other_links_share_the_ports():
+    """Four stages on two hosts of two GPUs: the channel between hosts shares no port with
+    another, those inside share the host's NVLink ports with the next channel's; the bound
+    leaves out every wait for another channel, so it stays at or below the simulated time."""
+    plan = two_hosts(8, act_mib=16, layers=4)
+    for schedule in family("eager-1f1b", 4) + [Schedule("1f1b")]:
+        run = simulate_schedule(plan, schedule)
+        b = bounds(plan, schedule)
+        assert b.value <= run.iteration_time * (1 + 1e-9)
+        assert b.value >= 0.97 * run.iteration_time, (schedule, b, run.iteration_time)
+
+
+def test_the_relaxation_reads_the_link_bound_on_cells(monkeypatch):
+    """R5 of a whole plan (the programs' arrays) counts the link bound: on two stages with
+    nothing after the link and no tails it is the objective (the round trip after stage 1
+    and the drains, which the cells do not know, are 0 here); without it R is lower."""
+    plan = two_hosts(8, act_mib=16)
+    schedules = family("eager-1f1b", 2)
+    objective = min(bounds(plan, s).value for s in schedules)
+    r5 = PairProblem(plan.costs, schedules).terms(plan.stages)[4]
+    assert r5 == pytest.approx(objective, rel=1e-9)
+    monkeypatch.setattr(PairProblem, "_links_on", lambda self: False)
+    without = PairProblem(plan.costs, schedules).terms(plan.stages)
+    assert max(without) < 0.97 * objective, without
+
+
+def test_a_link_that_does_not_pace_adds_nothing():
+    """Transfers shorter than the sender's forward and the receiver's chain op never wait for
+    each other: the link bound is not computed (-inf), the bounds are what they were."""
+    plan = two_hosts(8, act_mib=0.01)
+    from solver_planner.stages import objective
+
+    assert objective._link_bound(plan, Schedule("1f1b"), (False, (0, 0)), None, plan.forward, plan.backward,
+                                 {(0, 1): plan.activation_time(0, 1)}, {(0, 1): plan.gradient_time(1, 0)},
+                                 [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]) == -math.inf
