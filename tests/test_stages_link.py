@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from solver_planner.cost import CostModel
 from solver_planner.stages import Layer, LayerModel, MeshShape, Schedule, family, simulate_schedule
 from solver_planner.stages.costs import StageCosts, cost_tables
-from solver_planner.stages.link import PC, PF, PW, QC, QF, QW, link_steps
+from solver_planner.stages import link
+from solver_planner.stages.link import PC, PF, PW, QC, QF, QW, link_numbers, link_steps, link_time
 from solver_planner.stages.objective import bounds
 from solver_planner.stages.partition import Partition, StagePlan
 from solver_planner.stages.problem import PairProblem
@@ -98,3 +101,14 @@ def test_a_link_that_does_not_pace_adds_nothing():
     assert objective._link_bound(plan, Schedule("1f1b"), (False, (0, 0)), None, plan.forward, plan.backward,
                                  {(0, 1): plan.activation_time(0, 1)}, {(0, 1): plan.gradient_time(1, 0)},
                                  [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]) == -math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(SCHEDULES + family("eager-1f1b", 5)), st.integers(2, 5), st.integers(1, 12),
+       st.booleans(), st.booleans(), st.lists(st.floats(0.0, 10.0), min_size=9, max_size=9))
+def test_the_compiled_steps_are_the_loop(schedule, S, B, dp, dq, values):
+    """link_numbers (one straight-line function per order) = link_time (the loop), exactly."""
+    for p in range(S - 1):
+        steps = link_steps(schedule, S, p, B, dp, dq)
+        for _ in range(link.COMPILE_AFTER + 1):       # the loop until compiled, then the function
+            assert link_numbers(schedule, S, p, B, dp, dq)(*values) == link_time(steps, B, *values)

@@ -463,8 +463,8 @@ def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:
                               and (dq == want_q or (skips and not want_q))]
                 best_mine = best_theirs = math.inf
                 for dp, dq in delays:
-                    chain_p, end_p, end_q = link_time(link_steps(s, S, p, B, dp, dq), B, f[p], cp, wp, f[q], cq, wq,
-                                                      xa, xg, 0.0, 0.0, 0.0, parts=True)
+                    chain_p, _, end_p, end_q = link_time(link_steps(s, S, p, B, dp, dq), B, f[p], cp, wp, f[q], cq,
+                                                         wq, xa, xg, 0.0)
                     best_mine = min(best_mine, chain_p + g[p])
                     best_theirs = min(best_theirs, max(end_p + g[p], end_q + g[q]))
                 mine, theirs = min(mine, best_mine), min(theirs, best_theirs)

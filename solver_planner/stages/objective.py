@@ -72,7 +72,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .link import LINK_MICROBATCHES, link_key, link_steps, link_time, paced
+from .link import LINK_MICROBATCHES, link_key, link_numbers, paced
 from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
@@ -241,9 +241,10 @@ def _link_bound(plan: Partition, schedule: Schedule, key: tuple, memo: dict | No
         if memo is not None and at in memo:
             v = memo[at]
         else:
-            steps = link_steps(schedule, S, p, B, delays[p], delays[q])
-            v = H[p] + link_time(steps, B, f[p], ch[p], bw[p] if split else 0.0, f[q], ch[q],
-                                 bw[q] if split else 0.0, act[p, q], grad[p, q], R[q], D[p], D[q])
+            run = link_numbers(schedule, S, p, B, delays[p], delays[q])
+            mine, theirs, _, _ = run(f[p], ch[p], bw[p] if split else 0.0, f[q], ch[q], bw[q] if split else 0.0,
+                                     act[p, q], grad[p, q], R[q])
+            v = H[p] + max(mine + D[p], theirs + D[q])
             if memo is not None:
                 memo[at] = v
         best = max(best, v)

@@ -65,7 +65,7 @@ from .costs import StageConfig, StageCosts
 from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from .ranges import Ranges, apply
 from .objective import deferred_weights, family_split, phase_time
-from .link import LINK_MICROBATCHES, link_key, link_steps, link_time
+from .link import LINK_MICROBATCHES, link_key, link_numbers, link_steps, link_time
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
@@ -73,6 +73,7 @@ from .schedule import Schedule, live_count, warmup
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
 _CELL = ("F", "Bk", "BC", "XF", "XG", "G")      # what R5's link term reads of a cell
+_LINK_ARRAYS = 48     # R5's link term: pairs of cells played one by one up to this many (numbers)
 
 _SLACK = 1e-12
 # the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
@@ -660,7 +661,7 @@ class PairProblem:
     def _links_on(self) -> bool:
         return self.B <= LINK_MICROBATCHES and all(s.virtual == 1 for s in self.schedules)
 
-    def _neighbor_term(self, p: int, a, b) -> tuple:
+    def _neighbor_term(self, p: int, a, b, links: bool = True) -> tuple:
         """R5's terms of stage p (cell values ``a``) before stage p + 1 (``b``), element-wise on
         arrays: ``(after the drain, after the fill)``, to which the callers add what comes
         before the stage: the objective's fill and drain together less the stage's own tail
@@ -682,7 +683,7 @@ class PairProblem:
             v = neighbor_bound(path, 0.0, f, c, jump, there, a["G"])
             drained = v if k == 0 else np.minimum(drained, v)
         filled = -np.inf
-        if self._links_on():
+        if links and self._links_on():
             if np.ndim(a["F"]) == 0 and np.ndim(b["F"]) == 0:
                 mine, theirs = self._link_cell(p, a, b)
             else:
@@ -721,27 +722,32 @@ class PairProblem:
         Bq = {k: np.broadcast_to(np.asarray(b[k], dtype=float), (n,)) for k in keys}
         xa, xg = A["XF"], Bq["XG"]
         out_p, out_q = np.full(n, np.inf), np.full(n, np.inf)
-        played: dict = {}
+        played: dict = {}             # link_key -> the two parts on every paced cell
+        kinds: dict = {}              # (splits, delays weights) -> durations, paced cells, orders
         for s in self.schedules:
             split = s.split
-            cp, wp = (A["Bk"] - A["BC"], A["BC"]) if split else (A["Bk"], np.zeros(n))
-            cq, wq = (Bq["Bk"] - Bq["BC"], Bq["BC"]) if split else (Bq["Bk"], np.zeros(n))
-            paced = (xa > A["F"]) | (xg > cq)
+            kind = (split, split and s.weight_delay and s.kind != "zb-h1")
+            if kind not in kinds:
+                cp, wp = (A["Bk"] - A["BC"], A["BC"]) if split else (A["Bk"], np.zeros(n))
+                cq, wq = (Bq["Bk"] - Bq["BC"], Bq["BC"]) if split else (Bq["Bk"], np.zeros(n))
+                paced = (xa > A["F"]) | (xg > cq)
+                if kind[1]:
+                    sure_p = (A["XG"] > A["BC"]) if p > 0 else np.zeros(n, dtype=bool)
+                    sure_q = xg > Bq["BC"]
+                    variants = []
+                    for dp_, dq_ in itertools.product((False, True) if p > 0 else (False,), (False, True)):
+                        if self._skips:
+                            # the cut's transfer outlasting the weight part makes the delay certain
+                            on = (dp_ | ~sure_p) & (dq_ | ~sure_q)
+                        else:
+                            on = (sure_p == dp_) & (sure_q == dq_)
+                        variants.append((dp_, dq_, on & paced))
+                else:
+                    variants = [(False, False, paced)]
+                kinds[kind] = cp, wp, cq, wq, paced, variants
+            cp, wp, cq, wq, paced, variants = kinds[kind]
             if not paced.any():
                 return np.full(n, -np.inf), np.full(n, -np.inf)
-            if split and s.weight_delay and s.kind != "zb-h1":
-                sure_p = (A["XG"] > A["BC"]) if p > 0 else np.zeros(n, dtype=bool)
-                sure_q = xg > Bq["BC"]
-                variants = []
-                for dp_, dq_ in itertools.product((False, True) if p > 0 else (False,), (False, True)):
-                    if self._skips:
-                        # the cut's transfer outlasting the weight part makes the delay certain
-                        on = (dp_ | ~sure_p) & (dq_ | ~sure_q)
-                    else:
-                        on = (sure_p == dp_) & (sure_q == dq_)
-                    variants.append((dp_, dq_, on & paced))
-            else:
-                variants = [(False, False, paced)]
             best_p, best_q = np.full(n, np.inf), np.full(n, np.inf)
             for dp_, dq_, on in variants:
                 if not on.any():
@@ -749,11 +755,17 @@ class PairProblem:
                 # members that agree on the two orders share them, played on every paced cell
                 key = link_key(s, self.S, p, self.B, dp_, dq_)
                 if key not in played:
-                    steps = link_steps(s, self.S, p, self.B, dp_, dq_)
                     vp, vq = np.full(n, np.inf), np.full(n, np.inf)
-                    chain_p, end_p, end_q = link_time(steps, self.B, A["F"][paced], cp[paced], wp[paced],
-                                                      Bq["F"][paced], cq[paced], wq[paced], xa[paced], xg[paced], 0.0,
-                                                      0.0, 0.0, mx=np.maximum, parts=True)
+                    args = (A["F"][paced], cp[paced], wp[paced], Bq["F"][paced], cq[paced], wq[paced], xa[paced],
+                            xg[paced])
+                    if len(args[0]) <= _LINK_ARRAYS:
+                        # a few cells: numpy's cost per call outweighs its arrays
+                        run = link_numbers(s, self.S, p, self.B, dp_, dq_, uses=len(args[0]))
+                        out = np.array([run(*x, 0.0) for x in zip(*(v.tolist() for v in args))]).T
+                        chain_p, end_p, end_q = out[0], out[2], out[3]
+                    else:
+                        steps = link_steps(s, self.S, p, self.B, dp_, dq_)
+                        chain_p, _, end_p, end_q = link_time(steps, self.B, *args, 0.0, mx=np.maximum)
                     # after p's last chain op comes its drain (at least its tail); after each
                     # stage's last op (the deferred weight parts included), its own tail
                     vp[paced] = chain_p + A["G"][paced]
@@ -785,7 +797,12 @@ class PairProblem:
         keep = [np.ones(len(c["k"]), dtype=bool) if m is None else ~m for m, c in zip(masks, cells)]
         keep[0] &= cells[0]["k"] == (prefix[-1].last + 1 if prefix else 0)
         if j0 and self._r5_has(j0 - 1):
-            drained, filled = self._neighbor_term(j0 - 1, vals[-1], cells[0])
+            # the prefix's last stage before each first cell: remembered per list of cells
+            memo = cells[0].setdefault("after_prefix", {})
+            hit = memo.get((j0, id(vals[-1])))
+            if hit is None or hit[0] is not vals[-1]:
+                hit = memo[j0, id(vals[-1])] = (vals[-1], self._neighbor_term(j0 - 1, vals[-1], cells[0]))
+            drained, filled = hit[1]
             keep[0] &= (off[j0 - 1] + drained <= tau) & (fill[j0 - 1] + filled <= tau)
         budgets = []        # per cell: tau less its least fill and drain, and less its least fill
         with np.errstate(invalid="ignore"):         # tau = inf: inf - inf where unreached
@@ -832,13 +849,15 @@ class PairProblem:
             ib_parts.append(np.tile(ib, len(ia)))
         ia = np.concatenate(ia_parts) if ia_parts else np.zeros(0, dtype=int)
         ib = np.concatenate(ib_parts) if ib_parts else np.zeros(0, dtype=int)
-        drained = filled = np.full(len(ia), -np.inf)
+        drained = np.full(len(ia), -np.inf)
         if self._r5_has(p) and len(ia):
             a = {key: ca[key][ia] for key in _CELL}
             b = {key: cb[key][ib] for key in _CELL}
-            drained, filled = (np.broadcast_to(np.asarray(x, dtype=float), (len(ia),))
-                               for x in self._neighbor_term(p, a, b))
-        memo[cb["uid"]] = (ia, ib, drained, filled)
+            drained = np.array(np.broadcast_to(np.asarray(self._neighbor_term(p, a, b, links=False)[0], dtype=float),
+                                               (len(ia),)))
+        # the link terms are played only for the pairs a step asks about (:meth:`_neighbor_step`)
+        played = np.zeros(len(ia), dtype=bool) if self._links_on() else np.ones(len(ia), dtype=bool)
+        memo[cb["uid"]] = (ia, ib, drained, np.full(len(ia), -np.inf), played)
         return memo[cb["uid"]]
 
     def _neighbor_step(self, p: int, ca: dict, ok_a: np.ndarray, cb: dict, budget: tuple,
@@ -846,15 +865,27 @@ class PairProblem:
         """Forward: which cells of ``cb`` (stage p + 1) follow some cell of ``ca`` kept by
         ``ok_a`` with R5's terms of stage p at most the cell's ``budget`` (tau less its least
         fill and drain, tau less its least fill).  Backward: which cells of ``ca`` precede
-        some cell of ``cb`` kept by ``ok_a``."""
-        ia, ib, drained, filled = self._neighbor_pairs(p, ca, cb)
-        ok = (drained <= budget[0][ia]) & (filled <= budget[1][ia])
+        some cell of ``cb`` kept by ``ok_a``.
+
+        The link bound is played on the pairs still in question only (kept by ``ok_a``, and
+        within the budget by the neighbour cycle alone), once each: on a 16-GPU instance
+        where no link decides anything, playing every pair took a quarter of the search."""
+        ia, ib, drained, filled, played = self._neighbor_pairs(p, ca, cb)
+        alive = (ok_a[ia] if forward else ok_a[ib]) & (drained <= budget[0][ia])
+        todo = alive & ~played
+        if todo.any():
+            ja, jb = ia[todo], ib[todo]
+            mine, theirs = self._link_term(p, {key: ca[key][ja] for key in _CELL}, {key: cb[key][jb] for key in _CELL})
+            drained[todo] = np.maximum(drained[todo], mine)
+            filled[todo] = theirs
+            played |= todo
+        ok = alive & (drained <= budget[0][ia]) & (filled <= budget[1][ia])
         if forward:
             out = np.zeros(len(cb["k"]), dtype=bool)
-            out[ib[ok & ok_a[ia]]] = True
+            out[ib[ok]] = True
         else:
             out = np.zeros(len(ca["k"]), dtype=bool)
-            out[ia[ok & ok_a[ib]]] = True
+            out[ia[ok]] = True
         return out
 
     def _tie_floor(self, p: int, t: int, k: np.ndarray, i: np.ndarray) -> np.ndarray | float:
