@@ -107,8 +107,15 @@ def test_a_link_that_does_not_pace_adds_nothing():
 @given(st.sampled_from(SCHEDULES + family("eager-1f1b", 5)), st.integers(2, 5), st.integers(1, 12),
        st.booleans(), st.booleans(), st.lists(st.floats(0.0, 10.0), min_size=9, max_size=9))
 def test_the_compiled_steps_are_the_loop(schedule, S, B, dp, dq, values):
-    """link_numbers (one straight-line function per order) = link_time (the loop), exactly."""
+    """link_numbers (one straight-line function per order) = link_time (the loop) on numbers
+    = link_time on arrays, exactly: R5 plays a few pairs of cells one by one and more as
+    arrays, and a plan's terms must not depend on which."""
+    import numpy as np
+
     for p in range(S - 1):
         steps = link_steps(schedule, S, p, B, dp, dq)
+        want = link_time(steps, B, *values)
+        arrays = link_time(steps, B, *(np.array([v, v]) for v in values), mx=np.maximum)
+        assert all(list(x) == [y, y] for x, y in zip(arrays, want))
         for _ in range(link.COMPILE_AFTER + 1):       # the loop until compiled, then the function
-            assert link_numbers(schedule, S, p, B, dp, dq)(*values) == link_time(steps, B, *values)
+            assert link_numbers(schedule, S, p, B, dp, dq)(*values) == want
