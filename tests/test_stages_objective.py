@@ -456,11 +456,15 @@ def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:
                     break
                 delays = [(False, False)]
                 if s.split and s.weight_delay and s.kind != "zb-h1":
-                    want_p = p > 0 and edge_time(plan, p, p - 1) > bw[p]
-                    want_q = xg > bw[q]
-                    delays = [(dp, dq) for dp in (False, True) for dq in (False, True)
-                              if (dp == want_p or (skips and not want_p and p > 0))
-                              and (dq == want_q or (skips and not want_q))]
+                    def may(sends, weight, first=False):
+                        # (may not delay, may delay): ties within 1e-9 either way; with skips
+                        # the cut's transfer is only part of what the stage sends
+                        if first:
+                            return [False]
+                        out = [] if sends > weight * (1 + 1e-9) else [False]
+                        return out + ([True] if skips or not sends < weight * (1 - 1e-9) else [])
+                    delays = [(dp, dq) for dp in may(edge_time(plan, p, p - 1), bw[p], p == 0)
+                              for dq in may(xg, bw[q])]
                 best_mine = best_theirs = math.inf
                 for dp, dq in delays:
                     chain_p, _, end_p, end_q = link_time(link_steps(s, S, p, B, dp, dq), B, f[p], cp, wp, f[q], cq,

@@ -42,6 +42,11 @@ waiting for a busy port only delays tasks.
 
       GB_pq = H_p + f_p + B x(p->q) + f_q + R_q + c_q + B x(q->p) + c_p + D_p
 
+* **Link bound** (:mod:`.link`, counted with the cycle bound): a channel's transfers run one
+  after another, so where they outlast the stages' ops, two neighbouring stages and the
+  channel between them are played out alone, each stage's ops in its order, from the fill
+  ``H_p`` to the last chain op of either stage and its drain.
+
 * **Port bound**.  The tasks holding one port (transfers, gradient reductions, tied
   all-reduces) run one at a time: ``PB_r = earliest start + sum of durations + least tail``.
   A channel sends its micro-batches in order, so the last of its transfers a port serves is

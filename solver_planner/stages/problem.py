@@ -732,16 +732,11 @@ class PairProblem:
                 cq, wq = (Bq["Bk"] - Bq["BC"], Bq["BC"]) if split else (Bq["Bk"], np.zeros(n))
                 paced = (xa > A["F"]) | (xg > cq)
                 if kind[1]:
-                    sure_p = (A["XG"] > A["BC"]) if p > 0 else np.zeros(n, dtype=bool)
-                    sure_q = xg > Bq["BC"]
-                    variants = []
-                    for dp_, dq_ in itertools.product((False, True) if p > 0 else (False,), (False, True)):
-                        if self._skips:
-                            # the cut's transfer outlasting the weight part makes the delay certain
-                            on = (dp_ | ~sure_p) & (dq_ | ~sure_q)
-                        else:
-                            on = (sure_p == dp_) & (sure_q == dq_)
-                        variants.append((dp_, dq_, on & paced))
+                    allow_p = self._delays(A["XG"], A["BC"]) if p > 0 else (np.ones(n, dtype=bool),
+                                                                            np.zeros(n, dtype=bool))
+                    allow_q = self._delays(xg, Bq["BC"])
+                    variants = [(dp_, dq_, allow_p[dp_] & allow_q[dq_] & paced)
+                                for dp_, dq_ in itertools.product((False, True), repeat=2)]
                 else:
                     variants = [(False, False, paced)]
                 kinds[kind] = cp, wp, cq, wq, paced, variants
@@ -778,6 +773,16 @@ class PairProblem:
             out_q = np.minimum(out_q, np.where(np.isfinite(best_q), best_q, -np.inf))
         return out_p, out_q
 
+    def _delays(self, sends, weight) -> tuple[np.ndarray, np.ndarray]:
+        """(may not delay, may delay) per cell: a stage delays its weight parts when its
+        gradient transfers outlast them (:func:`.pipeline.weight_delays`).  The cut's own
+        transfer is the stage's whole send without skip connections, at least it with them;
+        within a relative 1e-9 of the weight part either may happen (the cells and the plan
+        price the same transfer in a different order of operations)."""
+        above = sends > weight * (1 + 1e-9)
+        below = sends < weight * (1 - 1e-9)
+        return ~above, (np.ones(len(above), dtype=bool) if self._skips else ~below)
+
     def _neighbor_masks(self, tau, prefix, vals, cells, masks, fills, drains) -> list | None:
         """``masks`` with every cell removed that lies on no completion whose R5 terms all stay
         at most tau (forward and backward reachability over pairs of neighbouring cells),
@@ -801,6 +806,8 @@ class PairProblem:
             memo = cells[0].setdefault("after_prefix", {})
             hit = memo.get((j0, id(vals[-1])))
             if hit is None or hit[0] is not vals[-1]:
+                if len(memo) >= 256:          # an array per prefix: kept few
+                    memo.clear()
                 hit = memo[j0, id(vals[-1])] = (vals[-1], self._neighbor_term(j0 - 1, vals[-1], cells[0]))
             drained, filled = hit[1]
             keep[0] &= (off[j0 - 1] + drained <= tau) & (fill[j0 - 1] + filled <= tau)
