@@ -119,3 +119,26 @@ def test_the_compiled_steps_are_the_loop(schedule, S, B, dp, dq, values):
         assert all(list(x) == [y, y] for x, y in zip(arrays, want))
         for _ in range(link.COMPILE_AFTER + 1):       # the loop until compiled, then the function
             assert link_numbers(schedule, S, p, B, dp, dq)(*values) == want
+
+
+def test_r5_plays_cells_alike_one_by_one_as_arrays_and_in_slices(monkeypatch):
+    """R5's link term of a batch of cell pairs does not depend on how it is played: in Python
+    numbers (a few pairs), as arrays, or as arrays in slices (many pairs)."""
+    import numpy as np
+
+    from solver_planner.stages import problem
+
+    plan = two_hosts(8, act_mib=16)
+    pair = PairProblem(plan.costs, family("eager-1f1b", 2))
+    a, b = (pair._value(p, st) for p, st in enumerate(plan.stages))
+    rng = np.random.default_rng(0)
+    scale = rng.uniform(0.5, 1.5, size=(7, 2))          # cells of different lengths and transfers
+    cells = [{k: v * scale[:, j] for k, v in cell.items() if k in problem._CELL} for j, cell in enumerate((a, b))]
+    numbers = pair._link_term(0, *cells)
+    monkeypatch.setattr(problem, "_LINK_ARRAYS", 0)
+    arrays = pair._link_term(0, *cells)
+    monkeypatch.setattr(problem, "_LINK_SLICE", 3)
+    sliced = pair._link_term(0, *cells)
+    for x, y, z in zip(numbers, arrays, sliced):
+        assert list(x) == list(y) == list(z)
+    assert np.isfinite(numbers[0]).any()                 # some pairs are paced: a real comparison

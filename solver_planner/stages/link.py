@@ -179,6 +179,8 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
     first two, each with its stage's drain.  Numbers with ``mx = max``, arrays with
     ``np.maximum``."""
     tp = tq = last_a = last_g = 0.0
+    # each time is read once, by the step that waits for it, and then let go: on arrays of
+    # cells, only the micro-batches in flight between the two stages are held
     a_end: list = [None] * B
     g_end: list = [None] * B
     fq_end: list = [None] * B
@@ -189,6 +191,7 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
             last_a = a_end[m] = mx(tp, last_a) + xa
         elif code == PC:
             s = mx(tp, g_end[m])
+            g_end[m] = None
             tp = s + cp
             if m == B - 1:
                 sp = s
@@ -196,8 +199,10 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
             tp = tp + wp
         elif code == QF:
             tq = fq_end[m] = mx(tq, a_end[m]) + fq
+            a_end[m] = None
         elif code == QC:
             s = mx(tq, fq_end[m] + rq)
+            fq_end[m] = None
             tq = s + cq
             last_g = g_end[m] = mx(tq, last_g) + xg
             if m == B - 1:

@@ -74,6 +74,7 @@ __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
 _CELL = ("F", "Bk", "BC", "XF", "XG", "G")      # what R5's link term reads of a cell
 _LINK_ARRAYS = 48     # R5's link term: pairs of cells played one by one up to this many (numbers)
+_LINK_SLICE = 1 << 16  # and as arrays of at most this many
 
 _SLACK = 1e-12
 # the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
@@ -759,8 +760,11 @@ class PairProblem:
                         out = np.array([run(*x, 0.0) for x in zip(*(v.tolist() for v in args))]).T
                         chain_p, end_p, end_q = out[0], out[2], out[3]
                     else:
+                        # in slices, so that a step's arrays stay small whatever the cells
                         steps = link_steps(s, self.S, p, self.B, dp_, dq_)
-                        chain_p, _, end_p, end_q = link_time(steps, self.B, *args, 0.0, mx=np.maximum)
+                        parts = [link_time(steps, self.B, *(x[i:i + _LINK_SLICE] for x in args), 0.0, mx=np.maximum)
+                                 for i in range(0, len(args[0]), _LINK_SLICE)]
+                        chain_p, _, end_p, end_q = (np.concatenate(x) for x in zip(*parts))
                     # after p's last chain op comes its drain (at least its tail); after each
                     # stage's last op (the deferred weight parts included), its own tail
                     vp[paced] = chain_p + A["G"][paced]
