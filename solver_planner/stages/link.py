@@ -70,8 +70,8 @@ def link_steps(schedule: Schedule, stages: int, p: int, microbatches: int, delay
     key = link_key(schedule, stages, p, microbatches, delay_p, delay_q)
     hit = _STEPS.get(key)
     if hit is None:
-        if len(_STEPS) >= 4096:
-            _STEPS.clear()
+        if len(_STEPS) >= 256:            # up to 2 048 steps (220 KB) each on 512 micro-batches
+            del _STEPS[next(iter(_STEPS))]    # the oldest
         hit = _STEPS[key] = _steps(schedule, stages, p, microbatches, delay_p, delay_q)
     return hit
 
@@ -128,9 +128,10 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
         return hit
     B = microbatches
     steps = link_steps(schedule, stages, p, B, delay_p, delay_q)
-    # compiling costs about 60 loop runs: only orders asked for often are compiled
+    # compiling costs about 60 loop runs: only orders asked for often are compiled, and
+    # only on up to COMPILE_MICROBATCHES (the code takes about 2.4 KB per micro-batch)
     _ASKED[key] = _ASKED.get(key, 0) + uses
-    if _ASKED[key] < COMPILE_AFTER:
+    if _ASKED[key] < COMPILE_AFTER or B > COMPILE_MICROBATCHES:
         return functools.partial(link_time, steps, B)
     lines = ["def run(fp, cp, wp, fq, cq, wq, xa, xg, rq):", "    tp = tq = la = lg = 0.0",
              "    sp = sq = -inf"]
@@ -151,9 +152,8 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
     lines.append("    return sp + cp, sq + cq, tp, tq")
     scope: dict = {"inf": math.inf}
     exec(compile("\n".join(lines), "<link steps>", "exec"), scope)      # noqa: S102 (our own text)
-    if len(_NUMBERS) >= 1024:
-        _NUMBERS.clear()
-        _ASKED.clear()
+    if len(_NUMBERS) >= 128:              # up to about 300 KB of code each
+        del _NUMBERS[next(iter(_NUMBERS))]    # the oldest
     _NUMBERS[key] = scope["run"]
     return scope["run"]
 
@@ -161,6 +161,7 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
 _NUMBERS: dict = {}          # by link_key
 _ASKED: dict = {}            # link_key -> runs asked for before compiling
 COMPILE_AFTER = 64
+COMPILE_MICROBATCHES = 128
 
 
 def paced(xa, xg, fp, cq) -> bool:
