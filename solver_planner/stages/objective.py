@@ -178,7 +178,7 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: 
                         + min(g[k] + tie[k] for k in mine))
     else:
         # round trips and the cycle bound
-        delays = weight_delays(plan, schedule)
+        delays = _delays(plan, schedule, memo)
         for p in range(S):
             W = warmup(schedule, S, p, B)
             j = (B - 1) // W
@@ -241,7 +241,7 @@ def _link_bound(plan: Partition, schedule: Schedule, key: tuple, memo: dict | No
         if (p, q) not in act or not paced(act[p, q], grad[p, q], f[p], ch[q]):
             continue
         if delays is None:           # read only when some link paces (it scans every channel)
-            delays = weight_delays(plan, schedule)
+            delays = _delays(plan, schedule, memo)
         at = (key, "link", p, link_key(schedule, S, p, B, delays[p], delays[q]))
         if memo is not None and at in memo:
             v = memo[at]
@@ -347,7 +347,7 @@ def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
     c = plan.costs
     if plan.virtual > 1:
         return all(m <= c.device_memory for m in plan.mesh_memory(mesh_orders(plan, schedule))[0])
-    delays = weight_delays(plan, schedule)
+    delays = _delays(plan, schedule, memo)
     live = tuple(live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages))
     if memo is not None and ("fits", live) in memo:
         return memo["fits", live]
@@ -355,6 +355,16 @@ def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
     if memo is not None:
         memo["fits", live] = out
     return out
+
+
+def _delays(plan: Partition, schedule: Schedule, memo: dict | None) -> list[bool]:
+    """:func:`.pipeline.weight_delays`, once per plan (``memo``): it depends on the schedule
+    only through whether it delays weight parts, and it reads every channel."""
+    if memo is None or not schedule.weight_delay:
+        return weight_delays(plan, schedule)
+    if "delays" not in memo:
+        memo["delays"] = weight_delays(plan, schedule)
+    return memo["delays"]
 
 
 def family_split(schedules: list[Schedule]) -> tuple[bool, bool]:
