@@ -164,11 +164,11 @@ COMPILE_AFTER = 64
 COMPILE_MICROBATCHES = 128
 
 
-def paced(xa, xg, fp, cq) -> bool:
+def paced(xa, xg, fp, cq):
     """Whether a channel's transfers can wait for each other: an activation longer than the
     sender's forward or a gradient longer than the receiver's chain op (module docstring;
-    on numbers)."""
-    return xa > fp or xg > cq
+    on numbers, or element-wise on arrays)."""
+    return (xa > fp) | (xg > cq)
 
 
 def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq, xa, xg, rq,

@@ -69,6 +69,7 @@ from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from .ranges import Ranges, apply
 from .objective import deferred_weights, family_split, phase_time
 from .link import LINK_MICROBATCHES, link_key, link_numbers, link_steps, link_time
+from .link import paced as link_paced
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
 from .schedule import Schedule, live_count, warmup
@@ -734,7 +735,7 @@ class PairProblem:
             if kind not in kinds:
                 cp, wp = (A["Bk"] - A["BC"], A["BC"]) if split else (A["Bk"], np.zeros(n))
                 cq, wq = (Bq["Bk"] - Bq["BC"], Bq["BC"]) if split else (Bq["Bk"], np.zeros(n))
-                paced = (xa > A["F"]) | (xg > cq)
+                paced = link_paced(xa, xg, A["F"], cq)
                 if kind[1]:
                     allow_p = self._delays(A["XG"], A["BC"]) if p > 0 else (np.ones(n, dtype=bool),
                                                                             np.zeros(n, dtype=bool))
