@@ -142,3 +142,38 @@ def test_r5_plays_cells_alike_one_by_one_as_arrays_and_in_slices(monkeypatch):
     for x, y, z in zip(numbers, arrays, sliced):
         assert list(x) == list(y) == list(z)
     assert np.isfinite(numbers[0]).any()                 # some pairs are paced: a real comparison
+
+
+def _small_gaps_instance(seed: int, tmp_path):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("small_gaps", ROOT / "benchmarks" / "small_gaps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.instance(seed, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, config", [(54, (1, 2, 4, 8)), (54, (1, 2, 4, 4)), (53, (1, 2, 4, 8))])
+def test_optimal_under_the_link_bound_is_what_brute_force_simulates(seed, config, tmp_path):
+    """The OPTIMAL the link bound lets the search print, refuted if it can be by brute force
+    (every split and configuration of the pair simulated): on small_gaps' instances whose cut
+    crosses a 10 Gbps host link, with a configuration whose link paces the best plan."""
+    from solver_planner.stages import objective
+    from solver_planner.stages.report import Config, plan_stages
+
+    topo, spec, schedule, _ = _small_gaps_instance(seed, tmp_path)
+    cfg = Config(*config)
+    fast = plan_stages(topo, spec, schedule, config=cfg).result
+    brute = plan_stages(topo, spec, schedule, config=cfg, method="brute-force").result
+    assert fast.status.value == "OPTIMAL" and brute.status.value == "OPTIMAL"
+    assert fast.solution.time == pytest.approx(brute.solution.time, rel=1e-9)
+    # the link bound takes part: some link of the plan found paces its two stages
+    plan, s = fast.solution.plan, fast.solution.schedule
+    act = {(p, q): plan.activation_time(p, q) for p, q in plan.channels}
+    grad = {(p, q): plan.gradient_time(q, p) for p, q in plan.channels}
+    ch = plan.backward_act if s.split else plan.backward
+    assert any(link.paced(act[p, q], grad[p, q], plan.forward[p], ch[q]) for p, q in act if q == p + 1)
+    assert objective.bounds(plan, s).value <= fast.solution.time * (1 + 1e-9)
