@@ -217,7 +217,9 @@ class PairProblem:
         # R3's window minima (_window_minima): 2 S numbers, kept when the caches are dropped
         # (rebuilt, they would read every stage's cells again)
         self._minima: tuple[np.ndarray, np.ndarray] | None = None
-        self._values: dict = {}       # (p, StagePlan) -> _value's terms: plans share stages
+        # (p, StagePlan) -> _value's terms (plans share stages); and ("link", p, ids) ->
+        # R5's link term of two such cells (_link_cell), dropped with them
+        self._values: dict = {}
         self._last_terms: tuple = ((), None)   # feasible() and minimize() ask for the same plan's
         self.fixed: list[tuple[int, int]] | None = None
         self.dp_runs = 0
