@@ -305,7 +305,9 @@ def fits_band(pair: PairProblem, plan: Partition):
 @SETTINGS
 @given(instances())
 def test_the_relaxations_are_computed_the_same_way_twice(case):
-    """R1 of the dynamic program's arrays = the reference formula above; R2 and R3 re-derived here."""
+    """R1 of the dynamic program's arrays = the reference formula above; R2 and R3 re-derived
+    here, R3's windows with the later stages as the programs count them (``_window_sums``),
+    between the least of every cell and the plan's own."""
     if case is None:
         return
     plan, schedules = case
@@ -333,7 +335,6 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     if any(s.kind == "zb-h1" for s in schedules):
         assert r3 == 0.0                  # 1F1B's cycle and phase do not bound ZB-H1
         return
-    want3, Y = 0.0, 0.0
     from solver_planner.stages.schedule import warmup
     fill = [sum(f[q] + xf[q] for q in range(p)) for p in range(S)]     # R2's H: before stage p's first forward
     # or the fill and the drain back through the earlier stages' chain ops from whichever
@@ -345,41 +346,33 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     for p in range(1, S):
         drain.append(max(g[p], xg[p] + c[p - 1] + drain[p - 1]))
     fill = [fill[0]] + [max(fill[p], fill[p] + drain[p] - g[p]) for p in range(1, S)]
-    for p in range(S - 1, -1, -1):
-        terms = []
-        for W in {warmup(s, S, p, B) for s in schedules}:
-            j = (B - 1) // W
-            R = xf[p] + Y
-            cycle = j * (f[p] + R + c[p]) + f[p] + R + (B - j * W) * b[p] - (b[p] - c[p]) + g[p]
-            if B > W:
-                phase = (max(f[p] + R, W * f[p]) + (B - W) * (f[p] + c[p]) + max(0, B - W - 1) * (b[p] - c[p])
-                         + max(R, (W - 1) * b[p]) + c[p] + g[p])
-            else:
-                phase = max(max(f[p] + R, B * f[p]) + (B - 1) * b[p] + c[p], B * f[p] + R + c[p]) + g[p]
-            members = [window_term(pair, s, p, f[p], c[p], xf[p], R, g[p]) for s in schedules
-                       if warmup(s, S, p, B) == W]
-            if plan.costs.comm and all(m is not None for m in members):
-                phase = max(phase, min(members))
-            terms.append(max(cycle, phase))
-        want3 = max(want3, fill[p] + min(terms))
-        Y += f[p] + c[p] + xg[p] + xf[p]
-    assert r3 == pytest.approx(want3, rel=1e-12)
+    from solver_planner.stages.problem import _grid
 
-
-def window_term(pair: PairProblem, schedule, p: int, f: float, c: float, xf: float, R: float, g: float):
-    """R3's window term of stage p under one schedule (stages/neighbor.py's windows, read
-    after micro-batch 0's round trip ``R``), with every later stage of the window at the least
-    ``f + c`` and transfers any of its cells has (found here by trying every cell), at the
-    depths R3 reads; None when the stage has no window."""
-    from solver_planner.stages.neighbor import steady_warmup
-    from solver_planner.stages.problem import _DEPTHS
-
-    S, B, L = pair.S, pair.B, pair.L
-    W = steady_warmup(schedule, S, p, B)
-    if W is None:
-        return None
+    def r3_with(part):
+        """R3 with the later stages' part of each window of stage p, depth h, ``part(p, h)``."""
+        want3, Y = 0.0, 0.0
+        for p in range(S - 1, -1, -1):
+            terms = []
+            for W in {warmup(s, S, p, B) for s in schedules}:
+                j = (B - 1) // W
+                R = xf[p] + Y
+                cycle = j * (f[p] + R + c[p]) + f[p] + R + (B - j * W) * b[p] - (b[p] - c[p]) + g[p]
+                if B > W:
+                    phase = (max(f[p] + R, W * f[p]) + (B - W) * (f[p] + c[p]) + max(0, B - W - 1) * (b[p] - c[p])
+                             + max(R, (W - 1) * b[p]) + c[p] + g[p])
+                else:
+                    phase = max(max(f[p] + R, B * f[p]) + (B - 1) * b[p] + c[p], B * f[p] + R + c[p]) + g[p]
+                members = [window_term(pair, s, p, f[p], c[p], xf[p], R, g[p], part) for s in schedules
+                           if warmup(s, S, p, B) == W]
+                if plan.costs.comm and all(m is not None for m in members):
+                    phase = max(phase, min(members))
+                terms.append(max(cycle, phase))
+            want3 = max(want3, fill[p] + min(terms))
+            Y += f[p] + c[p] + xg[p] + xf[p]
+        return want3
 
     def least(q: int, inner: bool) -> float:
+        """Stage q's least f + c and transfers over every cell (inner: both transfers)."""
         best = math.inf
         for cfg in pair.configs:
             for k in range(L):
@@ -389,6 +382,34 @@ def window_term(pair: PairProblem, schedule, p: int, f: float, c: float, xf: flo
                         best = min(best, v["F"] + v["Bk"] - v["BC"] + v["XG"] + (v["XF"] if inner else 0.0))
         return best
 
+    L = pair.L
+    lone = [f[q] + c[q] + xg[q] for q in range(S)]              # the plan's own, a window's last stage
+    own = lambda p, h: sum(lone[q] + xf[q] for q in range(p + 1, p + h)) + lone[p + h]
+    minima = lambda p, h: sum(least(q, True) for q in range(p + 1, p + h)) + least(p + h, False)
+    limit = _grid(max(r1, r2))
+
+    def counted(p, h):
+        """The programs' count at the least grid limit admitting the plan, never under minima."""
+        arr = pair._window_sums(p, limit)
+        at = pair.band_index(p, plan.stages[p].first, plan.stages[p].last)[1]
+        return minima(p, h) if arr is None else max(minima(p, h), float(arr[h - 1, at]))
+
+    assert r3 == pytest.approx(r3_with(counted), rel=1e-12)
+    assert r3_with(minima) * (1 - 1e-12) <= r3 <= r3_with(own) * (1 + 1e-12)
+
+
+def window_term(pair: PairProblem, schedule, p: int, f: float, c: float, xf: float, R: float, g: float, part):
+    """R3's window term of stage p under one schedule (stages/neighbor.py's windows, read
+    after micro-batch 0's round trip ``R``), with the later stages of the window of depth
+    ``h`` at ``part(p, h)`` (their ``f + c`` and transfers, the last one's without the
+    transfer to the next stage), at the depths R3 reads; None when the stage has no window."""
+    from solver_planner.stages.neighbor import steady_warmup
+    from solver_planner.stages.problem import _DEPTHS
+
+    S, B = pair.S, pair.B
+    W = steady_warmup(schedule, S, p, B)
+    if W is None:
+        return None
     best = None
     for h in sorted({h for h in _DEPTHS if p + h < S} | {S - 1 - p} - {0}):
         V = steady_warmup(schedule, S, p + h, B)
@@ -396,7 +417,7 @@ def window_term(pair: PairProblem, schedule, p: int, f: float, c: float, xf: flo
             break
         d = W - V + 1
         j = (B - 1 - W) // d
-        M = sum(least(q, True) for q in range(p + 1, p + h)) + least(p + h, False)
+        M = part(p, h)
         if j > 0 and M < math.inf:
             J = f + c + xf + M
             v = f + R + c + j * J + (B - 1 - W - j * d) * (f + c) + f + max(R, (W - 1) * c) + c + g

@@ -241,3 +241,91 @@ def _first_tail_only(vals, after=False):
         A = v["INC1"] if p == 0 else A + v["INC1"]
         H += v["INC2"]
     return (out, A) if after else out
+
+
+def _pairs_of_layers(S: int, B: int):
+    """``2 S`` equal layers on S one-GPU hosts: the plan of two layers per stage, whose
+    windows the relaxation can only count (a stage of three layers is too slow for the
+    plan's R, so every stage holds two on any plan as good)."""
+    topo = topology(S, 1, "25 GB/s", "host")
+    act = 64 * 2**20
+    layers = [Layer(f"l{i}", 3e11, 6e11, 0.0, 0.0, act, act, 0.0, allreduces=0) for i in range(2 * S)]
+    model = LayerModel("pairs", layers, B, None)
+    shape = MeshShape(1, 1)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)
+    return Partition(costs, [StagePlan(2 * p, 2 * p + 1, costs.configs[0]) for p in range(S)])
+
+
+def _own_sums(pair, stages, p: int) -> dict[int, float]:
+    """The later stages' part of each window of stage p (depth h) on the plan's own cells."""
+    vals = [pair._value(q, st) for q, st in enumerate(stages)]
+    own = [v["F"] + v["Bk"] - v["BC"] + v["XG"] for v in vals]
+    return {h: sum(own[q] + vals[q]["XF"] for q in range(p + 1, p + h)) + own[p + h] for h in range(1, len(stages) - p)}
+
+
+def test_window_counting_is_exact_when_every_stage_must_hold_its_share(monkeypatch):
+    """R3's windows in the dynamic programs (``_window_sums``): the stages after a cell hold
+    the units after it, those after the window at most what fits their ``T2`` under the
+    limit, so the window holds the rest.  Six stages of two equal layers: at the plan's R1
+    and R2 no stage may hold three, and the count gives each window's later stages exactly
+    the plan's own cells; the programs' bound is the plan's R (to the bisection's 0.1%),
+    also with any of its first stages fixed, 1% or more above what they bound with each
+    later stage at its least cell (one layer)."""
+    from solver_planner.stages.problem import PairProblem, Subspace
+
+    plan = _pairs_of_layers(6, 48)
+    schedule = Schedule("1f1b")
+    pair = PairProblem(plan.costs, [schedule])
+    r1, r2, r3, _, _ = pair.terms(plan.stages)
+    R = pair.relaxation(plan.stages)
+    assert r3 == R <= bounds(plan, schedule).value * (1 + REL)
+    for p in range(len(plan.stages) - 1):
+        counted = pair._window_sums(p, max(r1, r2))
+        bi = pair.band_index(p, plan.stages[p].first, plan.stages[p].last)[1]
+        own = _own_sums(pair, plan.stages, p)
+        assert {h: float(counted[h - 1, bi]) for h in own} == pytest.approx(own, rel=1e-12), p
+    lo, found = pair.minimize(Subspace(pair))
+    assert found == tuple(plan.stages) and R * (1 - 2e-3) <= lo <= R * (1 + 1e-9)
+    # with the plan's first stages fixed (a subspace of the branch and bound), the same
+    for j0 in range(1, len(plan.stages)):
+        sub = Subspace(pair, tuple(plan.stages[:j0]))
+        assert pair.feasible(R * (1 + 1e-9), sub) is not None, j0
+        lo, found = pair.minimize(sub)
+        assert found == tuple(plan.stages) and R * (1 - 2e-3) <= lo <= R * (1 + 1e-9), j0
+    bare = PairProblem(plan.costs, [schedule])
+    monkeypatch.setattr(bare, "_window_sums", lambda p, limit: None)
+    assert bare.minimize(Subspace(bare))[0] < 0.99 * R
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_window_counting_never_exceeds_a_plans_own_windows(data):
+    """On every enumerated plan of random instances: at any limit the plan's R1 and R2 stay
+    under, the counted later stages of each window of each stage are at most the plan's own
+    (the programs then never refuse a plan for its windows); and the programs accept a
+    plan's R with any of its prefixes fixed (R counts the windows as they do; two plans per
+    instance)."""
+    from solver_planner.stages.problem import Subspace
+    from test_stages_objective import _enumerated, instances
+
+    got = _enumerated(data.draw(instances(max_layers=6)))
+    if got is None:
+        return
+    pair, everything = got
+    prefixed = set(data.draw(st.lists(st.integers(0, len(everything) - 1), max_size=2)))
+    for n, stages in enumerate(everything):
+        r1, r2 = pair.terms(stages)[:2]
+        if not math.isfinite(max(r1, r2)):
+            continue
+        slack = data.draw(st.sampled_from([0.0, 1e-3, 0.2]))
+        for p in range(len(stages) - 1):
+            counted = pair._window_sums(p, max(r1, r2) * (1 + slack))
+            if counted is None:
+                continue
+            bi = pair.band_index(p, stages[p].first, stages[p].last)[1]
+            for h, own in _own_sums(pair, stages, p).items():
+                assert counted[h - 1, bi] <= own * (1 + 1e-12), (stages, p, h)
+        # with any prefix of it fixed (a subspace), the programs accept the plan's own R
+        R = pair.relaxation(stages)
+        for j0 in range(len(stages)) if n in prefixed else ():
+            assert pair.feasible(R * (1 + 1e-9), Subspace(pair, tuple(stages[:j0]))) is not None, (stages, j0)

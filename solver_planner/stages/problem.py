@@ -18,7 +18,12 @@ can be handled by dynamic programs, each exact for its own part:
   24 micro-batches, R3 of the best plan rose from 2.26 s to 2.49 s and the gap fell from
   13.7% to 3.9%).  Besides the cycle and the phase, each term reads the windows of the
   neighbour cycle (:mod:`.neighbor`), each later stage of a window at the least any of its
-  cells costs (the 1T model on 1 024 GPUs: gap 3.3% to 0.6%).  The fill (and the drain)
+  cells costs (the 1T model on 1 024 GPUs: gap 3.3% to 0.6%), or, counted, at the least
+  the units it must hold cost: the stages after the window can hold only so many units
+  under the limit the programs run at, so the window holds the rest
+  (:meth:`PairProblem._window_sums`; the 1T model on 4 096 GPUs, 64 stages of two layers:
+  gap 2.5% to 0.3%).  A whole plan's R counts them at the least limit on the grid that
+  admits it, never above what the programs count.  The fill (and the drain)
   grow forwards and the round trip backwards, so the programs test
   each cell with the least fill reaching it and the least round trip after it (a necessary
   condition, :meth:`PairProblem._ymaxes`), and whole plans exactly;
@@ -84,6 +89,18 @@ _SLACK = 1e-12
 # the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
 _DEPTHS = tuple(range(1, 9)) + tuple(int(8 * 1.5 ** k) for k in range(1, 20))
 _UIDS = itertools.count()          # names each list of cells (R5 remembers its pairs per list)
+# R3's windows are counted again for cells kept from a larger limit once it is this much lower
+_WINDOW_STEP = 0.05
+
+
+def _grid(limit: float) -> float:
+    """The least ``(1 + _WINDOW_STEP)^k`` at or above ``limit``: the limits R3's windows are
+    counted at, so that the searches' many cutoffs share a few countings."""
+    if not 0 < limit < math.inf:
+        return limit
+    step = math.log1p(_WINDOW_STEP)
+    out = math.exp(math.ceil(math.log(limit) / step) * step)
+    return out if out >= limit else out * (1 + _WINDOW_STEP)
 
 
 def cheap_bound(costs: StageCosts, split: bool = True) -> float:
@@ -952,6 +969,7 @@ class PairProblem:
         key = ("cells", p)
         hit = self._stage.get(key)
         if hit is not None and hit["limit"] >= limit and (hit["limit"] <= 1.5 * limit or hit["limit"] == limit):
+            self._set_windows(p, hit, limit)
             return hit
         if self.sparse:
             j, k, i, values = self._sparse_cells(p, limit)
@@ -975,9 +993,29 @@ class PairProblem:
         cells["cycle"] = [(W, (self.B - 1) // W + 1, ((self.B - 1) // W) * (cells["Bk"] - cells["BC"])
                            + (self.B - ((self.B - 1) // W) * W) * cells["Bk"] - cells["BC"] + cells["G"])
                           for W in self.warmups(p)]
-        cells["window"] = {W: self._window_value(p, W, cells) for W in self.warmups(p)}
+        self._set_windows(p, cells, limit)
         self._stage[key] = cells
         return cells
+
+    def _set_windows(self, p: int, cells: dict, limit: float) -> None:
+        """R3's window terms of stage p's ``cells`` (``cells["window"]``) on the plans whose
+        stages all have ``T2`` at most ``limit`` rounded up to the grid (:meth:`_window_sums`:
+        the fewer units a later stage can hold, the larger the windows; cells kept for a
+        larger limit get them at the lower one, and keep those of the last few limits)."""
+        if cells.get("window_asked") == limit:
+            return
+        cells["window_asked"] = limit
+        limit = _grid(limit)
+        kept = cells.setdefault("windows", {})
+        if limit not in kept:
+            sums = self._window_sums(p, limit)
+            if sums is not None:
+                sums = sums[:, cells["bi"]]
+            while len(kept) >= 3:
+                del kept[next(iter(kept))]
+            kept[limit] = {W: self._window_value(p, W, cells, sums) for W in self.warmups(p)}
+        cells["window"] = kept[limit]
+        cells["window_limit"] = limit
 
     def _cell(self, p: int, st: StagePlan) -> tuple[int, int, int]:
         return (self.configs.index(st.config),) + self.band_index(p, st.first, st.last)
@@ -1064,9 +1102,10 @@ class PairProblem:
                 np.concatenate([x[2] for x in parts]),
                 {key: np.concatenate([x[3][key] for x in parts]) for key in self._KEYS})
 
-    def _cycle_term(self, p: int, v: dict[str, float], y: float) -> float:
+    def _cycle_term(self, p: int, v: dict[str, float], y: float, sums: dict | None = None) -> float:
         """R3's term of stage p with round trip ``x(p->p+1) + y``: over the family's warm-up
-        counts, the least of max(cycle, phase) (objective.py, without fill and drain)."""
+        counts, the least of max(cycle, phase) (objective.py, without fill and drain).
+        ``sums``: the windows' later stages as :meth:`_window_value` takes them."""
         if not self.r3:
             return -math.inf
         best = math.inf
@@ -1077,7 +1116,7 @@ class PairProblem:
             cycle = (j + 1) * (v["K3"] + y) + c0
             R = v["XF"] + y
             phase = phase_time(v["F"], b, b - v["BC"], R, W, self.B) + v["G"]
-            window = self._window_value(p, W, v)
+            window = self._window_value(p, W, v, sums)
             if window is not None:
                 phase = max(phase, float(window) + R + max(R, (W - 1) * (b - v["BC"])))
             best = min(best, max(cycle, phase))
@@ -1131,10 +1170,11 @@ class PairProblem:
 
     def _windows(self, p: int) -> dict[int, list | None]:
         """Per warm-up count W of stage p (R3's members): for each member of the family with
-        that count, its windows from stage p (neighbor.py) as ``(j, r, M)``: jumps after the
-        first round trip, forward steps left, and the least ``J`` less stage p's own
+        that count, its windows from stage p (neighbor.py) as ``(j, r, M, h)``: jumps after the
+        first round trip, forward steps left, the least ``J`` less stage p's own
         ``f + c + x(p->p+1)`` (the later stages' parts at their stage's least, so ``J`` is a
-        lower bound whatever cells the plan takes).  None: a member has no window."""
+        lower bound whatever cells the plan takes), and the depth.  None: a member has no
+        window."""
         key = ("windows", p)
         if key not in self._stage:
             inner, last = self._window_minima()
@@ -1152,7 +1192,7 @@ class PairProblem:
                     with np.errstate(invalid="ignore"):     # a stage without cells: inf - inf
                         M = cum[p + h] - cum[p + 1] + last[p + h]
                     if j > 0 and np.isfinite(M):
-                        mine.append((j, r, float(M)))
+                        mine.append((j, r, float(M), h))
                 # a member without windows leaves its warm-up count without any (the least
                 # over the members would be no bound)
                 W0 = warmup(s, self.S, p, self.B)
@@ -1161,11 +1201,166 @@ class PairProblem:
             self._stage[key] = out
         return self._stage[key]
 
-    def _window_value(self, p: int, W: int, v: dict):
+    def _unit_costs(self, limit: float) -> tuple[list, list, np.ndarray]:
+        """Per stage q and count ``u`` of units (index ``u``, 1 to ``cap_q``): the least
+        ``f + c + x(q->q-1) + x(q->q+1)`` (inside a window) and the least without
+        ``x(q->q+1)`` (a window's last stage) over q's cells of ``u`` units that fit with
+        ``T2 <= limit``; and ``cap_q``, the most units such a cell holds (0: none)."""
+        key = ("unit costs", limit)
+        if key in self._stage:
+            return self._stage[key]
+        n = self.n
+        span = np.arange(n)[None, :] - np.arange(n)[:, None] + 1      # units of cell (k, i)
+
+        inner, last, caps = [], [], np.zeros(self.S, dtype=int)
+        U = len(self.pos) - 1
+        oks = [np.isfinite(self.stage(q)["INC1"]) & (self.stage(q)["T2"] <= limit) for q in range(self.S)]
+        # R1's and R2's forward programs (the least accumulators reaching each first unit: a
+        # late stage holds many units only after the earlier ones held the rest), completion
+        # (the later stages can hold the units after a cell), then the forward programs
+        # again; each removes only cells on no plan with R1 and R2 at most the limit
+        for rounds in range(2):
+            A, H = np.full(U + 1, np.inf), np.full(U + 1, np.inf)
+            A[0] = H[0] = 0.0
+            for q in range(self.S):
+                st, ok = self.stage(q), oks[q]
+                a, h = A[q:q + n][None, :, None], H[q:q + n][None, :, None]
+                with np.errstate(invalid="ignore"):        # inf - inf where nothing reaches
+                    ok &= h + st["T2"] <= limit
+                    if q > 0:
+                        ok &= a + st["T1"] <= limit
+                A, H = np.full(U + 1, np.inf), np.full(U + 1, np.inf)
+                if ok.any():
+                    A[q + 1:q + 1 + n] = np.where(ok, a + st["INC1"], np.inf).min(axis=(0, 1))
+                    H[q + 1:q + 1 + n] = np.where(ok, h + st["INC2"], np.inf).min(axis=(0, 1))
+            if rounds:
+                break               # the caps come from the second forward pass
+            done = np.zeros(U + 1, dtype=bool)
+            done[U] = True
+            for q in range(self.S - 1, -1, -1):
+                ok = oks[q]
+                ok &= done[q + 1:q + 1 + n][None, None, :]
+                done = np.zeros(U + 1, dtype=bool)
+                done[q:q + n] = ok.any(axis=(0, 2))
+        # cell (k, k + u - 1) of the band as row k, column u - 1 (past the band: left out)
+        rows = np.arange(n)[:, None]
+        ends = rows + np.arange(n)[None, :]
+        inside = ends < n
+        ends = np.minimum(ends, n - 1)
+        for q in range(self.S):
+            st, ok = self.stage(q), oks[q]
+            cap = int(np.where(ok, span[None], 0).max()) if ok.any() else 0
+            with np.errstate(invalid="ignore"):            # inf - inf where nothing fits
+                base = np.where(ok, st["F"] + (st["Bk"] - st["BC"]) + st["XG"], np.inf)
+            xf = np.where(ok, st["XF"], 0.0)
+            by_span = np.where(inside, base[:, rows, ends], np.inf)         # (configs, k, u - 1)
+            with_xf = by_span + xf[:, rows, ends]
+            inner.append(np.concatenate([[np.inf], with_xf.min(axis=(0, 1))[:cap]]))
+            last.append(np.concatenate([[np.inf], by_span.min(axis=(0, 1))[:cap]]))
+            caps[q] = cap
+        out = (inner, last, caps)
+        self._keep(key, out)
+        return out
+
+    def _keep(self, key: tuple, value) -> None:
+        """Cache a counting of R3's windows at one limit, the oldest of its kind dropped past
+        eight limits (the programs count at their cutoff, whole plans at their R1 and R2)."""
+        same = [k for k in self._stage if isinstance(k, tuple) and k[:1] == key[:1] and k != key]
+        for old in same[:max(0, len(same) - 7)]:
+            del self._stage[old]
+        self._stage[key] = value
+
+    def _counted(self, stages, limit: float) -> list[np.ndarray | None]:
+        """Per stage of ``stages`` (a plan, or a subspace's prefix), :meth:`_window_value`'s
+        ``sums`` for its cell: :meth:`_window_sums` at ``limit`` (None where not counted)."""
+        out: list[np.ndarray | None] = [None] * len(stages)
+        if self._window_sums(0, limit) is None:
+            return out
+        every = self._stage[("window sums", limit)]
+        for p, st in enumerate(stages[:self.S - 1]):
+            out[p] = every[p, :self.S - 1 - p, self.band_index(p, st.first, st.last)[1]]
+        return out
+
+    def _window_sums(self, p: int, limit: float) -> np.ndarray | None:
+        """Per depth ``h`` of stage p's windows (row ``h - 1``), per band index of the cell's
+        last unit: a lower bound of the later stages' part of the window's ``J`` on every plan through
+        such a cell whose stages all have ``T2 <= limit`` (every plan with ``R <= limit``).
+
+        Counting: the stages after the cell hold exactly the units after it; those after
+        the window hold at most ``cap_q`` each (:meth:`_unit_costs`), so the window's ``h``
+        stages hold at least the rest, ``m``; the least sum of their costs over unit counts
+        ``u_q <= cap_q`` adding up to ``m`` or more is a min-plus convolution.  The least
+        cell of each stage (``_window_minima``) is one unit each; where every stage's cap
+        is about the average, this is about the plan's own (the 1T model on 4 096 GPUs, 64
+        stages of two layers: full recomputation early, selective late).  None on large
+        pairs (their cells are not built as squares)."""
+        if self.sparse or not self.r3 or not self.costs.comm or p >= self.S - 1 or not math.isfinite(limit):
+            return None
+        key = ("window sums", limit)
+        if key not in self._stage:
+            self._keep(key, self._all_window_sums(limit))
+        return self._stage[key][p, :self.S - 1 - p]
+
+    def _all_window_sums(self, limit: float) -> np.ndarray:
+        """:meth:`_window_sums` of every stage at once, ``[p, h - 1, bi]``: one min-plus
+        program over (first stage of the window, units held) per last stage ``e``.
+
+        Units are counted beyond one per stage (the excess): a window of stages ``p + 1 ..
+        e`` after a cell ending at band index ``bi`` must hold ``need(e) - bi`` more than one
+        each, ``need(e) = U - 1 - e - (caps of the stages after e)``, the same for every
+        ``p``; so the programs run over excesses up to the largest need only, the larger
+        ones merged (a stage's costs beyond that need are their least)."""
+        inner, last, caps = self._unit_costs(limit)
+        S, n, U = self.S, self.n, len(self.pos) - 1
+        after = np.concatenate([np.cumsum(caps[::-1])[::-1][1:], [0]])     # after[e]: caps of stages > e
+        need = U - 1 - np.arange(S) - after
+        E = int(max(0, need.max()))
+
+        def excess(cost):
+            """Costs by excess 0 .. E (the last: any excess from E on)."""
+            x = np.asarray(cost[1:], dtype=float)
+            if len(x) > E + 1:
+                x = np.concatenate([x[:E], [x[E:].min()]])
+            return x
+
+        def conv(G, cost):
+            out = np.full(G.shape, np.inf)
+            for x, c in enumerate(cost):
+                if np.isfinite(c):
+                    np.minimum(out[:, x:], G[:, :E + 1 - x] + c, out=out[:, x:])
+                    if x:                                     # excesses past E stay at E
+                        np.minimum(out[:, E], G[:, E + 1 - x:].min(axis=1) + c, out=out[:, E])
+            return out
+
+        out = np.full((S, S, n), np.inf)
+        G = np.full((S, E + 1), np.inf)         # row p: the window's stages p + 1 .. e so far
+        G[:, 0] = 0.0
+        bi = np.arange(n)
+        for e in range(1, S):
+            r = np.arange(e)
+            least = np.minimum.accumulate(conv(G[:e], excess(last[e]))[:, ::-1], axis=1)[:, ::-1]   # at least x
+            out[r, e - 1 - r] = least[:, np.clip(need[e] - bi, 0, E)]
+            G[:e] = conv(G[:e], excess(inner[e]))
+        return out
+
+        out = np.full((S, S, n), np.inf)
+        G = np.full((S, U + 1), np.inf)         # row p: the window's stages p + 1 .. e so far
+        G[:, 0] = 0.0
+        for e in range(1, S):
+            rows = np.arange(e)
+            least = np.minimum.accumulate(conv(G[:e], last[e])[:, ::-1], axis=1)[:, ::-1]   # at least m units
+            idx = np.clip(left[:e] - after[e], 0, U)
+            out[rows, e - 1 - rows] = np.take_along_axis(least, idx, axis=1)
+            G[:e] = conv(G[:e], inner[e])
+        return out
+
+    def _window_value(self, p: int, W: int, v: dict, sums: dict | None = None):
         """R3's window term of stage p's cells ``v`` (arrays, or one cell's values) for the
         members with ``W`` warm-up forwards, without the fill and the two round trips
         (``R + max(R, (W - 1) c)``, which the caller adds): ``2 f + 2 c + G`` and the largest
-        ``j J + r (f + c)`` over the windows, the least over the members; None without one."""
+        ``j J + r (f + c)`` over the windows, the least over the members; None without one.
+        ``sums``: per depth ``h`` (row ``h - 1``), a larger lower bound of the later stages'
+        part of ``J`` for these cells (:meth:`_window_sums`, or a plan's own cells)."""
         members = self._windows(p).get(W)
         if not members or not self.costs.comm:
             return None
@@ -1175,7 +1370,9 @@ class PairProblem:
         out = None
         for windows in members:
             best = None
-            for j, r, M in windows:
+            for j, r, M, h in windows:
+                if sums is not None and h <= len(sums):
+                    M = np.maximum(M, sums[h - 1])
                 x = j * (head + M) + r * w
                 best = x if best is None else np.maximum(best, x)
             out = best if out is None else np.minimum(out, best)
@@ -1193,7 +1390,8 @@ class PairProblem:
             window = c["window"][W]
             if window is not None:
                 # R + max(R, K) <= T: R <= min(T - K, T / 2)
-                T = tau - window
+                with np.errstate(invalid="ignore"):        # tau = inf and no plan through a cell
+                    T = np.where(np.isfinite(window), tau - window, -np.inf)
                 K = (W - 1) * (c["Bk"] - c["BC"])
                 lim = np.minimum(lim, np.minimum(T - K, T / 2) - c["XF"])
             ymax = np.maximum(ymax, lim)
@@ -1226,7 +1424,9 @@ class PairProblem:
         self._last_terms = (stages, out)
         return out
 
-    def _terms(self, stages: tuple) -> tuple[float, float, float, float, float]:
+    def _terms(self, stages: tuple, limit: float | None = None) -> tuple[float, float, float, float, float]:
+        """:meth:`terms`; ``limit``: R3's windows counted at that limit (at least the plan's R1
+        and R2), as the programs asked at it count them."""
         vals = [self._value(p, st) for p, st in enumerate(stages)]
         if len(stages) != self.S or any(v is None for v in vals) or stages[-1].last != self.L - 1:
             return math.inf, math.inf, math.inf, math.inf, math.inf
@@ -1241,8 +1441,12 @@ class PairProblem:
             H += v["INC2"]
         r3, y = 0.0, 0.0
         r3_fill = self._r3_fills(vals)
+        # R3's windows counted as the programs count them, at the least limit on the grid
+        # that admits this plan (its R1 and R2): a plan with R <= tau passes the programs'
+        # tests at tau, whose counts (at a limit at least tau) are never larger
+        sums = self._counted(stages, _grid(max(r1, r2, limit or 0.0)))
         for p in range(self.S - 1, -1, -1):
-            r3 = max(r3, r3_fill[p] + self._cycle_term(p, vals[p], y))
+            r3 = max(r3, r3_fill[p] + self._cycle_term(p, vals[p], y, sums[p]))
             y += vals[p]["INC3"]
         r4 = 0.0
         for arrays, _ in self._port_loads():
@@ -1307,7 +1511,9 @@ class PairProblem:
                 return None
         ymax: list = []
         plan = self._programs(tau, prefix, vals, cells, masks, ymax)
-        if plan is not None and self.relaxation(plan) > tau:
+        # (R with the windows counted as the programs count them: counted at the plan's own
+        # R1 and R2 they may be larger, which the filter cannot mend)
+        if plan is not None and self.relaxation(plan) > tau and max(self._terms(plan, request)) > tau:
             # the three programs passed through different cells: filter the cells that lie
             # on no completion of one of them, and ask again (None is then still a proof)
             masks = self._consistent(tau, prefix, vals, cells, masks, ymax[0])
@@ -1502,8 +1708,11 @@ class PairProblem:
         if not math.isfinite(acc):
             return False
         fill = self._r3_fills(vals)
+        # the windows as the cells' are counted (at a limit at least tau); a plan's own R counts
+        # them at its R1 and R2, never above
+        sums = self._counted(prefix, min((c["window_limit"] for c in cells), default=math.inf))
         for p in range(j0 - 1, -1, -1):
-            if fill[p] + self._cycle_term(p, vals[p], acc) > tau:
+            if fill[p] + self._cycle_term(p, vals[p], acc, sums[p]) > tau:
                 return False
             acc += vals[p]["INC3"]
         return True
@@ -1577,7 +1786,10 @@ class PairProblem:
             plan = self.feasible(math.inf, sub)
             if plan is None:
                 return math.inf, None
-        up = self.relaxation(plan)
+        # R with R3's windows counted at the cutoff, as the programs count them (counted at
+        # each plan's own R1 and R2 they may be above what the programs can prove)
+        value = (lambda st: max(self._terms(st, cutoff))) if math.isfinite(cutoff) else self.relaxation
+        up = value(plan)
         for _ in range(24):
             if up - lo <= tol * up:
                 break
@@ -1586,7 +1798,7 @@ class PairProblem:
             if cand is None:
                 lo = tau
                 continue
-            r = self.relaxation(cand)
+            r = value(cand)
             if r >= up:
                 break
             plan, up = cand, r
