@@ -346,7 +346,7 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     for p in range(1, S):
         drain.append(max(g[p], xg[p] + c[p - 1] + drain[p - 1]))
     fill = [fill[0]] + [max(fill[p], fill[p] + drain[p] - g[p]) for p in range(1, S)]
-    from solver_planner.stages.problem import _grid
+    from solver_planner.stages.problem import _COLUMN, _TO_END, _grid
 
     def r3_with(part):
         """R3 with the later stages' part of each window of stage p, depth h, ``part(p, h)``."""
@@ -392,7 +392,8 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
         """The programs' count at the least grid limit admitting the plan, never under minima."""
         arr = pair._window_sums(p, limit)
         at = pair.band_index(p, plan.stages[p].first, plan.stages[p].last)[1]
-        return minima(p, h) if arr is None else max(minima(p, h), float(arr[h - 1, at]))
+        row = _TO_END if p + h == S - 1 else _COLUMN[h]
+        return minima(p, h) if arr is None else max(minima(p, h), float(arr[row, at]))
 
     assert r3 == pytest.approx(r3_with(counted), rel=1e-12)
     assert r3_with(minima) * (1 - 1e-12) <= r3 <= r3_with(own) * (1 + 1e-12)

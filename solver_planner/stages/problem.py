@@ -88,6 +88,8 @@ _LINK_SLICE = 1 << 16  # and as arrays of at most this many
 _SLACK = 1e-12
 # the depths of the windows R3 reads (neighbor.py): every depth to 8, then about 1.5x apart
 _DEPTHS = tuple(range(1, 9)) + tuple(int(8 * 1.5 ** k) for k in range(1, 20))
+_COLUMN = {h: j for j, h in enumerate(_DEPTHS)}   # counted windows (_window_sums): one column
+_TO_END = len(_DEPTHS)                            # per depth read, and one for the window to the end
 _UIDS = itertools.count()          # names each list of cells (R5 remembers its pairs per list)
 # R3's windows are counted again for cells kept from a larger limit once it is this much lower
 _WINDOW_STEP = 0.05
@@ -237,7 +239,7 @@ class PairProblem:
         # (p, StagePlan) -> _value's terms (plans share stages); and ("link", p, ids) ->
         # R5's link term of two such cells (_link_cell), dropped with them
         self._values: dict = {}
-        self._last_terms: tuple = ((), None)   # feasible() and minimize() ask for the same plan's
+        self._last_terms: tuple = ((), None, None)   # feasible() and minimize() ask for the same plan's
         self.fixed: list[tuple[int, int]] | None = None
         self.dp_runs = 0
 
@@ -254,14 +256,14 @@ class PairProblem:
         self.n = 1
         self._stage.clear()
         self._values.clear()
-        self._last_terms = ((), None)
+        self._last_terms = ((), None, None)
         self._minima = None           # over other cells now
 
     def drop_caches(self) -> None:
         """Forget every array built (see :class:`_Caches`); they are rebuilt on demand."""
         self._stage.clear()
         self._values.clear()
-        self._last_terms = ((), None)
+        self._last_terms = ((), None, None)
         self.costs._configs.clear()
         self.costs._transfers.clear()
 
@@ -1278,12 +1280,12 @@ class PairProblem:
             return out
         every = self._stage[("window sums", limit)]
         for p, st in enumerate(stages[:self.S - 1]):
-            out[p] = every[p, :self.S - 1 - p, self.band_index(p, st.first, st.last)[1]]
+            out[p] = every[p, :, self.band_index(p, st.first, st.last)[1]]
         return out
 
     def _window_sums(self, p: int, limit: float) -> np.ndarray | None:
-        """Per depth ``h`` of stage p's windows (row ``h - 1``), per band index of the cell's
-        last unit: a lower bound of the later stages' part of the window's ``J`` on every plan through
+        """Per depth ``h`` of stage p's windows (row ``_COLUMN[h]``, or ``_TO_END`` for the
+        window to the last stage), per band index of the cell's last unit: a lower bound of the later stages' part of the window's ``J`` on every plan through
         such a cell whose stages all have ``T2 <= limit`` (every plan with ``R <= limit``).
 
         Counting: the stages after the cell hold exactly the units after it; those after
@@ -1294,15 +1296,23 @@ class PairProblem:
         is about the average, this is about the plan's own (the 1T model on 4 096 GPUs, 64
         stages of two layers: full recomputation early, selective late).  None on large
         pairs (their cells are not built as squares)."""
-        if self.sparse or not self.r3 or not self.costs.comm or p >= self.S - 1 or not math.isfinite(limit):
+        if p >= self.S - 1 or not math.isfinite(limit) or not self._counts():
             return None
         key = ("window sums", limit)
         if key not in self._stage:
             self._keep(key, self._all_window_sums(limit))
-        return self._stage[key][p, :self.S - 1 - p]
+        return self._stage[key][p]
+
+    def _counts(self) -> bool:
+        """Are R3's windows counted (:meth:`_window_sums`): R3 on, transfers priced, cells
+        built as squares, and some stage reading a window?"""
+        if "counts" not in self._stage:
+            self._stage["counts"] = (self.r3 and bool(self.costs.comm) and not self.sparse
+                                     and any(members for p in range(self.S - 1) for members in self._windows(p).values()))
+        return self._stage["counts"]
 
     def _all_window_sums(self, limit: float) -> np.ndarray:
-        """:meth:`_window_sums` of every stage at once, ``[p, h - 1, bi]``: one min-plus
+        """:meth:`_window_sums` of every stage at once, ``[p, column of h, bi]``: one min-plus
         program over (first stage of the window, units held) per last stage ``e``.
 
         Units are counted beyond one per stage (the excess): a window of stages ``p + 1 ..
@@ -1332,14 +1342,20 @@ class PairProblem:
                         np.minimum(out[:, E], G[:, E + 1 - x:].min(axis=1) + c, out=out[:, E])
             return out
 
-        out = np.full((S, S, n), np.inf)
+        # only the depths windows read are kept (memory: S x 28 x n, not S x S x n)
+        out = np.full((S, _TO_END + 1, n), np.inf)
         G = np.full((S, E + 1), np.inf)         # row p: the window's stages p + 1 .. e so far
         G[:, 0] = 0.0
         bi = np.arange(n)
+        column = np.full(S + 1, -1)
+        column[[h for h in _DEPTHS if h <= S]] = [_COLUMN[h] for h in _DEPTHS if h <= S]
         for e in range(1, S):
             r = np.arange(e)
-            least = np.minimum.accumulate(conv(G[:e], excess(last[e]))[:, ::-1], axis=1)[:, ::-1]   # at least x
-            out[r, e - 1 - r] = least[:, np.clip(need[e] - bi, 0, E)]
+            cols = np.full(e, _TO_END) if e == S - 1 else column[e - r]
+            keep = cols >= 0
+            if keep.any():
+                least = np.minimum.accumulate(conv(G[:e], excess(last[e]))[:, ::-1], axis=1)[:, ::-1]   # at least x
+                out[r[keep], cols[keep]] = least[keep][:, np.clip(need[e] - bi, 0, E)]
             G[:e] = conv(G[:e], excess(inner[e]))
         return out
 
@@ -1359,8 +1375,8 @@ class PairProblem:
         members with ``W`` warm-up forwards, without the fill and the two round trips
         (``R + max(R, (W - 1) c)``, which the caller adds): ``2 f + 2 c + G`` and the largest
         ``j J + r (f + c)`` over the windows, the least over the members; None without one.
-        ``sums``: per depth ``h`` (row ``h - 1``), a larger lower bound of the later stages'
-        part of ``J`` for these cells (:meth:`_window_sums`, or a plan's own cells)."""
+        ``sums``: per depth (rows as :meth:`_window_sums`), a larger lower bound of the later
+        stages' part of ``J`` for these cells."""
         members = self._windows(p).get(W)
         if not members or not self.costs.comm:
             return None
@@ -1371,8 +1387,8 @@ class PairProblem:
         for windows in members:
             best = None
             for j, r, M, h in windows:
-                if sums is not None and h <= len(sums):
-                    M = np.maximum(M, sums[h - 1])
+                if sums is not None:
+                    M = np.maximum(M, sums[_TO_END if p + h == self.S - 1 else _COLUMN[h]])
                 x = j * (head + M) + r * w
                 best = x if best is None else np.maximum(best, x)
             out = best if out is None else np.minimum(out, best)
@@ -1415,21 +1431,28 @@ class PairProblem:
             R = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
         return R - xf
 
-    def terms(self, stages) -> tuple[float, float, float, float, float]:
-        """(R1, R2, R3, R4, R5) of a whole plan."""
+    def terms(self, stages, limit: float | None = None) -> tuple[float, float, float, float, float]:
+        """(R1, R2, R3, R4, R5) of a whole plan; ``limit``: R3's windows counted at that limit
+        (if above the plan's R1 and R2), as the programs asked at it count them."""
         stages = tuple(stages)
-        if self._last_terms[0] == stages:
-            return self._last_terms[1]
-        out = self._terms(stages)
-        self._last_terms = (stages, out)
-        return out
+        last, base, r3s = self._last_terms
+        if last != stages:
+            base = self._base_terms(stages)
+            r3s = {}
+            self._last_terms = (stages, base, r3s)
+        r1, r2, r4, r5 = base[:4]
+        if not math.isfinite(r1):
+            return math.inf, math.inf, math.inf, math.inf, math.inf
+        at = _grid(max(r1, r2, limit or 0.0)) if self._counts() else None
+        if at not in r3s:
+            r3s[at] = self._r3(stages, base[4], at)
+        return r1, r2, r3s[at], r4, r5
 
-    def _terms(self, stages: tuple, limit: float | None = None) -> tuple[float, float, float, float, float]:
-        """:meth:`terms`; ``limit``: R3's windows counted at that limit (at least the plan's R1
-        and R2), as the programs asked at it count them."""
+    def _base_terms(self, stages: tuple) -> tuple:
+        """(R1, R2, R4, R5, the cells' values) of a whole plan (R3: :meth:`_r3`)."""
         vals = [self._value(p, st) for p, st in enumerate(stages)]
         if len(stages) != self.S or any(v is None for v in vals) or stages[-1].last != self.L - 1:
-            return math.inf, math.inf, math.inf, math.inf, math.inf
+            return math.inf, math.inf, math.inf, math.inf, None
         A = H = 0.0
         r1 = r2 = 0.0
         fill = []
@@ -1439,15 +1462,7 @@ class PairProblem:
             fill.append(H)
             A += v["INC1"]
             H += v["INC2"]
-        r3, y = 0.0, 0.0
         r3_fill = self._r3_fills(vals)
-        # R3's windows counted as the programs count them, at the least limit on the grid
-        # that admits this plan (its R1 and R2): a plan with R <= tau passes the programs'
-        # tests at tau, whose counts (at a limit at least tau) are never larger
-        sums = self._counted(stages, _grid(max(r1, r2, limit or 0.0)))
-        for p in range(self.S - 1, -1, -1):
-            r3 = max(r3, r3_fill[p] + self._cycle_term(p, vals[p], y, sums[p]))
-            y += vals[p]["INC3"]
         r4 = 0.0
         for arrays, _ in self._port_loads():
             r4 = max(r4, sum(float(arrays[p][self._cell(p, st)]) for p, st in enumerate(stages) if p in arrays))
@@ -1457,7 +1472,20 @@ class PairProblem:
                 if self._r5_has(p):
                     drained, filled = self._neighbor_term(p, vals[p], vals[p + 1])
                     r5 = max(r5, r3_fill[p] + float(drained), fill[p] + float(filled))
-        return r1, r2, r3, r4, r5
+        return r1, r2, r4, r5, vals
+
+    def _r3(self, stages: tuple, vals: list, limit: float | None) -> float:
+        """R3 of a whole plan, its windows counted at ``limit`` (None: not counted).  The
+        least limit on the grid that admits the plan (its R1 and R2) gives its R: a plan
+        with R <= tau passes the programs' tests at tau, whose counts (at a limit at least
+        tau) are never larger."""
+        sums = self._counted(stages, limit) if limit is not None else [None] * len(stages)
+        r3, y = 0.0, 0.0
+        r3_fill = self._r3_fills(vals)
+        for p in range(self.S - 1, -1, -1):
+            r3 = max(r3, r3_fill[p] + self._cycle_term(p, vals[p], y, sums[p]))
+            y += vals[p]["INC3"]
+        return r3
 
     def relaxation(self, stages) -> float:
         """R = max(R1, ..., R5) of a whole plan, from the same arrays as the dynamic programs."""
@@ -1513,7 +1541,8 @@ class PairProblem:
         plan = self._programs(tau, prefix, vals, cells, masks, ymax)
         # (R with the windows counted as the programs count them: counted at the plan's own
         # R1 and R2 they may be larger, which the filter cannot mend)
-        if plan is not None and self.relaxation(plan) > tau and max(self._terms(plan, request)) > tau:
+        if (plan is not None and self.relaxation(plan) > tau
+                and max(self.terms(plan, request)) > tau):
             # the three programs passed through different cells: filter the cells that lie
             # on no completion of one of them, and ask again (None is then still a proof)
             masks = self._consistent(tau, prefix, vals, cells, masks, ymax[0])
@@ -1788,7 +1817,7 @@ class PairProblem:
                 return math.inf, None
         # R with R3's windows counted at the cutoff, as the programs count them (counted at
         # each plan's own R1 and R2 they may be above what the programs can prove)
-        value = (lambda st: max(self._terms(st, cutoff))) if math.isfinite(cutoff) else self.relaxation
+        value = (lambda st: max(self.terms(st, cutoff))) if math.isfinite(cutoff) else self.relaxation
         up = value(plan)
         for _ in range(24):
             if up - lo <= tol * up:
