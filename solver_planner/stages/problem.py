@@ -91,7 +91,8 @@ _DEPTHS = tuple(range(1, 9)) + tuple(int(8 * 1.5 ** k) for k in range(1, 20))
 _COLUMN = {h: j for j, h in enumerate(_DEPTHS)}   # counted windows (_window_sums): one column
 _TO_END = len(_DEPTHS)                            # per depth read, and one for the window to the end
 _UIDS = itertools.count()          # names each list of cells (R5 remembers its pairs per list)
-# R3's windows are counted again for cells kept from a larger limit once it is this much lower
+# R3's windows are counted at limits this far apart (_grid): each counting reads every stage's
+# cells, and a search asks at many cutoffs (1% apart made GPT-3 on 100 000 GPUs 1.3x slower)
 _WINDOW_STEP = 0.05
 
 
@@ -1104,7 +1105,7 @@ class PairProblem:
                 np.concatenate([x[2] for x in parts]),
                 {key: np.concatenate([x[3][key] for x in parts]) for key in self._KEYS})
 
-    def _cycle_term(self, p: int, v: dict[str, float], y: float, sums: dict | None = None) -> float:
+    def _cycle_term(self, p: int, v: dict[str, float], y: float, sums: np.ndarray | None = None) -> float:
         """R3's term of stage p with round trip ``x(p->p+1) + y``: over the family's warm-up
         counts, the least of max(cycle, phase) (objective.py, without fill and drain).
         ``sums``: the windows' later stages as :meth:`_window_value` takes them."""
@@ -1206,8 +1207,10 @@ class PairProblem:
     def _unit_costs(self, limit: float) -> tuple[list, list, np.ndarray]:
         """Per stage q and count ``u`` of units (index ``u``, 1 to ``cap_q``): the least
         ``f + c + x(q->q-1) + x(q->q+1)`` (inside a window) and the least without
-        ``x(q->q+1)`` (a window's last stage) over q's cells of ``u`` units that fit with
-        ``T2 <= limit``; and ``cap_q``, the most units such a cell holds (0: none)."""
+        ``x(q->q+1)`` (a window's last stage) over q's cells of ``u`` units that may lie on
+        a plan whose R1 and R2 are at most ``limit`` (they fit, and pass R1's and R2's
+        programs and completion below); and ``cap_q``, the most units such a cell holds (0:
+        none)."""
         key = ("unit costs", limit)
         if key in self._stage:
             return self._stage[key]
@@ -1285,8 +1288,9 @@ class PairProblem:
 
     def _window_sums(self, p: int, limit: float) -> np.ndarray | None:
         """Per depth ``h`` of stage p's windows (row ``_COLUMN[h]``, or ``_TO_END`` for the
-        window to the last stage), per band index of the cell's last unit: a lower bound of the later stages' part of the window's ``J`` on every plan through
-        such a cell whose stages all have ``T2 <= limit`` (every plan with ``R <= limit``).
+        window to the last stage), per band index of the cell's last unit: a lower bound of
+        the later stages' part of the window's ``J`` on every plan through such a cell whose
+        R1 and R2 are at most ``limit`` (every plan with ``R <= limit``).
 
         Counting: the stages after the cell hold exactly the units after it; those after
         the window hold at most ``cap_q`` each (:meth:`_unit_costs`), so the window's ``h``
@@ -1359,18 +1363,7 @@ class PairProblem:
             G[:e] = conv(G[:e], excess(inner[e]))
         return out
 
-        out = np.full((S, S, n), np.inf)
-        G = np.full((S, U + 1), np.inf)         # row p: the window's stages p + 1 .. e so far
-        G[:, 0] = 0.0
-        for e in range(1, S):
-            rows = np.arange(e)
-            least = np.minimum.accumulate(conv(G[:e], last[e])[:, ::-1], axis=1)[:, ::-1]   # at least m units
-            idx = np.clip(left[:e] - after[e], 0, U)
-            out[rows, e - 1 - rows] = np.take_along_axis(least, idx, axis=1)
-            G[:e] = conv(G[:e], inner[e])
-        return out
-
-    def _window_value(self, p: int, W: int, v: dict, sums: dict | None = None):
+    def _window_value(self, p: int, W: int, v: dict, sums: np.ndarray | None = None):
         """R3's window term of stage p's cells ``v`` (arrays, or one cell's values) for the
         members with ``W`` warm-up forwards, without the fill and the two round trips
         (``R + max(R, (W - 1) c)``, which the caller adds): ``2 f + 2 c + G`` and the largest
