@@ -1279,9 +1279,9 @@ class PairProblem:
         """Per stage of ``stages`` (a plan, or a subspace's prefix), :meth:`_window_value`'s
         ``sums`` for its cell: :meth:`_window_sums` at ``limit`` (None where not counted)."""
         out: list[np.ndarray | None] = [None] * len(stages)
-        if self._window_sums(0, limit) is None:
+        every = self._every_window_sums(limit)
+        if every is None:
             return out
-        every = self._stage[("window sums", limit)]
         for p, st in enumerate(stages[:self.S - 1]):
             out[p] = every[p, :, self.band_index(p, st.first, st.last)[1]]
         return out
@@ -1300,12 +1300,17 @@ class PairProblem:
         is about the average, this is about the plan's own (the 1T model on 4 096 GPUs, 64
         stages of two layers: full recomputation early, selective late).  None on large
         pairs (their cells are not built as squares)."""
-        if p >= self.S - 1 or not math.isfinite(limit) or not self._counts():
+        every = self._every_window_sums(limit) if p < self.S - 1 else None
+        return None if every is None else every[p]
+
+    def _every_window_sums(self, limit: float) -> np.ndarray | None:
+        """:meth:`_all_window_sums` at ``limit``, kept (None where windows are not counted)."""
+        if not math.isfinite(limit) or not self._counts():
             return None
         key = ("window sums", limit)
         if key not in self._stage:
             self._keep(key, self._all_window_sums(limit))
-        return self._stage[key][p]
+        return self._stage[key]
 
     def _counts(self) -> bool:
         """Are R3's windows counted (:meth:`_window_sums`): R3 on, transfers priced, cells
