@@ -305,6 +305,31 @@ def test_window_counting_is_exact_when_every_stage_must_hold_its_share(monkeypat
     assert bare.minimize(Subspace(bare))[0] < 0.99 * R
 
 
+def test_window_counting_bound_is_below_every_simulated_plan():
+    """The claim the counting makes, refuted by brute force where it can be: on the six
+    stages of two equal layers, where the counted windows bind, the programs' bound over the
+    whole pair is at most the simulated time of every plan (each of the 462 layer splits,
+    simulated), and so is each plan's R."""
+    from solver_planner.stages.enumerate import all_plans
+    from solver_planner.stages.problem import PairProblem, Subspace
+
+    plan = _pairs_of_layers(6, 48)
+    schedule = Schedule("1f1b")
+    pair = PairProblem(plan.costs, [schedule])
+    lo, _ = pair.minimize(Subspace(pair))
+    plans = list(all_plans(pair))
+    assert len(plans) == 462
+    simulated = []
+    for stages in plans:
+        sim = simulate_schedule(Partition(plan.costs, list(stages)), schedule).iteration_time
+        assert pair.relaxation(stages) <= sim * (1 + REL), stages
+        simulated.append(sim)
+    assert lo <= min(simulated) * (1 + REL)
+    # and it is close: the balanced plan is the best one, within 2% of the bound
+    assert min(simulated) == pytest.approx(simulate_schedule(plan, schedule).iteration_time, rel=1e-12)
+    assert min(simulated) <= lo * 1.02
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_window_counting_never_exceeds_a_plans_own_windows(data):
