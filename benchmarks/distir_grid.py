@@ -1,11 +1,11 @@
-"""Seed 004 (DistIR) Table 2 reproduced: the D/T/P/K grid search on MLP training.
+"""DistIR Table 2 reproduced: the D/T/P/K grid search on MLP training.
 
-For each MLP of seed 004 Table 1 (specs/models/mlp-{1b,17b,103b}.yaml) and each global batch
-of Table 2, on one DGX-2 (specs/clusters/dgx-v100-16.yaml), the grid of seed 004 §5.1: data,
+For each MLP of DistIR Table 1 (specs/models/mlp-{1b,17b,103b}.yaml) and each global batch
+of Table 2, on one DGX-2 (specs/clusters/dgx-v100-16.yaml), the grid of DistIR §5.1: data,
 tensor and pipeline degrees D, T, P, powers of two with D x T x P = 16; K = 1 micro-batch
 when P = 1, else K in {2, 4, ..., 128} such that K divides the batch and every replica's
 micro-batch holds at least one sample.  Layers are cut uniformly into P stages and run with
-synchronous 1F1B (seed 004 §4).  Each configuration is one call of the stage planner with
+synchronous 1F1B (DistIR §4).  Each configuration is one call of the stage planner with
 that configuration fixed (``api.stages(..., config=(D, T, P, K), split=uniform,
 schedule="1f1b")``); configurations that do not fit in device memory (our memory model) are
 dropped, as §5.2 does with DistIR's.
@@ -51,7 +51,7 @@ CLUSTER = ROOT / "specs" / "clusters" / "dgx-v100-16.yaml"
 MODELS = {name: ROOT / "specs" / "models" / f"{name}.yaml" for name in ("mlp-1b", "mlp-17b", "mlp-103b")}
 TABLE2 = ROOT / "benchmarks" / "data" / "distir_table2.csv"
 DEVICES = 16
-MICROBATCHES = tuple(2**i for i in range(1, 8))        # seed 004 §5.1: 2 to 128
+MICROBATCHES = tuple(2**i for i in range(1, 8))        # DistIR §5.1: 2 to 128
 BASELINES = {"data": Config(16, 1, 1, 1), "tensor": Config(1, 16, 1, 1), "pipeline": Config(1, 1, 16, 128)}
 COMPUTE_MODELS = ("efficiency", "roofline", "peak")
 
@@ -60,7 +60,7 @@ COMPUTE_MODELS = ("efficiency", "roofline", "peak")
 
 @dataclass(frozen=True)
 class PaperRow:
-    """One row of seed 004 Table 2; a speedup is None where the paper prints '-'."""
+    """One row of DistIR Table 2; a speedup is None where the paper prints '-'."""
 
     model: str
     batch: int
@@ -89,7 +89,7 @@ def load_table(path: Path = TABLE2) -> list[PaperRow]:
 # -- the grid ------------------------------------------------------------------------------
 
 def grid(batch: int, devices: int = DEVICES, layers: int | None = None) -> list[Config]:
-    """Seed 004 §5.1's configurations for one global batch: D, T, P powers of two with
+    """DistIR §5.1's configurations for one global batch: D, T, P powers of two with
     D x T x P = ``devices``; K = 1 when P = 1, else K in 2..128 dividing the batch with at
     least one sample per replica and micro-batch; P dividing ``layers`` (uniform stages)."""
     powers = [2**i for i in range(int(math.log2(devices)) + 1)]

@@ -1,6 +1,6 @@
-"""End-to-end plans: seed 002 §5.2-5.3's ablation, and the time to make a whole plan.
+"""End-to-end plans: the resharding paper §5.2-5.3's ablation, and the time to make a whole plan.
 
-Ablation.  Seed 002 Table 3's cases on two hosts of four V100 (specs/clusters/
+Ablation.  The resharding paper Table 3's cases on two hosts of four V100 (specs/clusters/
 aws-p3.8xlarge-2.yaml): GPT-3 2.6B with (data, operator, pipeline) = (2, 2, 2) and
 (4, 1, 2), U-Transformer on 2 stages with the degrees left to the planner.  One
 partition per case (the stage planner's best 1F1B plan for that configuration); on it,
@@ -9,7 +9,7 @@ every row changes only how the boundaries' tensors move and overlap:
 * ``signal``   - cross-mesh communication free ("Signal Send/Recv", the upper bound; the
   fastest schedule of the eager-1F1B family, which contains 1F1B);
 * ``send/recv``- Alpa's baseline: one send/recv per destination device, synchronous;
-* ``broadcast``- seed 002 §3's broadcast schedules, synchronous (they hold both stages'
+* ``broadcast``- the resharding paper §3's broadcast schedules, synchronous (they hold both stages'
   compute streams while they run);
 * ``+overlap`` - the same on the communication streams, overlapping computation (1F1B);
 * ``eager``    - the eager-1F1B family (with backward weight delaying), overlapping.
@@ -63,7 +63,7 @@ def gpt_spec():
 
 
 def p3() -> Topology:
-    """Seed 002's cluster."""
+    """The resharding paper's cluster."""
     return Topology(ClusterSpec.model_validate(yaml.safe_load(P3.read_text())))
 
 

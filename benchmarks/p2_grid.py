@@ -1,4 +1,4 @@
-"""The experiment grid of seed 000 §4, timed: placements, programs, and the time to
+"""The experiment grid of P² §4, timed: placements, programs, and the time to
 enumerate, synthesize, cost and check them all.
 
 Cases per hierarchy (A100 [2,16], [4,16]; V100 [2,8], [4,8], the shipped specs): one axis;

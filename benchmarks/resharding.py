@@ -1,10 +1,10 @@
 """Cross-mesh resharding schedules at scale: `auto` against Alpa's randomized greedy.
 
-Cases: the shipped seed 002 §5.1.2 models, and generated ones on 8, 16 and 64
+Cases: the resharding paper's §5.1.2 models as shipped, and generated ones on 8, 16 and 64
 p3.8xlarge-like hosts (4 V100 per host, 10 Gbps) with 64 to 16 384 unit tasks: specs over
 several hosts, S01 layouts, uneven shapes and meshes of unequal sizes.  Per case: `auto`'s
 makespan, lower bound, gap and wall time (building the unit tasks included), and the
-randomized greedy of seed 002 §3.2 with 100 random orders per iteration (`alpa-greedy`,
+randomized greedy of the resharding paper §3.2 with 100 random orders per iteration (`alpa-greedy`,
 Alpa's setting) for comparison.
 
 Goals (issue 18), printed, never asserted: every case within 0.1% of the lower bound (or

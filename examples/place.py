@@ -1,6 +1,6 @@
-"""Rank every placement of a model's parallelism axes on a cluster (seed 000 §3.1).
+"""Rank every placement of a model's parallelism axes on a cluster (P² §3.1).
 
-Seed 000's running example: data parallelism of 4 times 16 parameter shards on 4 nodes
+P²'s running example: data parallelism of 4 times 16 parameter shards on 4 nodes
 of 16 A100, gradients reduced along the data axis.  For each placement (a parallelism
 matrix: rows are the model's axes, columns the cluster's levels) the best synthesized
 reduction program is compared with one plain AllReduce.

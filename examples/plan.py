@@ -1,6 +1,6 @@
 """One verified training plan from two YAML files, written to a plan file and checked.
 
-GPT-3 2.6B (seed 002 §5.2) on 2 nodes of 8 V100: pipeline stages and their (data,
+GPT-3 2.6B (the resharding paper §5.2) on 2 nodes of 8 V100: pipeline stages and their (data,
 tensor) degrees, each stage's placement and z3-proved gradient program, a broadcast
 schedule at every stage boundary, and the whole iteration simulated with them.  The plan
 file is then re-checked from the two specs, and so is a hand-edited copy of it whose

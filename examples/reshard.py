@@ -1,7 +1,7 @@
-"""Schedule cross-mesh resharding (seed 002 §3): which host broadcasts each slice of a
+"""Schedule cross-mesh resharding (the resharding paper §3): which host broadcasts each slice of a
 tensor to the hosts of the next pipeline stage, and when.
 
-Seed 002 §5.1.2's microbenchmarks: a (1024, 1024, 512) float16 tensor moving between two
+The resharding paper §5.1.2's microbenchmarks: a (1024, 1024, 512) float16 tensor moving between two
 2x4 meshes on 4 AWS p3.8xlarge hosts, under six pairs of sharding specs.  Each schedule
 is replayed in the simulator before it is returned; the table compares the broadcast
 schedule with Alpa's send/recv baseline.

@@ -1,6 +1,6 @@
-"""Cut a model's layers into pipeline stages on sub-meshes (seeds 001, 002, 004).
+"""Cut a model's layers into pipeline stages on sub-meshes (Wang's thesis, the resharding paper, DistIR).
 
-GPT-3 2.6B (seed 002 §5.2) on 2 AWS p3.8xlarge hosts of 4 V100: the stage planner picks
+GPT-3 2.6B (the resharding paper §5.2) on 2 AWS p3.8xlarge hosts of 4 V100: the stage planner picks
 the number of stages, each stage's (data, tensor) degrees and the micro-batches, and
 simulates the schedule; the objective is a proven lower bound of the simulated time.
 The eager-1F1B family contains 1F1B, so its plan is never slower.

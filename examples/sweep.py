@@ -1,9 +1,9 @@
 """Sweep one model over several clusters and pipeline depths: the notebook use case.
 
 Plans GPT-3 2.6B end to end on shipped clusters of 8 to 64 GPUs, then on 2 AWS
-p3.8xlarge hosts (seed 002's cluster) with 1, 2, 4 and 8 pipeline stages, and prints one row per plan (or
+p3.8xlarge hosts (the resharding paper's cluster) with 1, 2, 4 and 8 pipeline stages, and prints one row per plan (or
 why there is none).  The 1F1B schedule keeps the sweep quick; pass
-``schedule="eager-1f1b"`` for seed 002's.
+``schedule="eager-1f1b"`` for the resharding paper's.
 
     python examples/sweep.py
 """

@@ -1,4 +1,4 @@
-"""Prove reduction programs valid, or show where they go wrong (seed 000 §3.5, z3).
+"""Prove reduction programs valid, or show where they go wrong (P² §3.5, z3).
 
 On 2 nodes of 8 V100 with 16-way data parallelism: a hand-written hierarchical
 all-reduce (examples/hierarchical-allreduce-2x8.yaml), a broken variant of it

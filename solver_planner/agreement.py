@@ -1,5 +1,5 @@
 """How well predictions rank what was measured: Spearman's rank correlation and pairwise
-order agreement (seed 004 §5.3 reports the first; the second says what fraction of pairs a
+order agreement (DistIR §5.3 reports the first; the second says what fraction of pairs a
 planner choosing between two configurations would get right)."""
 
 from __future__ import annotations

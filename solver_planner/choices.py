@@ -13,7 +13,7 @@ STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 RESHARD_METHODS = ("auto", "cp-sat", "naive", "load-balance", "dfs", "greedy", "alpa-greedy", "dispatch")
 RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allgather")
-# How a plan's stage boundaries move their tensors (the rows of seed 002's ablation).
+# How a plan's stage boundaries move their tensors (the rows of the resharding paper's ablation).
 CROSS_MESH = ("broadcast", "send-recv", "free")
 SIZE_METRICS = ("instructions", "paper")
 # How compute is timed (solver_planner.compute): kernel efficiency and memory traffic (the

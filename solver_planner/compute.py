@@ -7,7 +7,7 @@ Three models, chosen per run (``--compute``):
 * ``roofline`` (the default when the device has a memory bandwidth but no ``compute`` block,
   e.g. a spec written from datasheets): each kernel takes ``max(F / peak, M / memory_bandwidth)``
   (Williams, Waterman & Patterson 2009), never pure peak when the bandwidth is known.
-* ``efficiency`` (the default with a ``compute`` block, which a device preset brings; seed 004
+* ``efficiency`` (the default with a ``compute`` block, which a device preset brings; DistIR
   §4: per-op costs are linear regressions on the op's sizes, whose coefficients are kernel
   launch overhead, FLOP rate and DRAM bandwidth).  A pass over a layer that runs ``k``
   matrix-multiply kernels of ``F`` FLOPs in all and moves ``M`` bytes through device memory
@@ -17,11 +17,11 @@ Three models, chosen per run (``--compute``):
 
   The first term of the max is ``F / (peak * e(x))`` with ``e(x) = e_max * x / (x + x_half)``
   the efficiency of a kernel of ``x = F / k`` FLOPs: it rises with the kernel's size and
-  saturates at ``e_max``; written this way it is affine in ``F``, i.e. seed 004's
+  saturates at ``e_max``; written this way it is affine in ``F``, i.e. DistIR's
   regression.  The second is the roofline's memory side at the bandwidth a streaming kernel
   reaches (``e_mem``, ``memory_efficiency``): a pass over one sample reads the whole weight
   matrix, so a pipeline of one-sample micro-batches is bound by memory bandwidth, not by
-  FLOPs (seed 004 Table 2: pure pipeline parallelism 21.7x slower than pure tensor
+  FLOPs (DistIR Table 2: pure pipeline parallelism 21.7x slower than pure tensor
   parallelism on MLP 1B at batch 128).  Memory-bound passes (norms, activations, the
   optimizer step) take ``k * overhead + M / (memory_bandwidth * e_mem)``
   (:meth:`ComputeModel.memory_time`); fused attention ``k * overhead + max(F / (peak *
@@ -175,7 +175,7 @@ def fit_matmul(points, overhead: float) -> tuple[float, float]:
     """(peak x e_max, x_half) from timed single matrix multiplies ``(FLOPs, seconds)``.
 
     The model's time of one kernel, ``overhead + (F + x_half) / (peak e_max)``, is affine in
-    ``F`` (seed 004 §4's regression): a least-squares line ``a + b F`` on relative errors gives
+    ``F`` (DistIR §4's regression): a least-squares line ``a + b F`` on relative errors gives
     ``peak e_max = 1 / b`` and ``x_half = (a - overhead) / b`` (at least 0).  ``overhead`` is
     measured apart (an empty kernel), since the line alone cannot tell it from ``x_half``.
     """

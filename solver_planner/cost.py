@@ -13,7 +13,7 @@ resources, the ``tx`` side of the sender's port and the ``rx`` side of the recei
 each interconnect it uses (:meth:`Topology.route`).  When several edges run at once, a
 resource of bandwidth ``B`` crossed by edges of total weight ``L`` gives each ``B / L``;
 a group's *bus bandwidth* is its worst resource, ``min B_r / L_r``.  So 16 cross-node
-pairs behind one NIC get 1/16 of it each (seed 000 §4, seed 002 §3 "host NIC is the
+pairs behind one NIC get 1/16 of it each (P² §4, the resharding paper §3 "host NIC is the
 bottleneck").  Concurrent groups of one step share resources in the same way.
 
 Collectives on a group of ``n`` devices with ``S`` bytes (NCCL's convention: the full
@@ -27,7 +27,7 @@ takes no time.
 
 * ``ring``: devices in ring order (by device id, so each host is contiguous); AllReduce
   takes 2(n-1) steps, ReduceScatter/AllGather n-1; Broadcast and Reduce are a pipelined
-  chain from/to the root (the first device of the group, as P² fixes, seed 000 §3.2).
+  chain from/to the root (the first device of the group, as P² §3.2 fixes).
   Latency term: steps x the slowest edge's latency.  A group with ``m > 1`` devices on
   each of several hosts runs ``m`` rings of ``1/m`` of the data (NCCL's channels), each
   leaving every host through a different device (:meth:`CostModel._rings`): with a NIC
@@ -52,7 +52,7 @@ takes no time.
   latency, twice for AllReduce (reduce up, broadcast down).  NCCL has no tree
   ReduceScatter/AllGather; those fall back to the ring.
 
-Pipelined broadcast (seed 002 §3.1): the sender and the receivers form a chain (the
+Pipelined broadcast (the resharding paper §3.1): the sender and the receivers form a chain (the
 sender's own host first, each host contiguous); the data is cut into ``k`` chunks and
 every device forwards a chunk as soon as it has it.  With per-chunk hop times
 ``t_h = a_h + (S/k) / B_h``::
@@ -161,7 +161,7 @@ class CollectiveCost:
 
 @dataclass(frozen=True)
 class BroadcastCost:
-    """Time of a pipelined chain broadcast from one sender (seed 002 §3.1)."""
+    """Time of a pipelined chain broadcast from one sender (the resharding paper §3.1)."""
 
     time: float
     chunks: int
@@ -232,7 +232,7 @@ class CostModel:
         """(seconds, bus bandwidth, bottleneck) of moving ``volume`` bus bytes over ``edges``.
 
         Each level (intra-node links, the NIC, ...) needs ``volume / share_level``.  A perfectly
-        pipelined ring overlaps the levels, and only the slowest costs time (seed 000's
+        pipelined ring overlaps the levels, and only the slowest costs time (P²'s
         model); a hierarchical collective runs them one after another.  The cluster's
         ``collective_overlap`` (``o``) says where between the two a collective sits::
 
@@ -436,7 +436,7 @@ class CostModel:
                         algorithm: Algorithm | str = "ring") -> float:
         return self.collective(kind, groups, nbytes, algorithm).time
 
-    # -- pipelined broadcast (seed 002 §3.1) ---------------------------------------------
+    # -- pipelined broadcast (the resharding paper §3.1) ---------------------------------------------
     def broadcast_chain(self, src: int, dsts: Sequence[int]) -> list[int]:
         """Sender first, then its own host's receivers, then each other host's, in device order."""
         topo = self.topology

@@ -3,9 +3,9 @@
 Devices are numbered in mixed radix over the levels, outermost first, so device ``d`` of a
 ``[node: 2, gpu: 16]`` cluster has coordinates ``(d // 16, d % 16)`` and the devices of one
 node are contiguous.  A transfer between two devices uses the interconnect of the
-outermost level at which their coordinates differ (seed 000 §2) and holds one *resource*
+outermost level at which their coordinates differ (P² §2) and holds one *resource*
 per crossed port and direction: the sender's ``tx`` side and the receiver's ``rx`` side,
-since links are full duplex (seed 002 §3).  Resources are what transfers share: all 16
+since links are full duplex (the resharding paper §3).  Resources are what transfers share: all 16
 GPUs of a node behind one NIC cross the same ``nic[n].tx``.  On a ``ring`` interconnect a
 transfer holds each directed ring segment it crosses, the shortest way round, so groups
 whose paths overlap share those segments.
@@ -197,7 +197,7 @@ class Topology:
 
     # -- groups --------------------------------------------------------------------------
     def groups_within(self, level: str | int) -> list[list[int]]:
-        """Devices of each instance of ``level`` (seed 000 Table 2, ``InsideGroup``)."""
+        """Devices of each instance of ``level`` (P² Table 2, ``InsideGroup``)."""
         n = self._stride[self.level_index(level)]
         return [list(range(start, start + n)) for start in range(0, self.num_devices, n)]
 

@@ -19,7 +19,7 @@ def test_reshard_json_has_the_documented_shape():
     for row in data["schedule"]:
         assert {"slice", "sender_host", "receivers", "start", "end"} <= set(row)
         assert row["sender_host"] in (0, 1) and row["start"] < row["end"]
-    # Seed 002 §5.1.2: reordering beats the naive schedule on this case.
+    # The resharding paper §5.1.2: reordering beats the naive schedule on this case.
     assert data["speedup"]["naive"] > 1.5 and data["speedup"]["send_recv"] >= 1
 
 

@@ -1,5 +1,5 @@
-"""The compute efficiency model (issue 17, seed 004 §4) against its written formula, its
-properties on random inputs, and the ranking it exists for: seed 004 Table 2's MLP 1B on a
+"""The compute efficiency model (issue 17, DistIR §4) against its written formula, its
+properties on random inputs, and the ranking it exists for: DistIR Table 2's MLP 1B on a
 DGX-2, where pure tensor parallelism beats pure pipeline parallelism."""
 
 import json
@@ -89,7 +89,7 @@ def _time(config: str, compute: str, batch: int = 128) -> float:
 
 
 def test_mlp_1b_pure_tensor_beats_pure_pipeline_as_measured():
-    """Seed 004 Table 2, MLP 1B at batch 128: pure tensor parallelism is best, pure pipeline
+    """DistIR Table 2, MLP 1B at batch 128: pure tensor parallelism is best, pure pipeline
     (K = 8P = 128) 21.7x slower.  FLOPs at peak got this backwards (one-sample micro-batches
     looked free); the efficiency model reads each layer's weights once per micro-batch."""
     tensor, pipeline = _time("1,16,1,1", "efficiency"), _time("1,1,16,128", "efficiency")

@@ -63,7 +63,7 @@ def test_ring_over_both_nodes_is_bound_by_the_nic(cm):
 
 
 def test_concurrent_groups_share_the_nic(a100, cm):
-    # Reduction across nodes on 16 groups of 2 (seed 000 §4: the 448x slower placements).
+    # Reduction across nodes on 16 groups of 2 (P² §4: the 448x slower placements).
     c = cm.collective("allreduce", a100.groups_across("node"), S)
     assert c.groups == 16 and c.group_size == 2
     assert c.time == pytest.approx(2 * A_NIC + 1 * S / (NIC / 16))
@@ -166,7 +166,7 @@ def test_pipelined_broadcast_chooses_the_best_chunk_count(p3x3):
 
 
 def test_pipelined_broadcast_barely_grows_with_receiving_hosts(p3x3):
-    # Seed 002 §3.1: with enough chunks the time approaches one copy over the slowest link.
+    # The resharding paper §3.1: with enough chunks the time approaches one copy over the slowest link.
     cm = CostModel(p3x3)
     one_host = cm.pipelined_broadcast(0, [4, 5, 6, 7], S).time
     two_hosts = cm.pipelined_broadcast(0, list(range(4, 12)), S).time

@@ -1,4 +1,4 @@
-"""Seed 004 Table 2's benchmark (benchmarks/distir_grid.py): its specs, grid, data and a quick run."""
+"""DistIR Table 2's benchmark (benchmarks/distir_grid.py): its specs, grid, data and a quick run."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import distir_grid  # noqa: E402
 
-# seed 004 Table 1: layers, width, model size in GB (fp16)
+# DistIR Table 1: layers, width, model size in GB (fp16)
 TABLE1 = {"mlp-1b": (16, 8192, 2.2), "mlp-17b": (64, 16384, 34.4), "mlp-103b": (96, 32768, 206.2)}
 
 
@@ -60,7 +60,7 @@ def test_grid_small_case_by_hand():
 
 def test_grid_bounds():
     # large batches: 15 (D, T, P) triples, 5 with P = 1 and 10 with the 7 values of K: 75
-    # (seed 004 Table 1's N_grid for MLP 1B)
+    # (DistIR Table 1's N_grid for MLP 1B)
     assert len(distir_grid.grid(4096)) == len(distir_grid.grid(262144)) == 75
     big = distir_grid.grid(262144)
     assert {c.microbatches for c in big if c.pipeline > 1} == set(distir_grid.MICROBATCHES)

@@ -1,4 +1,4 @@
-"""Parallelism matrices (seed 000 §3.1, Fig. 2): conformance of the solver model and enumeration."""
+"""Parallelism matrices (P² §3.1, Fig. 2): conformance of the solver model and enumeration."""
 
 import itertools
 import math
@@ -35,7 +35,7 @@ def test_fig2b_every_cpu_is_a_replica_every_gpu_a_shard():
 
 
 def test_fig2d_reduction_groups_along_the_shards():
-    # Seed 000 §2.2: with Fig. 2d, reducing along parameter shards reduces {A0, A1} and
+    # P² §2.2: with Fig. 2d, reducing along parameter shards reduces {A0, A1} and
     # {A2, A3} inside a CPU, and A0 with C0 across servers (Fig. 4b's "A0 and C0").
     m = ParallelismMatrix.of([[1, 1, 2, 2], [1, 2, 1, 2]])
     groups = [sorted(name(d) for d in g) for g in m.reduction_groups(FIG2_LEVELS, axes=[1])]

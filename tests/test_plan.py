@@ -242,7 +242,7 @@ def test_written_plan_has_no_aliases_and_reads_back(tmp_path, reduced):
 
 def test_launch_layout_matches_the_priced_groups(reduced):
     """Every rank once; a stage's mesh rows are the tensor groups the stage planner priced,
-    its columns the data groups; coordinates are the placement matrix's (seed 000 §2.1)."""
+    its columns the data groups; coordinates are the placement matrix's (P² §2.1)."""
     topo, spec, _ = reduced
     plan = make_plan(topo, spec, "1f1b", config=REDUCED)
     lay = plan_document(plan)["launch"]

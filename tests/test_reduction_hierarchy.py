@@ -1,4 +1,4 @@
-"""Synthesis hierarchies (seed 000 Table 1), DSL groups (Table 2) and lowering."""
+"""Synthesis hierarchies (P² Table 1), DSL groups (Table 2) and lowering."""
 
 import pytest
 

@@ -15,7 +15,7 @@ from solver_planner.reduction.verify import system_steps, verify_steps
 
 FIG2 = (1, 2, 2, 4)
 FIG2_NAMES = ("rack", "server", "CPU", "GPU")
-# Fig. 2d, reducing along the parameter shards (seed 000 §2.2, the running example).
+# Fig. 2d, reducing along the parameter shards (P² §2.2, the running example).
 RUNNING = Lowering(ParallelismMatrix.of([[1, 1, 2, 2], [1, 2, 1, 2]]), FIG2, FIG2_NAMES, [1])
 
 

@@ -11,7 +11,7 @@ from solver_planner.reduction.hierarchy import Lowering, SynthesisHierarchy
 
 
 def groups_by_position(h: SynthesisHierarchy, slice_level, form):
-    """Seed 000 Table 2 position by position: the definition the range-built groups follow."""
+    """P² Table 2 position by position: the definition the range-built groups follow."""
     i = h.index(slice_level)
     if form.kind == "InsideGroup":
         key = lambda c: c[: i + 1]  # noqa: E731

@@ -1,4 +1,4 @@
-"""Resharding at scale (issue 18): seed 002 §3.2's randomized greedy as written, the
+"""Resharding at scale (issue 18): the resharding paper §3.2's randomized greedy as written, the
 dispatcher and the CP-SAT improvement phase, and the lower bounds.
 
 Every bound is refuted against brute force on tiny instances and against every method's
@@ -75,7 +75,7 @@ def test_issue_18_sixteen_hosts_reach_the_bound():
     assert len(durations) == 1 and r.bound == pytest.approx(128 * durations.pop() * 1e-9)
 
 
-# -- the randomized greedy of seed 002 §3.2 -----------------------------------------------
+# -- the randomized greedy of the resharding paper §3.2 -----------------------------------------------
 
 def test_alpa_greedy_is_a_function_of_its_seed():
     inst = random_instance(random.Random(5), 60)

@@ -1,4 +1,4 @@
-"""Conformance of every scheduling method (seed 002 §3.2): feasible, never better than the
+"""Conformance of every scheduling method (the resharding paper §3.2): feasible, never better than the
 lower bound, CP-SAT at least as good as every fallback and equal to brute force on small
 instances, and every plan replayed by the simulator ends when the plan says."""
 
@@ -143,7 +143,7 @@ def test_random_problems_replay_exactly_under_every_method_and_strategy(problem,
 
 
 def test_full_duplex_a_host_sends_while_it_receives():
-    """Seed 002 §3: links are full duplex, so a host's NIC is two resources.  Host 0 sends
+    """The resharding paper §3: links are full duplex, so a host's NIC is two resources.  Host 0 sends
     its half to host 1 while receiving host 1's half: the two tasks run at once."""
     cost = CostModel(P3X5)
     p = ReshardingProblem.build("swap", (64, 1024, 1024), "float32", P3X5, ([0, 1], 2, "S0,R,R"),

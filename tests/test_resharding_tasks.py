@@ -1,4 +1,4 @@
-"""Meshes, sharding specs, tiles and unit tasks (seed 002 §2.2), and the strategies of §3.1."""
+"""Meshes, sharding specs, tiles and unit tasks (the resharding paper §2.2), and the strategies of §3.1."""
 
 import numpy as np
 import pytest
@@ -43,7 +43,7 @@ def test_bad_specs_are_refused():
 
 
 def test_the_2x4_to_2x4_dim0_to_dim1_case_has_64_unit_tasks():
-    # Seed 002 §5.1.2: "case 4 which has 64 unit communication tasks".
+    # The resharding paper §5.1.2: "case 4 which has 64 unit communication tasks".
     p = ReshardingProblem.build("t", (1024, 1024, 512), "float16", P3X5, ([0, 1], 4, "S01,R,R"),
                                 ([2, 3], 4, "R,S01,R"))
     tasks = p.unit_tasks()

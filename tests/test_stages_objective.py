@@ -738,7 +738,7 @@ def test_a_two_stage_1f1b_iteration_matches_its_hand_computed_timeline():
 
 
 def test_a_slow_link_between_two_stages_is_the_neighbour_cycle(monkeypatch):
-    """Seed 002 §4: under 1F1B a stage sends micro-batch m + W's activation only after m's
+    """The resharding paper §4: under 1F1B a stage sends micro-batch m + W's activation only after m's
     gradient is back, so a slow link between two stages paces both.  4 stages of one GPU on
     2 hosts, the host link much slower than any stage: the neighbour cycle (stages/
     neighbor.py) of the stages either side of the link, a jump every 2 micro-batches, is the

@@ -1,5 +1,5 @@
 """``solver-planner place`` and ``solver-planner reduce synth|verify``: placements and
-reduction programs (seed 000).  Thin: argument parsing and printing only."""
+reduction programs (P²).  Thin: argument parsing and printing only."""
 
 import math
 import sys

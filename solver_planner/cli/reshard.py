@@ -1,4 +1,4 @@
-"""``solver-planner reshard``: cross-mesh resharding schedules (seed 002).  Thin: argument
+"""``solver-planner reshard``: cross-mesh resharding schedules (the resharding paper).  Thin: argument
 parsing and printing only."""
 
 import sys

@@ -2,7 +2,7 @@
 
 Both functions are pure: they return a :class:`DistributedPlan` and touch no process.
 
-Reduction programs (seed 000 §3.2) follow the one meaning of :mod:`..reduction.layout`:
+Reduction programs (P² §3.2) follow the one meaning of :mod:`..reduction.layout`:
 every rank's buffer is ``k`` chunks, chunk ``c`` at row ``c``; a call hands torch each
 member's held chunks in ascending order and writes what comes back at each chunk's own
 row.  :func:`..reduction.layout.buffers` says, member by member, which rows go in and come
@@ -22,7 +22,7 @@ run (members with buffers of different sizes, a scatter that does not divide, an
 all-gather of overlapping chunks) raises :class:`~solver_planner.errors.LoweringError`
 naming the step and the group.
 
-Cross-mesh resharding (seed 002 §3): every unit task becomes one ``broadcast`` from its
+Cross-mesh resharding (the resharding paper §3): every unit task becomes one ``broadcast`` from its
 chosen sender over the group {sender} + receivers, carrying the task's slice: the sender
 cuts it out of its source tile, each receiver writes it into its destination tile.  Every
 rank issues its broadcasts in the schedule's global order (start time, then task index),
@@ -132,7 +132,8 @@ def lower_reduction(steps: Steps, num_devices: int, chunks: int, reduction_group
 def lower_resharding(plan: ReshardingPlan, title: str | None = None) -> DistributedPlan:
     """Per-rank ``broadcast`` calls of a broadcast schedule; ranks are the meshes' devices in order."""
     if plan.strategy != "broadcast":
-        raise LoweringError(f"only broadcast schedules are lowered (seed 002 §3.1); this plan uses {plan.strategy}")
+        raise LoweringError("only broadcast schedules are lowered (the resharding paper §3.1); "
+                            f"this plan uses {plan.strategy}")
     prob = plan.problem
     devices = tuple(sorted(set(prob.src.mesh.flat) | set(prob.dst.mesh.flat)))
     rank = {d: r for r, d in enumerate(devices)}

@@ -9,10 +9,10 @@ where the result goes (``recv``).
 Two buffer layouts:
 
 * ``chunks`` (reduction programs): a rank's buffer is ``k`` equal chunks, the rows of
-  the semantics' state matrix (seed 000 §3.2); a region is a tuple of chunk indices,
+  the semantics' state matrix (P² §3.2); a region is a tuple of chunk indices,
   read and written in that order.
 * ``tiles`` (resharding): a source rank holds its tile of the tensor, a destination rank
-  the tile it must end with (seed 002 §2.2); a region is a box ``((lo, hi), ...)`` in the
+  the tile it must end with (the resharding paper §2.2); a region is a box ``((lo, hi), ...)`` in the
   rank's local coordinates.
 
 :meth:`DistributedPlan.as_dict` is what the interpreter runs, in the package's workers

@@ -1,4 +1,4 @@
-"""Parallelism placements (seed 000 §3.1): matrices, device assignment, solver and enumeration."""
+"""Parallelism placements (P² §3.1): matrices, device assignment, solver and enumeration."""
 
 from .cpsat import cpsat_matrices, log_objective
 from .enumerate import enumerate_matrices

@@ -1,4 +1,4 @@
-"""The CP-SAT model of parallelism matrices (seed 000 §3.1, Eq. 1-2) over prime exponents.
+"""The CP-SAT model of parallelism matrices (P² §3.1, Eq. 1-2) over prime exponents.
 
 Every entry is a product of primes of the axis sizes and level counts, so the model's
 variables are ``e[i][j][q]``, the exponent of prime ``q`` in ``x[i][j]``.  Eq. 1 (columns

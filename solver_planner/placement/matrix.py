@@ -1,11 +1,11 @@
-"""Parallelism matrices (seed 000 §3.1) and the device assignment they imply.
+"""Parallelism matrices (P² §3.1) and the device assignment they imply.
 
 A parallelism matrix ``x`` has one row per parallelism axis (in spec order) and one column
 per hierarchy level (outermost first).  Entry ``x[i][j]`` is how many instances of level
 ``j`` axis ``i`` is split across; column products equal the level counts (Eq. 1) and row
 products equal the axis sizes (Eq. 2).
 
-Device assignment (seed 000 §2.1, Fig. 2): the coordinate ``c_j`` of a device on level
+Device assignment (P² §2.1, Fig. 2): the coordinate ``c_j`` of a device on level
 ``j`` is cut into one digit per axis, in mixed radix ``(x[0][j], ..., x[m][j])`` with axis 0
 most significant (the order of Table 1's column-based hierarchy); the axis-``i``
 coordinate is the mixed-radix number of its digits over the levels, outermost most

@@ -1,4 +1,4 @@
-"""The end-to-end plan (seed 002 §5.2-5.3): stages, placements, proven programs, broadcast
+"""The end-to-end plan (the resharding paper §5.2-5.3): stages, placements, proven programs, broadcast
 schedules and the whole iteration simulated; the plan file and its check."""
 
 from .boundaries import STRATEGIES, Boundary, boundary_problem, solve_boundaries, transfers_of

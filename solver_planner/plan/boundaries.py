@@ -1,7 +1,7 @@
-"""The tensors that cross between stages, as cross-mesh resharding problems (seed 002 §5.2).
+"""The tensors that cross between stages, as cross-mesh resharding problems (the resharding paper §5.2).
 
 Every channel of a plan (the next stage, or a farther one for a skip connection) moves one
-micro-batch's activations forward and their gradients back.  Seed 002 §5.2: an activation is
+micro-batch's activations forward and their gradients back.  The resharding paper §5.2: an activation is
 partitioned along the batch over a stage's data-parallel devices and replicated over its
 operator-parallel ones, on both meshes.  With a stage's devices laid out as a (data, tensor)
 grid (:meth:`.parts.StagePart.grid`: rows are replicas, columns tensor positions), that is
@@ -31,7 +31,7 @@ from .parts import StagePart
 
 __all__ = ["Boundary", "STRATEGIES", "boundary_problem", "solve_boundaries", "transfers_of", "directions"]
 
-# How a boundary's tensor moves (the rows of seed 002's ablation): broadcast schedules, Alpa's
+# How a boundary's tensor moves (the rows of the resharding paper's ablation): broadcast schedules, Alpa's
 # send/recv (one sender per destination device), or free ("Signal Send/Recv", the bound).
 STRATEGIES = CROSS_MESH
 SPEC = ("S0", "R")
@@ -67,7 +67,7 @@ def stage_mesh(part: StagePart, topology: Topology) -> DeviceMesh:
 
 def boundary_problem(plan: Partition, parts: list[StagePart], topology: Topology, kind: str, src: int, dst: int
                      ) -> ReshardingProblem:
-    """The resharding of one micro-batch's tensors over channel (src, dst) (seed 002 §5.2)."""
+    """The resharding of one micro-batch's tensors over channel (src, dst) (the resharding paper §5.2)."""
     c = plan.costs
     lo, hi = (src, dst) if kind == "act" else (dst, src)
     dtype = c.model.dtype

@@ -1,6 +1,6 @@
 """One training plan from a cluster and a model: the stage planner's partition, each stage's
 placement and proven gradient program, a broadcast schedule at every stage boundary, and
-the whole iteration simulated with them (seed 002 §5.2-5.3).
+the whole iteration simulated with them (the resharding paper §5.2-5.3).
 
 A composition, not a fifth solver (DESIGN.md): every part comes from its own public API
 (:func:`solver_planner.stages.report.plan_stages`, :func:`.parts.stage_parts`,
@@ -293,10 +293,10 @@ def compose(topology: Topology, model: ModelSpec, part: Partition, schedule: str
     ----------
     schedule : the family the iteration runs ('1f1b', 'gpipe', 'eager-1f1b'); its fastest
         member that fits, with the boundaries' real schedules, is the plan's.
-    cross_mesh : 'broadcast' (seed 002 §3's schedules), 'send-recv' (Alpa's baseline) or
-        'free' (cross-mesh communication costs nothing: seed 002's "Signal Send/Recv" bound).
+    cross_mesh : 'broadcast' (the resharding paper §3's schedules), 'send-recv' (Alpa's baseline) or
+        'free' (cross-mesh communication costs nothing: the resharding paper's "Signal Send/Recv" bound).
     overlap : False makes each boundary transfer synchronous (it holds the compute streams
-        of both stages while it runs: seed 002 §5.3's "Broadcast" row); True runs it on the
+        of both stages while it runs: the resharding paper §5.3's "Broadcast" row); True runs it on the
         communication streams, overlapping computation ("Overlap", and eager-1F1B).
     """
     say = progress or (lambda _t: None)

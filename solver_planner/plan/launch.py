@@ -6,7 +6,7 @@ the plan file as devices x data degree (260 MB on 100 000 GPUs).
 
 Ranks are the cluster's device indices (host-major, as the cluster spec numbers them and
 as ``torchrun --nnodes H --nproc-per-node M`` numbers its ranks).  The layout comes from each
-stage's parallelism matrix (seed 000 §2.1), so the placement P² found is the one the job
+stage's parallelism matrix (P² §2.1), so the placement P² found is the one the job
 uses: ``DeviceMesh(device_type, torch.tensor(stage["mesh"]), mesh_dim_names=("dp", "tp"))``
 on every rank (a DeviceMesh is built by all ranks of the world), then each rank keeps the
 mesh of its own stage.

@@ -3,7 +3,7 @@ proven program that reduces its gradients.
 
 The stage planner's plan space (:mod:`solver_planner.stages.costs`) keeps a tensor-parallel
 group on ``t`` consecutive devices of one host and makes the groups data-parallel replicas.
-Here that layout is stated as seed 000's parallelism matrix: axes (data, tensor) over the
+Here that layout is stated as P²'s parallelism matrix: axes (data, tensor) over the
 sub-mesh's levels (hosts, devices per host), found by the placement solver under the rule
 "tensor inside a host", which leaves exactly one matrix, ``[[n, m/t], [1, t]]``.  Its device
 assignment (§2.1) gives every device its (data, tensor) coordinates, and its synthesis

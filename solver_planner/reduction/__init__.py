@@ -1,4 +1,4 @@
-"""Reduction programs (seed 000 §3.2-3.5): DSL, semantics, synthesis hierarchy, synthesis."""
+"""Reduction programs (P² §3.2-3.5): DSL, semantics, synthesis hierarchy, synthesis."""
 
 from .dsl import Instruction, Program, format_program, parse_program
 from .hierarchy import Form, Lowering, SynthesisHierarchy

@@ -1,4 +1,4 @@
-"""The reduction DSL of seed 000 §3.3: a program is a list of (slice, form, collective).
+"""The reduction DSL of P² §3.3: a program is a list of (slice, form, collective).
 
 Text syntax, one instruction per line or separated by ``;``::
 

@@ -6,7 +6,7 @@ hierarchical all-reduce::
       - {op: AllReduce, groups: [[0, 2], [1, 3]]}
       - {op: AllGather, groups: [[0, 1], [2, 3]]}
 
-The first device of a group is the root of Reduce and Broadcast (seed 000 §3.2), and the
+The first device of a group is the root of Reduce and Broadcast (P² §3.2), and the
 order of a ReduceScatter group says who keeps which block (:mod:`.layout`).  Op names are
 read like the DSL's: any case, ``_`` and ``-`` ignored.
 """

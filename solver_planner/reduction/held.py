@@ -88,7 +88,7 @@ class HeldState:
 
 
 def initial(shapes: Shapes, positions: int, k: int) -> HeldState:
-    """Every position holds all ``k`` chunks (seed 000 §3.5)."""
+    """Every position holds all ``k`` chunks (P² §3.5)."""
     sid, _ = shapes.of(((0, k),))
     return HeldState(np.full(positions, sid, dtype=np.int64), np.zeros(positions, dtype=np.int64))
 

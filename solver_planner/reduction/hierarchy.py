@@ -1,4 +1,4 @@
-"""Synthesis hierarchies (seed 000 §3.4), the device groups of DSL forms, and lowering.
+"""Synthesis hierarchies (P² §3.4), the device groups of DSL forms, and lowering.
 
 The synthesis hierarchy of a placement and its reduction axes keeps only the factors of
 the reduction axes, collapsed per hardware level (Table 1: ``[7 16 27]`` for axes 0 and 2
@@ -55,7 +55,7 @@ class SynthesisHierarchy:
 
     @classmethod
     def of(cls, matrix: ParallelismMatrix, level_names: Sequence[str], reduction_axes: Sequence[int]) -> SynthesisHierarchy:
-        """Seed 000 §3.4 (d), collapsed per hardware level, with a root."""
+        """P² §3.4 (d), collapsed per hardware level, with a root."""
         counts = [prod(matrix.rows[i][j] for i in reduction_axes) for j in range(matrix.num_levels)]
         return cls(("root",) + tuple(level_names), (1,) + tuple(counts))
 
@@ -90,7 +90,7 @@ class SynthesisHierarchy:
         else:
             j = self.index(form.level)  # type: ignore[arg-type]
             if not j < i:
-                raise ValueError(f"{form} needs a level above the slice '{slice_level}' (seed 000 §3.3)")
+                raise ValueError(f"{form} needs a level above the slice '{slice_level}' (P² §3.3)")
             lo = j + 1  # vary c_{j+1}..c_i (same c_0..c_j and c_{i+1}..c_K)
         hi = len(self.counts) if form.kind == "InsideGroup" else i + 1
         outer, inner = prod(self.counts[:lo]), prod(self.counts[hi:])
@@ -154,7 +154,7 @@ class Lowering:
         return [[k + p for p in self._position] for k in self._key]
 
     def group_of(self) -> dict[int, tuple[int, ...]]:
-        """Each device's reduction group: the columns it must end with (seed 000 §3.5)."""
+        """Each device's reduction group: the columns it must end with (P² §3.5)."""
         return {d: tuple(group) for group in self.reduction_groups() for d in group}
 
 

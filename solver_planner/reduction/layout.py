@@ -5,7 +5,7 @@ implements it: the rules (:mod:`.verify`), the z3 proof (:mod:`.proof`), the num
 (:mod:`.execute`) and the torch.distributed lowering (:mod:`solver_planner.distributed.lower`).
 
 1. **Buffers.**  Every device's buffer is the reduction's data cut into ``k`` equal chunks,
-   chunk ``c`` at offset ``c`` (seed 000 §3.2: row ``c`` of a device state is chunk ``c``;
+   chunk ``c`` at offset ``c`` (P² §3.2: row ``c`` of a device state is chunk ``c``;
    ``k`` is the reduction group size, so every hierarchical scatter divides).  A device
    *holds* the chunks whose values the program still uses; initially all of them.
 2. **Calls.**  A group's call hands the library each member's held chunks *packed in
@@ -29,7 +29,7 @@ implements it: the rules (:mod:`.verify`), the z3 proof (:mod:`.proof`), the num
 6. **Valid**: every call is well-formed and, whatever the data, every device ends holding
    all ``k`` chunks, each the exact sum of its reduction group's data for that chunk.
 
-Seed 000's Fig. 8 rules are a *sufficient* condition for 6: their pre-conditions (same
+P²'s Fig. 8 rules are a *sufficient* condition for 6: their pre-conditions (same
 chunks on every member, disjoint contributions, information increase) make every step
 produce clean partial sums (see :mod:`.verify`).
 

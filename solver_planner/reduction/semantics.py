@@ -1,4 +1,4 @@
-"""The semantics of collectives (seed 000 §3.2, Fig. 8) over boolean device states.
+"""The semantics of collectives (P² §3.2, Fig. 8) over boolean device states.
 
 A device state is a ``k x m`` boolean matrix: row ``r`` is chunk ``r`` of the data, column
 ``c`` says whether device ``c`` contributed to it.  Initially device ``d`` has 1 in its own

@@ -1,4 +1,4 @@
-"""Bounded synthesis with z3 over the Fig. 8 rules (seed 000 §3.2, §3.5).
+"""Bounded synthesis with z3 over the Fig. 8 rules (P² §3.2, §3.5).
 
 A second implementation of the rules of :mod:`.semantics`, as formulas: chunk ``r`` of
 position ``d`` after step ``t`` is a bit-vector ``S[t][d][r]`` over the contributing

@@ -1,6 +1,6 @@
 """A large synthesis hierarchy synthesized on a small one that stands for it, then costed exactly.
 
-The semantics of seed 000 (§3.2, Fig. 8) follows a ``k x k`` boolean state per position of
+The semantics of P² (§3.2, Fig. 8) follows a ``k x k`` boolean state per position of
 a hierarchy of ``k`` positions: ``k**3`` bits a state, 10**15 at 100 000 devices.  But the
 instructions of §3.3 treat every instance of a level alike: which instructions derive the
 same groups depends only on which levels have a single instance, and whether a step is
@@ -15,7 +15,7 @@ hierarchy over random hierarchies and placements.
 
 Costing makes no such claim: what every real position holds before each step is followed
 exactly (:mod:`.held`, positions that hold translated sets share one shape), and a step
-moves and copies what :class:`.ranking.StepCoster` charges (seed 000 §4: the lowered groups
+moves and copies what :class:`.ranking.StepCoster` charges (P² §4: the lowered groups
 of a step run at once; the buffer of a group is what its first member holds; local copies
 by :func:`.layout.copies`).  Programs sharing a prefix share its states.
 """

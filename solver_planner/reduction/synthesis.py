@@ -1,4 +1,4 @@
-"""Syntax-guided enumerative synthesis of reduction programs (seed 000 §3.5).
+"""Syntax-guided enumerative synthesis of reduction programs (P² §3.5).
 
 Programs are built on the synthesis hierarchy, in increasing size up to a limit (5 by
 default, as in §4.2), keeping every program whose steps all satisfy their pre-conditions
@@ -12,7 +12,7 @@ Two ways to measure a program's size (``metric``):
 
 * ``instructions`` (the default): every instruction counts 1.  Complete at the default
   limit 5 for the hierarchies we ship, and it finds programs the paper's space misses.
-* ``paper``: seed 000's space as its evaluation counts it, to reproduce its figures
+* ``paper``: P²'s space as its evaluation counts it, to reproduce its figures
   (§4.2: 3 programs per placement for a 1-level synthesis hierarchy, 47 for a 2-level
   one, at limit 5): an ``InsideGroup`` instruction counts 1, a ``Parallel(e)`` or
   ``Master(e)`` one 2, and R-Broadcast is taken verbatim (every group must gain, so a

@@ -1,4 +1,4 @@
-"""Is a reduction program valid?  Decided exactly, and explained with seed 000's Fig. 8 rules.
+"""Is a reduction program valid?  Decided exactly, and explained with P²'s Fig. 8 rules.
 
 Valid means what :mod:`.layout` writes down: every call is one the library can run and,
 whatever the data, every device ends with the exact sum over its reduction group.  This
@@ -11,7 +11,7 @@ module decides it by following the value of every (device, atom of chunks):
   later step can only discard it (a Broadcast overwrites it, a Reduce or ReduceScatter
   drops it).
 
-Fig. 8's pre-conditions (seed 000 §3.2) are what keeps every value clean and useful:
+Fig. 8's pre-conditions (P² §3.2) are what keeps every value clean and useful:
 R-AllReduce, R-ReduceScatter and R-Reduce ask every member to hold the same chunks with
 disjoint contributions; R-AllGather disjoint chunks in equal shares (here, part of being
 well-formed); R-Broadcast that nothing is lost and something is gained.  A program that

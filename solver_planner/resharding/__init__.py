@@ -1,4 +1,4 @@
-"""Cross-mesh resharding (seed 002 §2.2-§3): meshes and sharding specs, unit tasks,
+"""Cross-mesh resharding (the resharding paper §2.2-§3): meshes and sharding specs, unit tasks,
 strategies for one unit task, and per-host load balancing and scheduling."""
 
 from .mesh import Box, DeviceMesh, DimTiling, Layout, ShardingSpec, box_size, format_box

@@ -1,7 +1,7 @@
-"""Lower bounds on the makespan of seed 002 §3.2's problem (Eq. 1-3).
+"""Lower bounds on the makespan of the resharding paper §3.2's problem (Eq. 1-3).
 
 :meth:`Instance.lower_bound` is the combinatorial bound (the longest task, the work each
-resource must carry whatever the senders, and seed 002 Eq. 4 over every set of sender
+resource must carry whatever the senders, and the resharding paper Eq. 4 over every set of sender
 hosts).  :func:`assignment_bound` is stronger when tasks have several candidate senders:
 the least possible load of the busiest resource over every sender assignment (Eq. 4
 generalised from the senders' NICs to every resource a candidate holds: forwarding hosts

@@ -1,4 +1,4 @@
-"""The CP-SAT model of seed 002 §3.2, Eq. 1-3.
+"""The CP-SAT model of the resharding paper §3.2, Eq. 1-3.
 
 One start variable per task; per candidate sender a presence literal and an optional
 interval of that candidate's duration (exactly one present: Eq. 2); per resource a

@@ -1,7 +1,7 @@
 """Fast schedules for large instances: balanced senders, then priority list scheduling.
 
 * :func:`assign_senders`: each task with several candidate senders gets the one that
-  keeps the most loaded of its resources lightest (seed 002 Eq. 4 applied to every
+  keeps the most loaded of its resources lightest (the resharding paper Eq. 4 applied to every
   resource a candidate holds, not only the sender's NIC), largest tasks first.
 * :func:`dispatch`: with the senders fixed, a non-delay list schedule (Giffler and
   Thompson's dispatching): whenever resources free up, start the waiting tasks whose
@@ -10,7 +10,7 @@
   a task that can start).  Interchangeable tasks are one class, so each decision costs
   the number of classes, not of tasks.
 
-Seed 002 §3.2 notes that resharding tasks come in a few identical kinds spread evenly over
+The resharding paper §3.2 notes that resharding tasks come in a few identical kinds spread evenly over
 the hosts; keeping every busiest resource busy is then enough to reach the lower bound
 on most layouts, which the benchmark measures.
 """

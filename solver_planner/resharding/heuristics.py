@@ -1,4 +1,4 @@
-"""The scheduling algorithms of seed 002 §3.2 other than the solver model.
+"""The scheduling algorithms of the resharding paper §3.2 other than the solver model.
 
 * :func:`naive`: every task from its lowest-indexed host, in one fixed global order.
 * :func:`load_balance`: Eq. 4 solved greedily, largest task first to the least-loaded
@@ -6,7 +6,7 @@
 * :func:`randomized_greedy`: rounds; each picks, over several random task orders, the
   largest set of tasks that share no resource, and appends it to the order (seeded; a
   fast variant that scans interchangeable tasks once per round).
-* :func:`alpa_greedy`: the same algorithm as seed 002 §3.2 states it (and Alpa runs it):
+* :func:`alpa_greedy`: the same algorithm as the resharding paper §3.2 states it (and Alpa runs it):
   every iteration tries ``rounds`` random orders of all remaining tasks and keeps the
   largest set; each task goes to its least-loaded free sender host.
 * :func:`dfs`: depth-first branch and bound over sender choices and task orders, pruned
@@ -32,12 +32,12 @@ __all__ = ["naive", "load_balance", "randomized_greedy", "alpa_greedy", "dfs", "
 
 
 def naive(inst: Instance) -> Schedule:
-    """Seed 002 §3.2 "Naive algorithm": lowest-indexed sender host, tasks in index order."""
+    """The resharding paper §3.2 "Naive algorithm": lowest-indexed sender host, tasks in index order."""
     return inst.list_schedule(range(len(inst)), [0] * len(inst))
 
 
 def load_balance(inst: Instance) -> Schedule:
-    """Seed 002 Eq. 4: sort by duration, descending; each to the currently lightest host."""
+    """The resharding paper Eq. 4: sort by duration, descending; each to the currently lightest host."""
     order = sorted(range(len(inst)), key=lambda i: (-inst.min_duration(i), i))
     load: dict[int, int] = {}
     choice = [0] * len(inst)
@@ -50,11 +50,11 @@ def load_balance(inst: Instance) -> Schedule:
 
 
 def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8) -> Schedule:
-    """Seed 002 §3.2 "Greedy Search with Randomization".
+    """The resharding paper §3.2 "Greedy Search with Randomization".
 
     Each round tries ``restarts`` random orders of the remaining tasks, takes each task whose
     resources (with some candidate sender, lightest host first) are still free, and keeps
-    the set covering the most resources.  Interchangeable tasks (seed 002: "many unit
+    the set covering the most resources.  Interchangeable tasks (the resharding paper: "many unit
     communication tasks are identical") are scanned once per class, so a round costs the
     number of classes, not of tasks; a restart that leaves no resource idle ends the round.
     """
@@ -100,7 +100,7 @@ def randomized_greedy(inst: Instance, seed: int = 0, restarts: int = 8) -> Sched
 
 
 def alpa_greedy(inst: Instance, seed: int = 0, rounds: int = 100) -> Schedule:
-    """Seed 002 §3.2 "Greedy Search with Randomization", as written.
+    """The resharding paper §3.2 "Greedy Search with Randomization", as written.
 
     Iterations: each draws ``rounds`` random orders of the remaining tasks; in each order
     it takes every task that shares no resource with those taken before it, sent from its
@@ -193,7 +193,7 @@ DFS_NODES_PER_SECOND = 20_000
 
 def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 1.0,
         bound: int = 0, node_limit: int | None = None) -> DfsResult:
-    """Seed 002 §3.2 "DFS with pruning": branch on the next task to start and its sender.
+    """The resharding paper §3.2 "DFS with pruning": branch on the next task to start and its sender.
 
     ``time_budget`` is turned into a node budget (:data:`DFS_NODES_PER_SECOND` nodes per
     second, or ``node_limit`` when smaller) so that the answer does not depend on machine
@@ -279,7 +279,7 @@ def dfs(inst: Instance, incumbent: Schedule | None = None, time_budget: float = 
             if best_span <= bound or not complete:
                 return
 
-    if n > DFS_MAX_TASKS:  # seed 002 §3.2: the DFS does not scale; keep the incumbent
+    if n > DFS_MAX_TASKS:  # the resharding paper §3.2: the DFS does not scale; keep the incumbent
         return DfsResult(best, best_span <= bound, 0)
     if best_span > bound and n:
         search(0, 0)

@@ -1,13 +1,13 @@
 """Device meshes, sharding specs and the tiles they cut a tensor into.
 
-Seed 002 §2.2 (after GSPMD and Alpa): a mesh is a 2-D view of devices, rows are hosts and
+The resharding paper §2.2 (after GSPMD and Alpa): a mesh is a 2-D view of devices, rows are hosts and
 columns devices inside a host.  A sharding spec gives every tensor dimension ``R``
 (replicated) or ``S`` with the mesh dimensions it is split along: ``S0`` (rows), ``S1``
 (columns) or ``S01`` (both, row-major: tile ``i * columns + j`` on device ``(i, j)``).
 
 A dimension of size ``n`` split into ``p`` tiles uses tiles of ``ceil(n / p)`` elements; the
 last tile is padded (and if ``p > n`` the last ones hold only padding).  Alpa requires even
-splits; seed 002 §5.1.1 handles uneven ones this way.
+splits; the resharding paper §5.1.1 handles uneven ones this way.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class Layout:
         return tuple(DimTiling(n, self.spec.parts(d, self.mesh.shape)) for d, n in enumerate(self.shape))
 
     def box_of(self, row: int, col: int) -> Box:
-        """The region mesh device ``(row, col)`` holds (seed 002 §2.2 "data slice")."""
+        """The region mesh device ``(row, col)`` holds (the resharding paper §2.2 "data slice")."""
         shape = self.mesh.shape
         return tuple(t.interval(self.spec.tile_index(d, row, col, shape)) for d, t in enumerate(self.tilings))
 

@@ -64,7 +64,7 @@ class ReshardingPlan:
         return self.costs[i][self.schedule.choice[i]]
 
     def bytes_moved(self, topology) -> dict[str, int]:
-        """Bytes leaving the source mesh, and bytes crossing between hosts (seed 002 §2.2:
+        """Bytes leaving the source mesh, and bytes crossing between hosts (the resharding paper §2.2:
         the former is at least the tensor's size)."""
         src = set(self.problem.src.mesh.flat)
         cross_mesh = network = 0.0
@@ -218,7 +218,7 @@ def schedule_instance(inst: Instance, method: str = "auto", time_limit: float = 
 def plan_resharding(problem: ReshardingProblem, cost: CostModel, method: str = "auto",
                     strategy: Strategy | str = "broadcast", time_limit: float = 10.0, seed: int = 0,
                     workers: int = 1, progress: Callable[[str], None] | None = None) -> SolveResult[ReshardingPlan]:
-    """Choose senders and start times for every unit task (seed 002 §3.2) with ``method``.
+    """Choose senders and start times for every unit task (the resharding paper §3.2) with ``method``.
 
     ``time_limit`` bounds CP-SAT and the DFS; ``seed`` drives the randomized greedy and
     CP-SAT; the same inputs always give the same plan (with one CP-SAT worker).
@@ -275,8 +275,8 @@ def check(plan: ReshardingPlan, cost: CostModel) -> Timeline:
 
 
 def baselines(problem: ReshardingProblem, cost: CostModel) -> dict[str, float]:
-    """Makespans of seed 002's baselines: the naive schedule of broadcasts, and plain
-    send/recv and Alpa's local all-gather, each load-balanced as in seed 002 §5.1.2."""
+    """Makespans of the resharding paper's baselines: the naive schedule of broadcasts, and plain
+    send/recv and Alpa's local all-gather, each load-balanced as in the resharding paper §5.1.2."""
     out = {"naive": plan_resharding(problem, cost, "naive").objective}
     for name, strategy in (("send_recv", Strategy.SEND_RECV), ("local_allgather", Strategy.LOCAL_ALLGATHER)):
         out[name] = plan_resharding(problem, cost, "load-balance", strategy).objective

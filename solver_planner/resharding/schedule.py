@@ -1,10 +1,10 @@
-"""The load-balancing and scheduling problem of seed 002 §3.2 (Eq. 1-3), and its schedules.
+"""The load-balancing and scheduling problem of the resharding paper §3.2 (Eq. 1-3), and its schedules.
 
 Each unit task picks one sender host among those holding its slice (Eq. 2) and a start
 time; tasks that use a common resource never overlap (Eq. 3); the objective is the end
 of the last task (Eq. 1).
 
-Resources: the ports the cost model says a task's transfers cross.  Seed 002 §3 assumes
+Resources: the ports the cost model says a task's transfers cross.  The resharding paper §3 assumes
 full-duplex links, so a host's NIC is two resources, sending (``tx``) and receiving
 (``rx``): a host may send one slice while it receives another.  In a broadcast chain
 every receiver host but the last also forwards, so it holds both.  When the meshes are
@@ -82,7 +82,7 @@ class Instance:
 
     # -- building schedules ----------------------------------------------------------------
     def list_schedule(self, order: Sequence[int], choice: Sequence[int]) -> Schedule:
-        """Start each task, in ``order``, as soon as all its resources are free (seed 002 §3.2:
+        """Start each task, in ``order``, as soon as all its resources are free (the resharding paper §3.2:
         an execution order per host fixes the start times)."""
         free = [0] * len(self.resources)
         start = [0] * len(self)

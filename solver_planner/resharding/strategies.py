@@ -1,4 +1,4 @@
-"""Ways to carry out one unit task, each timed by the shared cost model (seed 002 §3.1).
+"""Ways to carry out one unit task, each timed by the shared cost model (the resharding paper §3.1).
 
 * ``send-recv``: the sender sends the whole slice to each receiver device, one after
   another (time grows with the number of receiver devices).
@@ -65,7 +65,7 @@ def unit_cost(cost: CostModel, strategy: Strategy | str, sender: int, receivers:
         for r in receivers:
             by_host.setdefault(topo.host(r), []).append(r)
         groups = list(by_host.values())
-        # Host by host (seed 002 Fig. 3b): one copy per host, a 1/m part to each of its m devices.
+        # Host by host (the resharding paper Fig. 3b): one copy per host, a 1/m part to each of its m devices.
         scatter = sum(cost.transfers_time([(sender, r) for r in g], nbytes / len(g)) for g in groups)
         gather = cost.collective("allgather", groups, nbytes)
         sends = [(sender, r, nbytes / len(g)) for g in groups for r in g]

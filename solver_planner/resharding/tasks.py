@@ -1,4 +1,4 @@
-"""A cross-mesh resharding task and its unit communication tasks (seed 002 §2.2).
+"""A cross-mesh resharding task and its unit communication tasks (the resharding paper §2.2).
 
 Every destination tile must be assembled from the source tiles it intersects.  Each
 non-empty intersection of a source tile and a destination tile is one *unit task*: a
@@ -107,7 +107,7 @@ class ReshardingProblem:
         return format_box(box, self.shape)
 
     def padding_notes(self) -> list[str]:
-        """Which side pads which dimension (seed 002 §5.1.1); empty when every split is even."""
+        """Which side pads which dimension (the resharding paper §5.1.1); empty when every split is even."""
         return [f"{side}: {note}" for side, layout in (("src", self.src), ("dst", self.dst))
                 for note in layout.padding_notes()]
 

@@ -44,7 +44,7 @@ def add_transfer(sim: Simulation, cost: CostModel, src: int, dst: int, nbytes: f
 
 def add_broadcast(sim: Simulation, cost: CostModel, src: int, dsts: Sequence[int], nbytes: float,
                   deps: Iterable[int] = (), name: str | None = None, chunks: int | None = None, **kw) -> int:
-    """A pipelined chain broadcast from ``src`` (seed 002 §3.1)."""
+    """A pipelined chain broadcast from ``src`` (the resharding paper §3.1)."""
     b = cost.pipelined_broadcast(src, dsts, nbytes, chunks)
     return sim.add(name or f"broadcast {src}->{len(b.chain) - 1}", b.time, sorted(b.resources), deps,
                    devices=b.chain, stream=kw.pop("stream", "comm"), category=kw.pop("category", "broadcast"),

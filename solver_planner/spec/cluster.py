@@ -1,13 +1,13 @@
 """The cluster spec: hierarchy levels, the device, and the interconnects.
 
-A cluster is a hierarchy of named levels, outermost first (seed 000 §2: "each level has a
+A cluster is a hierarchy of named levels, outermost first (P² §2: "each level has a
 name and a cardinality"), for example ``node: 4`` then ``gpu: 16``.  A transfer between two
 devices uses the interconnect of the outermost level at which their coordinates differ.
-An interconnect's bandwidth is per direction (seed 002 §3: links are full duplex); it is
+An interconnect's bandwidth is per direction (the resharding paper §3: links are full duplex); it is
 shared as one port per device, one per instance of a level (one NIC per node shared by
-its GPUs, seed 000 §4), or one per ``k`` consecutive devices (a PCIe switch under a CPU).
+its GPUs, P² §4), or one per ``k`` consecutive devices (a PCIe switch under a CPU).
 ``via`` names further interconnects a transfer also crosses on each end (the V100 nodes
-of seed 000 Fig. 9b reach their NIC through PCIe).
+of P² Fig. 9b reach their NIC through PCIe).
 
 Example::
 
@@ -46,7 +46,7 @@ class LevelSpec(SpecModel):
 
 
 class ComputeSpec(SpecModel):
-    """How fast the device runs a layer's kernels (seed 004 §4: per-op costs fitted by
+    """How fast the device runs a layer's kernels (DistIR §4: per-op costs fitted by
     regression on micro-benchmarks; :mod:`solver_planner.compute` gives the formulas)."""
 
     matmul_efficiency: Number = Field(

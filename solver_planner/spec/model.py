@@ -1,6 +1,6 @@
 """The model (workload) spec: parallelism axes and requested reductions.
 
-Example (seed 000 §2: data parallelism of size 4 and 16 parameter shards)::
+Example (P² §2: data parallelism of size 4 and 16 parameter shards)::
 
     name: example
     parallelism:
@@ -33,7 +33,7 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8"
                "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 class AxisSpec(SpecModel):
-    """One parallelism axis (seed 000 §3.1: the rows of a parallelism matrix)."""
+    """One parallelism axis (P² §3.1: the rows of a parallelism matrix)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     size: Integer = Field(ge=1, le=MAX_DEVICES)
@@ -70,7 +70,7 @@ class ReductionSpec(SpecModel):
 
 
 class MeshSpec(SpecModel):
-    """A device mesh (seed 002 §2.2): ``devices_per_host`` devices, starting at local index
+    """A device mesh (the resharding paper §2.2): ``devices_per_host`` devices, starting at local index
     ``first_device``, on each of ``hosts``; mesh dimension 0 runs over hosts, 1 over devices.
     ``spec`` gives each tensor dimension's sharding (GSPMD/Alpa notation)."""
 
@@ -83,7 +83,7 @@ class MeshSpec(SpecModel):
 
 
 class ReshardingSpec(SpecModel):
-    """One cross-mesh resharding task: a tensor moves from ``src`` to ``dst`` (seed 002 §2.2)."""
+    """One cross-mesh resharding task: a tensor moves from ``src`` to ``dst`` (the resharding paper §2.2)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     shape: list[Integer] = Field(min_length=1, max_length=MAX_AXES, description="tensor shape")
@@ -377,7 +377,7 @@ def _with_hf_config(spec: ModelSpec, data: dict, source: Source, path: Path) -> 
 def check_fits(model: ModelSpec, num_devices: int, cluster_name: str) -> None:
     """Refuse parallelism axes whose sizes do not multiply to the cluster's device count.
 
-    Seed 000 §3.1: a parallelism matrix exists only when the axis sizes and the level counts
+    P² §3.1: a parallelism matrix exists only when the axis sizes and the level counts
     have the same product.
     """
     if model.parallelism is None:

@@ -1,4 +1,5 @@
-"""Stage partitioning on sub-meshes and pipeline schedules (seed 001 ch. 5-6, 002 §4, 003, 004).
+"""Stage partitioning on sub-meshes and pipeline schedules (Wang's thesis ch. 5-6, the resharding
+paper §4, Alpa, DistIR).
 
 The simulated iteration (:mod:`.pipeline`) is what is minimised; :mod:`.objective` gives its
 closed-form lower bounds, :mod:`.problem` the dynamic programs over contiguous stages and

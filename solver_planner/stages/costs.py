@@ -2,7 +2,7 @@
 
 Plan space.  ``S`` stages of contiguous layers on equal sub-meshes that tile the cluster in
 order: part of one host ``(1, 2^k)`` or whole hosts ``(n, M)`` (the mesh shapes of Alpa's
-inter-op pass, seed 003; equal meshes per stage as seed 001 §6.2 and seed 004's D/T/P
+inter-op pass; equal meshes per stage as Wang's thesis §6.2 and DistIR's D/T/P
 grid).  Each stage picks a :class:`StageConfig`: ``t`` consecutive devices of a host form a
 tensor-parallel group, the ``d = size / t`` groups are data-parallel replicas, each taking
 ``1/d`` of a micro-batch; and a recomputation mode when the spec allows several.
@@ -25,14 +25,14 @@ next one, or a farther one for a skip connection) moves from replica ``j`` of ``
 same position of ``q``, all lanes at once, on the links between those devices
 (:meth:`StageCosts.transfer`, affine in bytes, cached per route signature).
 
-Gradient reduction (seed 001 ch. 5, what DDP's buckets do): each layer's gradients are cut
+Gradient reduction (Wang's thesis ch. 5, what DDP's buckets do): each layer's gradients are cut
 into buckets of at most ``gradient_bucket`` bytes (25 MiB, DDP's default), reduced over the
 stage's data-parallel replicas as soon as the last micro-batch's backward has produced
 them, buckets one after another (each bucket with the best P² program for its size when
 replicas span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  With backward
 pieces ``c_j`` and reductions ``s_j`` in backward order, the stage ends ``G = max_j (c_1 +
 ... + c_j + s_j + ... + s_n)`` after its last backward starts (a two-machine flow shop in a
-fixed order); ``g = G - sum c`` is the tail the reduction adds (seed 001's tail factor
+fixed order); ``g = G - sum c`` is the tail the reduction adds (the tail factor of Wang's thesis
 ``gamma`` times the synchronisation cost).  Without overlap (``gradient_overlap: false``)
 one reduction of all the stage's gradients follows the last backward.
 """

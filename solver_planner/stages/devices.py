@@ -2,7 +2,7 @@
 
 Equal sub-meshes must tile the devices a plan uses: ``stages x mesh devices = used``, with
 at most one stage per layer and some micro-batch splitting over the mesh's data degree
-(seed 004's configurations; Alpa's mesh shapes, seed 001 §4.1).  A cluster of 100 000
+(DistIR's configurations; Alpa's mesh shapes, Wang's thesis §4.1).  A cluster of 100 000
 GPUs has no such plan for GPT-3 (a global batch of 1 536 splits over at most 32 replicas of
 a count dividing 100 000), so real jobs leave devices idle.  The search takes the largest
 number of devices, at most the cluster (or ``--devices``), that is a whole part of the

@@ -1,4 +1,4 @@
-"""Plans without a solver: seed 001's balanced greedy, and every plan (brute force, small cases)."""
+"""Plans without a solver: the balanced greedy of Wang's thesis, and every plan (brute force, small cases)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["balanced_greedy", "all_plans", "count_plans"]
 
 
 def balanced_greedy(pair: PairProblem) -> tuple[StagePlan, ...] | None:
-    """Seed 001 Alg. 5: accumulate per-layer work, cut when it passes total / S (early enough
+    """Wang's thesis, Alg. 5: accumulate per-layer work, cut when it passes total / S (early enough
     that every later stage keeps a layer); then each stage takes the configuration with the
     least ``R`` term that fits (else the least memory)."""
     if not pair.possible:

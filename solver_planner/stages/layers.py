@@ -6,7 +6,7 @@ Defaults, each a standard rule of thumb:
   gradient; Kaplan et al. 2020 §2.1, Narayanan et al. 2021 §5.1);
 * gradients take as many bytes as the parameters;
 * optimizer state per parameter: Adam keeps two fp32 moments and, when training in 16
-  bits, an fp32 master copy (seed 002 Table 1: 216M parameters, 432M optimizer-state
+  bits, an fp32 master copy (the resharding paper Table 1: 216M parameters, 432M optimizer-state
   parameters, 2.95 GB of weights and optimizer = 2 + 4 + 8 bytes per parameter); plain
   SGD keeps only the master copy.
 """

@@ -1,6 +1,6 @@
 """The neighbour cycle: a slow link between two stages paces them both, whatever the rest.
 
-Seed 002 §4 (why eager-1F1B exists): under 1F1B a stage cannot send micro-batch ``m + 1``'s
+The resharding paper §4 (why eager-1F1B exists): under 1F1B a stage cannot send micro-batch ``m + 1``'s
 activation before the gradient of an earlier micro-batch has come back, so the link between
 two stages is crossed twice per cycle.  The cycle bound of :mod:`.objective` reads that cycle
 through every later stage, ``W_p`` micro-batches apart; between neighbours it is shorter and

@@ -3,7 +3,7 @@
 Notation for a plan of ``S`` stages and ``B`` micro-batches under one schedule (stage ``p``):
 ``f`` forward, ``b = bA + bW`` backward, ``w = f + b`` per micro-batch; ``c`` the *chain op*
 the previous stage waits for (``bA`` with weight delaying, else ``b``); ``g`` what the
-gradient reduction adds after the stage's last op (:mod:`.costs`, seed 001's tail);
+gradient reduction adds after the stage's last op (:mod:`.costs`, the tail of Wang's thesis);
 ``x(p->q)`` a micro-batch's transfer on the real links between the two meshes (skips
 included), ``x(q->p)`` its gradients back.  Every bound below holds for any run of the task
 graph of :mod:`.pipeline`, because that run respects every dependency and duration used;
@@ -19,7 +19,7 @@ waiting for a busy port only delays tasks.
 
       LB_p = H_p + B w_p - (b_p - c_p) + D_p
 
-* **Cycle bound** (1F1B cannot hide communication, seed 002 §4).  Stage ``p`` runs forward
+* **Cycle bound** (1F1B cannot hide communication, the resharding paper §4).  Stage ``p`` runs forward
   ``m + W_p`` right after backward ``m`` (``W_p`` its warm-up forwards), and backward ``m``
   waits for micro-batch ``m``'s round trip ``R_p`` through the later stages, transfers
   included.  So forwards ``0, W, 2W, ...`` are ``C_p = f + R_p + c + (bW if BW precedes

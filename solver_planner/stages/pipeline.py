@@ -9,7 +9,7 @@ Tasks, all with the cost model's times of :mod:`.costs` (``Partition`` reads the
   the links between the two meshes; ``F`` of ``q`` waits for all of its inputs; the
   gradients go back the same way after ``q``'s ``B`` (or ``BA``) and ``p``'s backward waits for
   them.  A channel sends its micro-batches in order (one NCCL stream);
-* gradient reduction (seed 001 ch. 5, DDP buckets): the stage's last backward (or its
+* gradient reduction (Wang's thesis ch. 5, DDP buckets): the stage's last backward (or its
   ``BW``) runs as one piece per layer, last layer first, and each layer's bucket is reduced
   over the data-parallel groups (holding their ports) when its piece is done, buckets one
   after another; without ``gradient_overlap``, one reduction after the last backward;
@@ -79,7 +79,7 @@ def _transfer(plan: Partition, kind: str, src: int, dst: int, transfers: Transfe
 
 
 def weight_delays(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> list[bool]:
-    """Seed 002 §4, "delay the least to cover all communications": a stage's ``BW`` waits for
+    """The resharding paper §4, "delay the least to cover all communications": a stage's ``BW`` waits for
     the next forward only when its gradient transfers outlast ``BW``."""
     if not schedule.weight_delay:
         return [False] * len(plan.stages)

@@ -1832,7 +1832,7 @@ class PairProblem:
         return lo, plan
 
     def _start_plan(self, sub: Subspace) -> tuple[StagePlan, ...] | None:
-        """A plan of the whole pair that fits (seed 001's balanced greedy), when ``sub`` is
+        """A plan of the whole pair that fits (the balanced greedy of Wang's thesis), when ``sub`` is
         the whole pair; else None."""
         if sub.prefix or sub.excluded:
             return None

@@ -23,7 +23,7 @@ __all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_r
 
 @dataclass(frozen=True)
 class Config:
-    """Seed 004's (data, tensor, pipeline, micro-batches) of a configuration."""
+    """DistIR's (data, tensor, pipeline, micro-batches) of a configuration."""
 
     data: int
     tensor: int
@@ -199,7 +199,7 @@ class StagesReport:
 
 def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str, time_limit: float, seed: int,
                comm: bool, best: float, budget: int, simulations: int, compute: str = "efficiency") -> dict:
-    """Seed 004 Table 2: the best pure data, tensor and pipeline plans (or why there is none)."""
+    """DistIR Table 2: the best pure data, tensor and pipeline plans (or why there is none)."""
     N, M = topology.num_devices, topology.devices_per_host
     whole = MeshShape(N // M, M) if N >= M else MeshShape(1, N)
     cases = {

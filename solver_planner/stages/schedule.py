@@ -1,13 +1,13 @@
 """Pipeline schedules: the order in which each stage runs its forwards and backwards.
 
 * GPipe (Huang et al. 2019): all forwards, then all backwards;
-* 1F1B (seed 004 §5, Narayanan et al. 2021): stage ``p`` of ``S`` runs ``W = S - p`` forwards
+* 1F1B (DistIR §5, Narayanan et al. 2021): stage ``p`` of ``S`` runs ``W = S - p`` forwards
   (its warm-up), then alternates one backward and one forward, then drains its backwards;
-* eager-1F1B (seed 002 §4): like 1F1B with ``e`` more warm-up forwards on the stages that
+* eager-1F1B (the resharding paper §4): like 1F1B with ``e`` more warm-up forwards on the stages that
   have them (``min(e, S - p - 1)``; ``e = S - 1`` is the paper's ``2 (S - p) - 1`` in all),
   so that a forward of another micro-batch sits between two dependent tasks and hides the
   transfer; ``e = 0`` is 1F1B;
-* backward weight delaying (seed 002 §4): a backward is split into its activation-gradient
+* backward weight delaying (the resharding paper §4): a backward is split into its activation-gradient
   part ``BA`` (what the previous stage waits for) and its weight-gradient part ``BW``; ``BW``
   runs right after ``BA``, so the gradient transfer overlaps it, or, on a stage whose
   transfer outlasts ``BW`` (the paper's "delay the least to cover all communications", with

@@ -22,7 +22,7 @@ simulated yet.  In a loop:
 When both heaps empty, every plan has been simulated or proven slower: the best is
 OPTIMAL (to a relative ``1e-9``).  Budgets (subspaces solved, simulated tasks; both
 deterministic) stop it earlier: OPTIMAL still when nothing left can beat the best, else
-FEASIBLE with the gap to the least key left.  ``greedy`` simulates seed 001's balanced plan
+FEASIBLE with the gap to the least key left.  ``greedy`` simulates the balanced plan of Wang's thesis
 of each pair (bound: :func:`.problem.cheap_bound`); ``brute-force`` prices every plan and
 simulates them by increasing ``O`` (refused beyond ``BRUTE_FORCE_LIMIT`` before starting).
 No plan at all: INFEASIBLE when the least-memory plan of every pair (an exact min-max
