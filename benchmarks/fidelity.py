@@ -10,6 +10,11 @@ counts half), and the median measured / predicted.
   configuration fixed, throughput per GPU predicted on the shipped DGX A100 spec (device
   preset, nothing fitted to these runs) against the measured;
 
+* **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
+  2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
+  against the shipped DGX A100 spec's prediction; in sample, since the A100 presets' GEMM
+  efficiency is fitted to it (``calibrate --from-layer-times``);
+
 * **local gloo runs** (``benchmarks/execute.py``): every synthesized P² program of
   specs/models/local-2x4.yaml's reductions on two placements, and its resharding
   schedules, run on 8 local gloo processes and timed, against the prediction on a
@@ -74,6 +79,21 @@ def published(say) -> list[dict]:
         rows.append(runs.predict(r))
     return [summary("Megatron-LM Table 1: TFLOP/s per GPU", [r["predicted_tflops"] for r in rows],
                     [r["measured_tflops"] for r in rows])]
+
+
+def layer_times(say) -> list[dict]:
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.stages.layer_timings import load_layer_timings, predict_layer
+    from solver_planner.topology import Topology
+
+    say("Korthikanti et al. 2022 Table 4: one layer's forward and backward")
+    topo = Topology(load_cluster_spec(ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml"))
+    predicted, measured = [], []
+    for row in load_layer_timings(ROOT / "benchmarks" / "data" / "layer_times_a100.csv"):
+        predicted += predict_layer(topo, row)
+        measured += [row.forward, row.backward]
+    return [summary("Korthikanti et al. 2022 Table 4: layer forward/backward", predicted, measured,
+                    note="in sample: the A100 presets' GEMM efficiency is fitted to it")]
 
 
 def local_runs(calibrate_now: bool, repeat: int, say) -> list[dict]:
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = published(say) + distir(args.quick, say) + nccl_logs(say)
+    rows = published(say) + layer_times(say) + distir(args.quick, say) + nccl_logs(say)
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
     if args.json:
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
           f"  {'meas/pred':>9}  notes")
     for r in rows:
         notes = []
+        if "note" in r:
+            notes.append(r["note"])
         if "same_best" in r:
             notes.append(f"same best config {r['same_best']}, same pure winner {r['same_pure_winner']}"
                          f" (MLP 1B: {r['mlp1b']})")

@@ -53,7 +53,7 @@ def test_keys_written_in_the_spec_override_the_preset_key_by_key():
     d = s.device
     assert (d.name, d.memory, d.flops, d.memory_bandwidth) == ("mine", 40e9, 312e12, 2039e9)
     assert d.compute.kernel_overhead == pytest.approx(3e-6)          # the spec's
-    assert d.compute.matmul_efficiency == 0.86                       # the preset's, merged in
+    assert d.compute.matmul_efficiency == 0.719                      # the preset's, merged in
     assert "memory" not in s.preset_filled and "name" not in s.preset_filled
     assert "compute.matmul_efficiency" in s.preset_filled and "compute.kernel_overhead" not in s.preset_filled
     assert "flops" in s.preset_filled and "memory_bandwidth" in s.preset_filled
@@ -118,8 +118,15 @@ def test_preset_gemm_efficiencies_are_the_published_microbenchmark_table():
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     checked = 0
     for row in rows:
+        mamf = float(row["mamf_tflops"]) / float(row["peak_tflops"])
         for name in row["presets"].split():
             eff = presets()[name]["compute"]["matmul_efficiency"]
-            assert eff == pytest.approx(float(row["mamf_tflops"]) / float(row["peak_tflops"]), abs=0.006), name
+            if name.startswith("A100"):
+                # fitted to training layers (tests/test_layer_timings.py): below the best shape's
+                assert eff < mamf, name
+                continue
+            assert eff == pytest.approx(mamf, abs=0.006), name
             checked += 1
-    assert checked >= 6
+    assert checked >= 4
+    sxm, pcie = (presets()[n]["compute"]["matmul_efficiency"] for n in ("A100-SXM4-80GB", "A100-PCIe-80GB"))
+    assert pcie == pytest.approx(sxm * 256.4 / 267.9, abs=0.0005)

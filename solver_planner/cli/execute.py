@@ -270,6 +270,38 @@ def _written(text: str, output: Optional[Path], as_json: bool, as_dict) -> bool:
     return False
 
 
+def _from_layer_times(path: Path, cluster: Optional[Path], output: Optional[Path], name: Optional[str],
+                      levels: Optional[str], as_json: bool) -> None:
+    from ..stages.layer_timings import fit_matmul_efficiency, load_layer_timings
+
+    check_output(output, "--output")
+    if cluster is None:
+        fail("--from-layer-times needs --cluster BASE.yaml: the device whose compute block is fitted", 2)
+    if levels is not None or name is not None:
+        fail("--levels and --name are for measuring this machine; with --from-layer-times the spec is --cluster's", 2)
+    topology = topology_of(cluster)
+    rows = load_layer_timings(path)
+    with _status(f"fitting matmul_efficiency to {len(rows)} measured layer(s)"):
+        try:
+            fit = fit_matmul_efficiency(topology, rows)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    text = fit.spec_yaml(cluster, "solver-planner " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if _written(text, output, as_json, lambda: {**fit.as_dict(), "spec": text}):
+        return
+    table = Table(title=f"{topology.spec.name}: matmul_efficiency {fit.before} -> {fit.efficiency}"
+                        f" (least squared log error over {2 * len(rows)} passes)")
+    for col in ("layer", "pass", "measured", "predicted before", "predicted after"):
+        table.add_column(col)
+    for row, before, after in fit.rows:
+        for k, label in enumerate(("forward", "backward")):
+            measured = (row.forward, row.backward)[k]
+            table.add_row(row.label() if k == 0 else "", label, _ms(measured),
+                          f"{_ms(before[k])} ({before[k] / measured - 1:+.1%})",
+                          f"{_ms(after[k])} ({after[k] / measured - 1:+.1%})")
+    console().print(table)
+
+
 @handles_errors
 def calibrate(
     backend: str = typer.Option("auto", "--backend", help="gloo (CPU), nccl (a GPU per rank) or auto."),
@@ -290,8 +322,14 @@ def calibrate(
     from_nccl_tests: bool = typer.Option(
         False, "--from-nccl-tests", help="Fit the --cluster spec's interconnects (latency, bandwidth, per-collective"
                                          " efficiency) to nccl-tests logs instead of measuring; needs no torch."),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With --from-nccl-tests: the base cluster spec"
-                                                                   " (levels, device); the rest of it is kept."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="With --from-nccl-tests or --from-layer-times:"
+                                                                   " the base cluster spec (levels, device); the"
+                                                                   " rest of it is kept."),
+    from_layer_times: Optional[Path] = typer.Option(
+        None, "--from-layer-times", metavar="CSV",
+        help="Fit the --cluster device's matmul_efficiency to measured forward and backward times of single"
+             " transformer layers (columns hidden, heads, sequence, micro_batch, tensor, recompute,"
+             " sequence_parallel, forward_ms, backward_ms; e.g. benchmarks/data/layer_times_a100.csv)."),
 ) -> None:
     """Measure point-to-point and collective calls on this machine and write a cluster spec
     whose latency and bandwidth make the cost model fit them.
@@ -301,7 +339,15 @@ def calibrate(
     --from-nccl-tests, fits the interconnects of --cluster to NVIDIA nccl-tests logs
     (all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf, reduce_perf,
     sendrecv_perf) instead: one-host runs the innermost level, multi-host runs the host level.
+    With --from-layer-times, fits the matrix-multiply efficiency of --cluster's device to
+    measured times of single transformer layers (a per-layer microbenchmark, such as
+    Korthikanti et al. 2022's Table 4, which the A100 presets are fitted to).
     """
+    if from_layer_times is not None:
+        if from_nccl_tests or logs:
+            fail("--from-layer-times and --from-nccl-tests fit different parts of the spec: run them one at a time", 2)
+        _from_layer_times(from_layer_times, cluster, output, name, levels, as_json)
+        return
     if from_nccl_tests or logs:
         from ..distributed.nccl_tests import calibrate as from_logs
 

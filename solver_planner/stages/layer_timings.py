@@ -1,0 +1,243 @@
+"""Measured times of one transformer layer, what the cost model predicts for them, and the
+matrix-multiply efficiency that makes the two agree.
+
+A per-layer microbenchmark (Korthikanti et al. 2022, Table 4: the forward and the backward of
+one layer of a 22B GPT on eight A100s, with and without recomputation and sequence
+parallelism) times what a training step repeats, at the shapes training runs, with the
+framework's own kernels; a search over matrix shapes for the fastest multiply (the presets'
+first source) times none of that.  The prediction is the stage cost model's own (the layer's
+operators, :mod:`.operators`, plus its tensor-parallel all-reduces, :meth:`.costs.StageCosts.
+layer_times`), on the cluster given, for the layer alone on one stage of ``tensor`` devices.
+
+:func:`fit_matmul_efficiency` finds the ``matmul_efficiency`` of the device's compute block
+that minimises the squared log error over every measured pass (a one-dimensional, unimodal
+problem: a pass only gets faster as the efficiency rises), by golden-section search.  Nothing
+else is fitted; the tables are microbenchmarks, never end-to-end training throughput.
+
+A CSV file of timings has the columns ``hidden, heads, sequence, micro_batch, tensor,
+recompute, sequence_parallel, forward_ms, backward_ms`` (any others, such as a row label, are
+kept as the row's name); lines starting with ``#`` are comments.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .memory import RECOMPUTE_MODES as RECOMPUTE
+from ..errors import SpecError, SpecIssue
+from ..topology import Topology
+
+__all__ = ["LayerTiming", "load_layer_timings", "predict_layer", "fit_matmul_efficiency", "LayerFit"]
+
+COLUMNS = ("hidden", "heads", "sequence", "micro_batch", "tensor", "recompute", "sequence_parallel",
+           "forward_ms", "backward_ms")
+GOLDEN = (math.sqrt(5) - 1) / 2
+LOWEST, HIGHEST = 0.05, 1.0          # the efficiencies searched (a spec accepts (0, 1])
+TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One measured layer: its shape, how it ran, and its forward and backward seconds."""
+
+    hidden: int
+    heads: int
+    sequence: int
+    micro_batch: int
+    tensor: int
+    recompute: str
+    sequence_parallel: bool
+    forward: float
+    backward: float
+    name: str = ""
+    where: str = ""                  # file:line, for messages
+
+    def label(self) -> str:
+        return self.name or (f"h{self.hidden} b{self.micro_batch} t{self.tensor} {self.recompute}"
+                             f"{' +SP' if self.sequence_parallel else ''}")
+
+
+def _issue(file: str, line: int | None, message: str) -> SpecError:
+    return SpecError(SpecIssue(file, line, "", message))
+
+
+def load_layer_timings(path: str | Path) -> list[LayerTiming]:
+    """The rows of a timings file (module docstring); :class:`SpecError` with file and line
+    for a missing column, a value that is not a number, or an unknown recomputation mode."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _issue(str(path), None, f"cannot read the layer timings: {exc.strerror or exc}") from None
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
+    if not numbered:
+        raise _issue(str(path), None, "no layer timings (a header line and at least one row)")
+    reader = csv.reader([line for _, line in numbered])
+    header = [h.strip() for h in next(reader)]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise _issue(str(path), numbered[0][0], f"the header lacks {', '.join(missing)}; expected the columns"
+                                                f" {', '.join(COLUMNS)}")
+    rows = []
+    for (line, _), cells in zip(numbered[1:], reader):
+        if len(cells) != len(header):
+            raise _issue(str(path), line, f"{len(cells)} values for {len(header)} columns")
+        rec = {h: c.strip() for h, c in zip(header, cells)}
+        where = f"{path}:{line}"
+        try:
+            ints = {k: int(rec[k]) for k in ("hidden", "heads", "sequence", "micro_batch", "tensor")}
+            fwd, bwd = float(rec["forward_ms"]) / 1e3, float(rec["backward_ms"]) / 1e3
+        except ValueError as exc:
+            raise _issue(str(path), line, f"expected a number: {exc}") from None
+        if min(ints.values()) < 1 or not (fwd > 0 and bwd > 0 and math.isfinite(fwd + bwd)):
+            raise _issue(str(path), line, "sizes must be positive integers and times positive milliseconds")
+        if ints["hidden"] % ints["heads"]:
+            raise _issue(str(path), line, f"hidden {ints['hidden']} is not a multiple of heads {ints['heads']}")
+        if rec["recompute"] not in RECOMPUTE:
+            raise _issue(str(path), line, f"recompute {rec['recompute']!r}; expected one of {', '.join(RECOMPUTE)}")
+        sp = rec["sequence_parallel"].lower()
+        if sp not in ("true", "false"):
+            raise _issue(str(path), line, f"sequence_parallel {rec['sequence_parallel']!r}; expected true or false")
+        name = " ".join(v for k, v in rec.items() if k not in COLUMNS and v)
+        rows.append(LayerTiming(recompute=rec["recompute"], sequence_parallel=sp == "true", forward=fwd,
+                                backward=bwd, name=name, where=where, **ints))
+    if not rows:
+        raise _issue(str(path), numbered[0][0], "no layer timings after the header")
+    return rows
+
+
+def _one_host(topology: Topology, efficiency: float | None) -> Topology:
+    """One host of ``topology`` (a layer measured alone runs on one), with ``matmul_efficiency``
+    set to ``efficiency`` when given."""
+    spec = topology.spec
+    levels = [lv.model_copy(update={"count": 1}) if i <= topology.host_level else lv
+              for i, lv in enumerate(spec.levels)]
+    update: dict = {"levels": levels}
+    if efficiency is not None:
+        device = spec.device
+        if device.compute is None:
+            raise ValueError(f"{spec.name}: the device has no compute block to fit (use a preset such as"
+                             " A100-SXM4-80GB, or write `compute:`)")
+        compute = device.compute.model_copy(update={"matmul_efficiency": efficiency})
+        update["device"] = device.model_copy(update={"compute": compute})
+    return Topology(spec.model_copy(update=update))
+
+
+def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds the cost model gives one of ``row``'s layers on
+    ``topology`` (with ``matmul_efficiency`` set to ``efficiency`` when given): the layer
+    alone on one host, ``row.tensor`` devices to a replica, the micro-batch of
+    ``row.micro_batch`` samples per replica, the backward with its recomputed forward and
+    weight gradients."""
+    from ..spec.layers import TrainingSpec, TransformerSpec
+    from ..spec.model import ModelSpec
+    from .costs import StageConfig
+    from .layers import layer_model
+    from .report import Config, shape_of
+    from .search import StageSearch
+
+    topo = _one_host(topology, efficiency)
+    per_host = topo.devices_per_host
+    if row.tensor > per_host or per_host % row.tensor:
+        raise ValueError(f"{row.where or row.label()}: tensor {row.tensor} does not divide the "
+                         f"{per_host} devices of a host of {topo.spec.name}")
+    spec = ModelSpec(
+        name="measured-layer",
+        transformer=TransformerSpec(layers=1, hidden=row.hidden, heads=row.heads, sequence=row.sequence, vocab=1024),
+        # the host's other devices run replicas of the layer, each on its own micro-batch: a
+        # layer's passes do not depend on them (the gradient reduction is not in its times)
+        training=TrainingSpec(global_batch=row.micro_batch * (per_host // row.tensor), microbatches=1, dtype="float16", optimizer="adam",
+                              recompute=row.recompute, attention="materialized",
+                              sequence_parallel=row.sequence_parallel))
+    model = layer_model(spec)
+    block = next(i for i, layer in enumerate(model.layers) if layer.name == "block")
+    config = Config(per_host // row.tensor, row.tensor, 1, 1)
+    search = StageSearch(model, topo, "1f1b", True, shapes=[shape_of(topo, config)], tensor=row.tensor,
+                         microbatches=[1])
+    (pair,) = search.pairs()
+    fwd, act, weight = pair.costs.layer_times(StageConfig(row.tensor, row.recompute))
+    return float(fwd[block]), float(act[block] + weight[block])
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """The fitted efficiency, the device's before, and per row (measured, before, after)."""
+
+    efficiency: float
+    before: float | None
+    rows: list[tuple[LayerTiming, tuple[float, float], tuple[float, float]]]
+
+    @staticmethod
+    def _errors(pairs) -> list[float]:
+        return [p / m - 1 for row, pred in pairs for m, p in zip((row.forward, row.backward), pred)]
+
+    def errors(self, after: bool = True) -> list[float]:
+        """pred / measured - 1 of every pass (forward, backward per row)."""
+        return self._errors([(row, a if after else b) for row, b, a in self.rows])
+
+    def spec_yaml(self, base: str | Path, command: str = "") -> str:
+        """The base cluster spec with ``device.compute.matmul_efficiency`` set to the fit (a
+        preset's other compute keys still apply: a key written overrides the preset's alone),
+        under a comment header saying what was fitted to what."""
+        import statistics
+
+        import yaml
+
+        from ..spec.source import load_yaml
+
+        raw, _ = load_yaml(base)
+        device = raw.setdefault("device", {})
+        compute = device.get("compute")
+        device["compute"] = {**(compute if isinstance(compute, dict) else {}), "matmul_efficiency": self.efficiency}
+        before, after = [abs(e) for e in self.errors(False)], [abs(e) for e in self.errors()]
+        files = sorted({row.where.rsplit(":", 1)[0] for row, _, _ in self.rows if row.where})
+        lines = [f"# Fitted to measured layer times{' by `' + command + '`' if command else ''}.",
+                 f"# Base: {base} (its comments are not copied); only device.compute.matmul_efficiency differs",
+                 f"# from it: {self.before} -> {self.efficiency}, the least squared log error over every measured",
+                 f"# forward and backward ({len(after)} passes of {len(self.rows)} layers from {', '.join(files)}).",
+                 f"# |predicted / measured - 1|: median {statistics.median(before):.1%} before,"
+                 f" {statistics.median(after):.1%} after; worst {max(before):.1%} before, {max(after):.1%} after."]
+        return "\n".join(lines) + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
+
+    def as_dict(self) -> dict:
+        return {"matmul_efficiency": self.efficiency, "matmul_efficiency_before": self.before,
+                "rows": [{"row": row.label(), "where": row.where,
+                          "measured": {"forward": row.forward, "backward": row.backward},
+                          "predicted_before": {"forward": b[0], "backward": b[1]},
+                          "predicted": {"forward": a[0], "backward": a[1]}} for row, b, a in self.rows]}
+
+
+def _loss(topology: Topology, rows: list[LayerTiming], efficiency: float) -> float:
+    total = 0.0
+    for row in rows:
+        for measured, predicted in zip((row.forward, row.backward), predict_layer(topology, row, efficiency)):
+            total += math.log(predicted / measured) ** 2
+    return total
+
+
+def fit_matmul_efficiency(topology: Topology, rows: list[LayerTiming]) -> LayerFit:
+    """The ``matmul_efficiency`` in [0.05, 1] (to 1e-4) with the least squared log error
+    over every measured forward and backward of ``rows`` (golden-section search; the loss is
+    unimodal since each predicted pass falls as the efficiency rises)."""
+    if not rows:
+        raise ValueError("no layer timings to fit")
+    compute = topology.spec.device.compute
+    _one_host(topology, 1.0)          # a device without a compute block is refused here
+    lo, hi = LOWEST, HIGHEST
+    a, b = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
+    fa, fb = _loss(topology, rows, a), _loss(topology, rows, b)
+    while hi - lo > TOLERANCE:
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - GOLDEN * (hi - lo)
+            fa = _loss(topology, rows, a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + GOLDEN * (hi - lo)
+            fb = _loss(topology, rows, b)
+    best = round((lo + hi) / 2, 3)
+    out = [(row, predict_layer(topology, row), predict_layer(topology, row, best)) for row in rows]
+    return LayerFit(best, compute.matmul_efficiency, out)
