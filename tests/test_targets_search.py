@@ -77,7 +77,7 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
     # the paragraph after it: the native searches of interleaved 1F1B and of 1F1B
     after = text[text.index(line):].split("```")[1]
     base = [a for a in argv if a not in ("--target", "megatron", "--top", "5")]
-    for schedule, config in (("interleaved-1f1b", "64,4,4,24"), ("1f1b", "32,4,8,48")):
+    for schedule, config in (("interleaved-1f1b", "64,4,4,24"), ("1f1b", "64,4,4,24")):
         res = CliRunner().invoke(app, base + ["-s", schedule, "--json", "--no-baselines"])
         native = json.loads(res.output)
         got = ",".join(str(native["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
