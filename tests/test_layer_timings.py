@@ -39,6 +39,7 @@ def test_the_table_is_read_as_published():
                                ("selective", False, 7.7, 13.2), ("selective", True, 7.2, 13.1)]
     assert {(r.hidden, r.heads, r.sequence, r.micro_batch, r.tensor) for r in rows} == {(6144, 64, 2048, 4, 8)}
     assert rows[0].name == "Baseline no recompute" and rows[0].where.endswith("layer_times_a100.csv:14")
+    assert {(r.attention, r.dtype) for r in rows} == {("materialized", "float16")}
 
 
 def test_the_a100_presets_carry_the_fit(fitted):
@@ -68,13 +69,14 @@ def test_the_fit_is_a_least_squares_minimum_and_follows_the_table(a100, fitted):
 @settings(max_examples=8, deadline=None)
 @given(efficiency=st.floats(0.3, 0.95), hidden=st.sampled_from([1024, 2048, 4096]),
        micro=st.sampled_from([1, 2, 4]), tensor=st.sampled_from([1, 2, 8]),
-       recompute=st.sampled_from(["none", "full", "selective"]))
-def test_the_fit_recovers_the_efficiency_that_made_the_timings(a100, efficiency, hidden, micro, tensor, recompute):
+       recompute=st.sampled_from(["none", "full", "selective"]), attention=st.sampled_from(["flash", "materialized"]))
+def test_the_fit_recovers_the_efficiency_that_made_the_timings(a100, efficiency, hidden, micro, tensor, recompute,
+                                                               attention):
     rows = []
     for h, b in ((hidden, micro), (hidden * 2, micro * 2)):
-        row = lt.LayerTiming(h, 16, 1024, b, tensor, recompute, False, 1.0, 1.0)
+        row = lt.LayerTiming(h, 16, 1024, b, tensor, recompute, False, 1.0, 1.0, attention)
         fwd, bwd = lt.predict_layer(a100, row, efficiency)
-        rows.append(lt.LayerTiming(h, 16, 1024, b, tensor, recompute, False, fwd, bwd))
+        rows.append(lt.LayerTiming(h, 16, 1024, b, tensor, recompute, False, fwd, bwd, attention))
     fit = lt.fit_matmul_efficiency(a100, rows)
     assert fit.efficiency == pytest.approx(efficiency, abs=0.002)
     assert max(abs(e) for e in fit.errors()) < 0.01
@@ -91,10 +93,12 @@ def test_a_pass_gets_faster_as_the_efficiency_rises(a100):
     (HEADER + "6144,64,2048,4,8,none,false,seven,11.9,x\n", 2, "expected a number"),
     (HEADER + "6144,64,2048,4,8,sometimes,false,7.7,11.9,x\n", 2, "recompute 'sometimes'"),
     (HEADER + "6144,63,2048,4,8,none,false,7.7,11.9,x\n", 2, "not a multiple of heads"),
+    (HEADER + "6144,64,2048,4,3,none,false,7.7,11.9,x\n", 2, "do not split over tensor 3"),
     (HEADER + "6144,64,2048,4,8,none,maybe,7.7,11.9,x\n", 2, "sequence_parallel 'maybe'"),
     (HEADER + "6144,64,2048,4,8,none,false,-7.7,11.9,x\n", 2, "positive"),
     (HEADER + "6144,64,2048,4,8,none,false,7.7\n", 2, "values for 10 columns"),
     ("# only a comment\n" + HEADER, 2, "no layer timings after the header"),
+    (HEADER.replace(",row", ",attention") + "6144,64,2048,4,8,none,false,7.7,11.9,fused\n", 2, "attention 'fused'"),
 ])
 def test_a_bad_table_is_refused_with_its_line(tmp_path, text, line, words):
     path = tmp_path / "t.csv"
@@ -139,3 +143,27 @@ def test_the_fitted_presets_predict_megatron_lm_table_1_within_the_goal():
     rows = [pr.predict(r) for r in pr.load_runs() if r.virtual == 1]
     errors = sorted(abs(r["error"]) for r in rows)
     assert math.isfinite(errors[-1]) and errors[len(errors) // 2] <= 0.10
+
+
+def test_the_readme_figures_of_the_fit_are_what_it_gives(a100, fitted):
+    import re
+    import statistics
+
+    text = (ROOT / "README.md").read_text()
+    para = text[text.index("**GEMM efficiency from measured layers.**"):text.index("numbers: no such measurement")]
+    rows = lt.load_layer_timings(TABLE)
+    best_shape = [lt.predict_layer(a100, r, 0.86) for r in rows]
+    before = [p / m - 1 for r, pr in zip(rows, best_shape) for m, p in zip((r.forward, r.backward), pr)]
+    whole = [sum(pr) / (r.forward + r.backward) - 1 for r, pr in zip(rows, best_shape)]
+    after = [abs(e) for e in fitted.errors()]
+    full = next(a for r, _, a in fitted.rows if r.recompute == "full")
+    none = next(a for r, _, a in fitted.rows if r.recompute == "none" and not r.sequence_parallel)
+    expected = [f"{statistics.median(abs(e) for e in before) * 100:.1f}% fast",
+                f"{max(abs(e) for e in whole) * 100:.1f}%\nat worst on a whole layer",
+                f"It gives {fitted.efficiency}",
+                f"within {statistics.median(after) * 100:.1f}%", f"(median; {max(after) * 100:.1f}% at worst",
+                f"+{(full[1] - none[1]) * 1e3:.1f} ms predicted"]
+    flat = re.sub(r"\s+", " ", para)
+    for words in expected:
+        assert re.sub(r"\s+", " ", words) in flat, words
+    assert all(e < 0 for e in before[::2])          # every forward predicted fast with the best shape

@@ -329,7 +329,8 @@ def calibrate(
         None, "--from-layer-times", metavar="CSV",
         help="Fit the --cluster device's matmul_efficiency to measured forward and backward times of single"
              " transformer layers (columns hidden, heads, sequence, micro_batch, tensor, recompute,"
-             " sequence_parallel, forward_ms, backward_ms; e.g. benchmarks/data/layer_times_a100.csv)."),
+             " sequence_parallel, forward_ms, backward_ms, optionally attention and dtype; e.g."
+             " benchmarks/data/layer_times_a100.csv)."),
 ) -> None:
     """Measure point-to-point and collective calls on this machine and write a cluster spec
     whose latency and bandwidth make the cost model fit them.

@@ -15,8 +15,10 @@ problem: a pass only gets faster as the efficiency rises), by golden-section sea
 else is fitted; the tables are microbenchmarks, never end-to-end training throughput.
 
 A CSV file of timings has the columns ``hidden, heads, sequence, micro_batch, tensor,
-recompute, sequence_parallel, forward_ms, backward_ms`` (any others, such as a row label, are
-kept as the row's name); lines starting with ``#`` are comments.
+recompute, sequence_parallel, forward_ms, backward_ms``, and may have ``attention`` (flash, the
+default, or materialized) and ``dtype`` (bfloat16, the default, float16 or float32), as a
+model spec's ``training`` says them; any other column (a row label) is kept as the row's
+name.  Lines starting with ``#`` are comments.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..spec.layers import ATTENTION, FLOAT_DTYPES
 from .memory import RECOMPUTE_MODES as RECOMPUTE
 from ..errors import SpecError, SpecIssue
 from ..topology import Topology
@@ -34,6 +37,7 @@ __all__ = ["LayerTiming", "load_layer_timings", "predict_layer", "fit_matmul_eff
 
 COLUMNS = ("hidden", "heads", "sequence", "micro_batch", "tensor", "recompute", "sequence_parallel",
            "forward_ms", "backward_ms")
+OPTIONAL = {"attention": "flash", "dtype": "bfloat16"}      # as a model spec's training defaults
 GOLDEN = (math.sqrt(5) - 1) / 2
 LOWEST, HIGHEST = 0.05, 1.0          # the efficiencies searched (a spec accepts (0, 1])
 TOLERANCE = 1e-4
@@ -52,6 +56,8 @@ class LayerTiming:
     sequence_parallel: bool
     forward: float
     backward: float
+    attention: str = OPTIONAL["attention"]
+    dtype: str = OPTIONAL["dtype"]
     name: str = ""
     where: str = ""                  # file:line, for messages
 
@@ -96,14 +102,20 @@ def load_layer_timings(path: str | Path) -> list[LayerTiming]:
             raise _issue(str(path), line, "sizes must be positive integers and times positive milliseconds")
         if ints["hidden"] % ints["heads"]:
             raise _issue(str(path), line, f"hidden {ints['hidden']} is not a multiple of heads {ints['heads']}")
+        if ints["heads"] % ints["tensor"]:
+            raise _issue(str(path), line, f"heads {ints['heads']} do not split over tensor {ints['tensor']} devices")
         if rec["recompute"] not in RECOMPUTE:
             raise _issue(str(path), line, f"recompute {rec['recompute']!r}; expected one of {', '.join(RECOMPUTE)}")
         sp = rec["sequence_parallel"].lower()
         if sp not in ("true", "false"):
             raise _issue(str(path), line, f"sequence_parallel {rec['sequence_parallel']!r}; expected true or false")
-        name = " ".join(v for k, v in rec.items() if k not in COLUMNS and v)
+        extra = {k: rec.get(k) or default for k, default in OPTIONAL.items()}
+        for key, allowed in (("attention", ATTENTION), ("dtype", tuple(FLOAT_DTYPES))):
+            if extra[key] not in allowed:
+                raise _issue(str(path), line, f"{key} {extra[key]!r}; expected one of {', '.join(allowed)}")
+        name = " ".join(v for k, v in rec.items() if k not in COLUMNS and k not in OPTIONAL and v)
         rows.append(LayerTiming(recompute=rec["recompute"], sequence_parallel=sp == "true", forward=fwd,
-                                backward=bwd, name=name, where=where, **ints))
+                                backward=bwd, name=name, where=where, **extra, **ints))
     if not rows:
         raise _issue(str(path), numbered[0][0], "no layer timings after the header")
     return rows
@@ -149,9 +161,9 @@ def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None
         transformer=TransformerSpec(layers=1, hidden=row.hidden, heads=row.heads, sequence=row.sequence, vocab=1024),
         # the host's other devices run replicas of the layer, each on its own micro-batch: a
         # layer's passes do not depend on them (the gradient reduction is not in its times)
-        training=TrainingSpec(global_batch=row.micro_batch * (per_host // row.tensor), microbatches=1, dtype="float16", optimizer="adam",
-                              recompute=row.recompute, attention="materialized",
-                              sequence_parallel=row.sequence_parallel))
+        training=TrainingSpec(global_batch=row.micro_batch * (per_host // row.tensor), microbatches=1,
+                              dtype=row.dtype, optimizer="adam", recompute=row.recompute,
+                              attention=row.attention, sequence_parallel=row.sequence_parallel))
     model = layer_model(spec)
     block = next(i for i, layer in enumerate(model.layers) if layer.name == "block")
     config = Config(per_host // row.tensor, row.tensor, 1, 1)
