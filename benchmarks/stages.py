@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner.errors import PlannerError  # noqa: E402
-from solver_planner.spec.cluster import ClusterSpec  # noqa: E402
+from solver_planner.spec.cluster import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TransformerSpec  # noqa: E402
 from solver_planner.stages import LayerModel, MemoryOptions, StageSearch, plan_partition  # noqa: E402
 from solver_planner.stages import search as _search  # noqa: E402
@@ -50,10 +50,11 @@ CLUSTER = ROOT / "specs" / "clusters" / "dgx-a100-128x8.yaml"
 
 
 def dgx(nodes: int) -> Topology:
+    # through the spec loader, as a user's file goes: it fills in the device preset
     data = yaml.safe_load(CLUSTER.read_text())
     data["name"] = f"dgx-a100-{nodes}x8"
     data["levels"][0]["count"] = nodes
-    return Topology(ClusterSpec.model_validate(data))
+    return Topology(load_cluster_spec(f"{data['name']}.yaml", yaml.safe_dump(data)))
 
 
 def gpt(blocks: int, megatron: bool = False) -> LayerModel:

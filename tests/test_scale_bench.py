@@ -18,3 +18,15 @@ def test_the_deep_families_run_plan_then_check_and_the_eager_search():
                     ("deep-plan", "4 equal layers: check plan.yaml", "0"),        # check failing its file: 1
                     ("deep-eager", "4 equal layers, eager-1F1B", "0")]
     assert "gap" in out.stdout.splitlines()[-1] and "devices used 8 of 8" in out.stdout
+
+
+def test_the_stage_benchmark_builds_its_clusters_through_the_spec_loader():
+    # benchmarks/stages.py validated its YAML without the loader, so the device preset was
+    # never filled in and the script failed on its first row; one row of it, run
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import stages as bench
+
+    topo = bench.dgx(2)
+    assert topo.num_devices == 16 and topo.device.name == "A100-SXM4-80GB"
+    assert bench.row(bench.gpt(10), 1).split()[:3] == ["gpt-12", "8", "OPTIMAL"]
