@@ -90,12 +90,17 @@ def test_a_pass_gets_faster_as_the_efficiency_rises(a100):
 
 @pytest.mark.parametrize("text, line, words", [
     ("hidden,heads\n1,1\n", 1, "the header lacks sequence"),
-    (HEADER + "6144,64,2048,4,8,none,false,seven,11.9,x\n", 2, "expected a number"),
+    (HEADER + "6144,64,2048,4,8,none,false,seven,11.9,x\n", 2, "forward_ms 'seven' is not a number of milliseconds"),
+    (HEADER + "6144.5,64,2048,4,8,none,false,7.7,11.9,x\n", 2, "hidden '6144.5' is not a whole number"),
+    (HEADER + "6144,64,0,4,8,none,false,7.7,11.9,x\n", 2, "sequence '0' must be at least 1"),
+    (HEADER + "6144,64,2049,4,8,none,true,7.7,11.9,x\n", 2, "sequence 2049 does not split over tensor 8"),
+    (HEADER.replace(",row", ",hidden") + "6144,64,2048,4,8,none,false,7.7,11.9,6144\n", 1, "names hidden twice"),
     (HEADER + "6144,64,2048,4,8,sometimes,false,7.7,11.9,x\n", 2, "recompute 'sometimes'"),
     (HEADER + "6144,63,2048,4,8,none,false,7.7,11.9,x\n", 2, "not a multiple of heads"),
     (HEADER + "6144,64,2048,4,3,none,false,7.7,11.9,x\n", 2, "do not split over tensor 3"),
     (HEADER + "6144,64,2048,4,8,none,maybe,7.7,11.9,x\n", 2, "sequence_parallel 'maybe'"),
-    (HEADER + "6144,64,2048,4,8,none,false,-7.7,11.9,x\n", 2, "positive"),
+    (HEADER + "6144,64,2048,4,8,none,false,-7.7,11.9,x\n", 2, "forward_ms '-7.7' must be a positive number"),
+    (HEADER + "6144,64,2048,4,8,none,false,7.7,nan,x\n", 2, "backward_ms 'nan' must be a positive number"),
     (HEADER + "6144,64,2048,4,8,none,false,7.7\n", 2, "values for 10 columns"),
     ("# only a comment\n" + HEADER, 2, "no layer timings after the header"),
     (HEADER.replace(",row", ",attention") + "6144,64,2048,4,8,none,false,7.7,11.9,fused\n", 2, "attention 'fused'"),
@@ -167,3 +172,34 @@ def test_the_readme_figures_of_the_fit_are_what_it_gives(a100, fitted):
     for words in expected:
         assert re.sub(r"\s+", " ", words) in flat, words
     assert all(e < 0 for e in before[::2])          # every forward predicted fast with the best shape
+
+
+def test_a_table_is_read_as_a_spreadsheet_writes_it(tmp_path):
+    # a byte-order mark, indented comments, upper-case modes: the same rows
+    path = tmp_path / "t.csv"
+    path.write_text("\ufeff  # measured on our cluster\n" + HEADER.replace("recompute", "Recompute")
+                    + "6144,64,2048,4,8,FULL,TRUE,7.7,19.5,x\n", encoding="utf-8")
+    (row,) = lt.load_layer_timings(path)
+    assert (row.recompute, row.sequence_parallel, row.hidden, row.where.endswith("t.csv:3")) == ("full", True, 6144, True)
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e-3])
+def test_timings_no_efficiency_explains_are_refused(a100, scale):
+    # microseconds read as milliseconds (or the other way round): the fit would stop at an
+    # end of its range and write a spec that explains nothing
+    rows = [lt.LayerTiming(6144, 64, 2048, 4, 8, "none", False, 7.7e-3 * scale, 11.9e-3 * scale, "materialized")]
+    with pytest.raises(ValueError, match="slower than" if scale > 1 else "faster than"):
+        lt.fit_matmul_efficiency(a100, rows)
+
+
+def test_a_layer_no_model_spec_accepts_is_refused_with_its_line(a100):
+    row = lt.LayerTiming(6144, 64, 20_480_000_000, 4, 8, "none", False, 1.0, 1.0, where="t.csv:7")
+    with pytest.raises(ValueError, match=r"^t.csv:7: this layer is not one a model spec accepts \(.*sequence"):
+        lt.predict_layer(a100, row)
+
+
+def test_calibrate_refuses_a_table_in_the_wrong_unit(tmp_path):
+    path = tmp_path / "us.csv"
+    path.write_text(HEADER + "6144,64,2048,4,8,none,false,7700,11900,microseconds\n")
+    proc = run_cli("calibrate", "--from-layer-times", path, "--cluster", DGX_A100)
+    assert proc.returncode == 2 and "are the times in milliseconds" in proc.stderr, proc.stderr

@@ -8,7 +8,7 @@ Resources: the ports the cost model says a task's transfers cross.  The reshardi
 full-duplex links, so a host's NIC is two resources, sending (``tx``) and receiving
 (``rx``): a host may send one slice while it receives another.  In a broadcast chain
 every receiver host but the last also forwards, so it holds both.  When the meshes are
-on different hosts this is exactly the seed's rule "tasks sharing a host never
+on different hosts this is exactly the resharding paper's rule "tasks sharing a host never
 overlap", because every host of the destination mesh receives in each of its tasks;
 it differs only when both meshes share a host, where full duplex allows more overlap.
 

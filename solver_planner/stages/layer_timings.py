@@ -7,12 +7,12 @@ parallelism) times what a training step repeats, at the shapes training runs, wi
 framework's own kernels; a search over matrix shapes for the fastest multiply (the presets'
 first source) times none of that.  The prediction is the stage cost model's own (the layer's
 operators, :mod:`.operators`, plus its tensor-parallel all-reduces, :meth:`.costs.StageCosts.
-layer_times`), on the cluster given, for the layer alone on one stage of ``tensor`` devices.
+layer_times`), on one host of the cluster given, ``tensor`` devices to a replica.
 
 :func:`fit_matmul_efficiency` finds the ``matmul_efficiency`` of the device's compute block
-that minimises the squared log error over every measured pass (a one-dimensional, unimodal
-problem: a pass only gets faster as the efficiency rises), by golden-section search.  Nothing
-else is fitted; the tables are microbenchmarks, never end-to-end training throughput.
+that minimises the squared log error over every measured pass (one dimension: a scan, then a
+golden-section search), and refuses timings no efficiency explains.  Nothing else is
+fitted; the tables are microbenchmarks, never end-to-end training throughput.
 
 A CSV file of timings has the columns ``hidden, heads, sequence, micro_batch, tensor,
 recompute, sequence_parallel, forward_ms, backward_ms``, and may have ``attention`` (flash, the
@@ -30,7 +30,9 @@ from pathlib import Path
 
 from ..spec.layers import ATTENTION, FLOAT_DTYPES
 from .memory import RECOMPUTE_MODES as RECOMPUTE
-from ..errors import SpecError, SpecIssue
+from pydantic import ValidationError as PydanticError
+
+from ..errors import PlannerError, SpecError, SpecIssue
 from ..topology import Topology
 
 __all__ = ["LayerTiming", "load_layer_timings", "predict_layer", "fit_matmul_efficiency", "LayerFit"]
@@ -40,6 +42,7 @@ COLUMNS = ("hidden", "heads", "sequence", "micro_batch", "tensor", "recompute", 
 OPTIONAL = {"attention": "flash", "dtype": "bfloat16"}      # as a model spec's training defaults
 GOLDEN = (math.sqrt(5) - 1) / 2
 LOWEST, HIGHEST = 0.05, 1.0          # the efficiencies searched (a spec accepts (0, 1])
+STEP = 0.05                          # the scan before the golden-section search
 TOLERANCE = 1e-4
 
 
@@ -72,52 +75,69 @@ def _issue(file: str, line: int | None, message: str) -> SpecError:
 
 def load_layer_timings(path: str | Path) -> list[LayerTiming]:
     """The rows of a timings file (module docstring); :class:`SpecError` with file and line
-    for a missing column, a value that is not a number, or an unknown recomputation mode."""
+    for a missing or repeated column, a value that is not a number, or an unknown mode."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _issue(str(path), None, f"cannot read the layer timings: {exc.strerror or exc}") from None
-    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
+        text = path.read_text(encoding="utf-8-sig")          # a spreadsheet's byte-order mark
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _issue(str(path), None, f"cannot read the layer timings: {getattr(exc, 'strerror', None) or exc}") from None
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1)
+                if line.strip() and not line.lstrip().startswith("#")]
     if not numbered:
         raise _issue(str(path), None, "no layer timings (a header line and at least one row)")
     reader = csv.reader([line for _, line in numbered])
-    header = [h.strip() for h in next(reader)]
+    header = [h.strip().lower() for h in next(reader)]
+    first = numbered[0][0]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:
+        raise _issue(str(path), first, f"the header names {', '.join(twice)} twice")
     missing = [c for c in COLUMNS if c not in header]
     if missing:
-        raise _issue(str(path), numbered[0][0], f"the header lacks {', '.join(missing)}; expected the columns"
-                                                f" {', '.join(COLUMNS)}")
+        raise _issue(str(path), first, f"the header lacks {', '.join(missing)}; expected the columns"
+                                       f" {', '.join(COLUMNS)}")
     rows = []
     for (line, _), cells in zip(numbered[1:], reader):
+        def bad(message: str) -> SpecError:
+            return _issue(str(path), line, message)
+
         if len(cells) != len(header):
-            raise _issue(str(path), line, f"{len(cells)} values for {len(header)} columns")
+            raise bad(f"{len(cells)} values for {len(header)} columns")
         rec = {h: c.strip() for h, c in zip(header, cells)}
-        where = f"{path}:{line}"
-        try:
-            ints = {k: int(rec[k]) for k in ("hidden", "heads", "sequence", "micro_batch", "tensor")}
-            fwd, bwd = float(rec["forward_ms"]) / 1e3, float(rec["backward_ms"]) / 1e3
-        except ValueError as exc:
-            raise _issue(str(path), line, f"expected a number: {exc}") from None
-        if min(ints.values()) < 1 or not (fwd > 0 and bwd > 0 and math.isfinite(fwd + bwd)):
-            raise _issue(str(path), line, "sizes must be positive integers and times positive milliseconds")
+        ints = {}
+        for key in ("hidden", "heads", "sequence", "micro_batch", "tensor"):
+            try:
+                ints[key] = int(rec[key])
+            except ValueError:
+                raise bad(f"{key} {rec[key]!r} is not a whole number") from None
+            if ints[key] < 1:
+                raise bad(f"{key} {rec[key]!r} must be at least 1")
+        times = {}
+        for key in ("forward_ms", "backward_ms"):
+            try:
+                times[key] = float(rec[key]) / 1e3
+            except ValueError:
+                raise bad(f"{key} {rec[key]!r} is not a number of milliseconds") from None
+            if not (times[key] > 0 and math.isfinite(times[key])):
+                raise bad(f"{key} {rec[key]!r} must be a positive number of milliseconds")
         if ints["hidden"] % ints["heads"]:
-            raise _issue(str(path), line, f"hidden {ints['hidden']} is not a multiple of heads {ints['heads']}")
+            raise bad(f"hidden {ints['hidden']} is not a multiple of heads {ints['heads']}")
         if ints["heads"] % ints["tensor"]:
-            raise _issue(str(path), line, f"heads {ints['heads']} do not split over tensor {ints['tensor']} devices")
-        if rec["recompute"] not in RECOMPUTE:
-            raise _issue(str(path), line, f"recompute {rec['recompute']!r}; expected one of {', '.join(RECOMPUTE)}")
+            raise bad(f"heads {ints['heads']} do not split over tensor {ints['tensor']} devices")
+        modes = {k: rec.get(k, "").lower() or default for k, default in (("recompute", ""), *OPTIONAL.items())}
+        for key, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("dtype", tuple(FLOAT_DTYPES))):
+            if modes[key] not in allowed:
+                raise bad(f"{key} {rec.get(key, '')!r}; expected one of {', '.join(allowed)}")
         sp = rec["sequence_parallel"].lower()
         if sp not in ("true", "false"):
-            raise _issue(str(path), line, f"sequence_parallel {rec['sequence_parallel']!r}; expected true or false")
-        extra = {k: rec.get(k) or default for k, default in OPTIONAL.items()}
-        for key, allowed in (("attention", ATTENTION), ("dtype", tuple(FLOAT_DTYPES))):
-            if extra[key] not in allowed:
-                raise _issue(str(path), line, f"{key} {extra[key]!r}; expected one of {', '.join(allowed)}")
+            raise bad(f"sequence_parallel {rec['sequence_parallel']!r}; expected true or false")
+        if sp == "true" and ints["sequence"] % ints["tensor"]:
+            raise bad(f"sequence parallelism splits the sequence over the tensor degree: sequence"
+                      f" {ints['sequence']} does not split over tensor {ints['tensor']}")
         name = " ".join(v for k, v in rec.items() if k not in COLUMNS and k not in OPTIONAL and v)
-        rows.append(LayerTiming(recompute=rec["recompute"], sequence_parallel=sp == "true", forward=fwd,
-                                backward=bwd, name=name, where=where, **extra, **ints))
+        rows.append(LayerTiming(sequence_parallel=sp == "true", forward=times["forward_ms"],
+                                backward=times["backward_ms"], name=name, where=f"{path}:{line}", **modes, **ints))
     if not rows:
-        raise _issue(str(path), numbered[0][0], "no layer timings after the header")
+        raise _issue(str(path), first, "no layer timings after the header")
     return rows
 
 
@@ -144,8 +164,6 @@ def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None
     alone on one host, ``row.tensor`` devices to a replica, the micro-batch of
     ``row.micro_batch`` samples per replica, the backward with its recomputed forward and
     weight gradients."""
-    from ..spec.layers import TrainingSpec, TransformerSpec
-    from ..spec.model import ModelSpec
     from .costs import StageConfig
     from .layers import layer_model
     from .report import Config, shape_of
@@ -156,14 +174,12 @@ def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None
     if row.tensor > per_host or per_host % row.tensor:
         raise ValueError(f"{row.where or row.label()}: tensor {row.tensor} does not divide the "
                          f"{per_host} devices of a host of {topo.spec.name}")
-    spec = ModelSpec(
-        name="measured-layer",
-        transformer=TransformerSpec(layers=1, hidden=row.hidden, heads=row.heads, sequence=row.sequence, vocab=1024),
-        # the host's other devices run replicas of the layer, each on its own micro-batch: a
-        # layer's passes do not depend on them (the gradient reduction is not in its times)
-        training=TrainingSpec(global_batch=row.micro_batch * (per_host // row.tensor), microbatches=1,
-                              dtype=row.dtype, optimizer="adam", recompute=row.recompute,
-                              attention=row.attention, sequence_parallel=row.sequence_parallel))
+    try:
+        spec = _layer_spec(row, per_host)
+    except (PydanticError, PlannerError) as exc:
+        first = exc.errors()[0] if isinstance(exc, PydanticError) else None
+        why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(exc)
+        raise ValueError(f"{row.where or row.label()}: this layer is not one a model spec accepts ({why})") from None
     model = layer_model(spec)
     block = next(i for i, layer in enumerate(model.layers) if layer.name == "block")
     config = Config(per_host // row.tensor, row.tensor, 1, 1)
@@ -172,6 +188,20 @@ def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None
     (pair,) = search.pairs()
     fwd, act, weight = pair.costs.layer_times(StageConfig(row.tensor, row.recompute))
     return float(fwd[block]), float(act[block] + weight[block])
+
+
+def _layer_spec(row: LayerTiming, per_host: int):
+    """A model of the one layer: the host's other devices run replicas of it, each on its own
+    micro-batch (a layer's passes do not depend on them; its times hold no gradient reduction)."""
+    from ..spec.layers import TrainingSpec, TransformerSpec
+    from ..spec.model import ModelSpec
+
+    return ModelSpec(
+        name="measured-layer",
+        transformer=TransformerSpec(layers=1, hidden=row.hidden, heads=row.heads, sequence=row.sequence, vocab=1024),
+        training=TrainingSpec(global_batch=row.micro_batch * (per_host // row.tensor), microbatches=1,
+                              dtype=row.dtype, optimizer="adam", recompute=row.recompute,
+                              attention=row.attention, sequence_parallel=row.sequence_parallel))
 
 
 @dataclass(frozen=True)
@@ -231,14 +261,21 @@ def _loss(topology: Topology, rows: list[LayerTiming], efficiency: float) -> flo
 
 
 def fit_matmul_efficiency(topology: Topology, rows: list[LayerTiming]) -> LayerFit:
-    """The ``matmul_efficiency`` in [0.05, 1] (to 1e-4) with the least squared log error
-    over every measured forward and backward of ``rows`` (golden-section search; the loss is
-    unimodal since each predicted pass falls as the efficiency rises)."""
+    """The ``matmul_efficiency`` in [0.05, 1] (to 0.001) with the least squared log error
+    over every measured forward and backward of ``rows``: a scan in steps of 0.05, then a
+    golden-section search around the best step (each pass falls as the efficiency rises, so
+    the loss has one valley on real tables; the scan keeps a second one from misleading the
+    search).  ``ValueError`` when the best lies at either end of the range: the timings are
+    faster or slower than the device at any efficiency (milliseconds read as microseconds,
+    the wrong cluster)."""
     if not rows:
         raise ValueError("no layer timings to fit")
     compute = topology.spec.device.compute
     _one_host(topology, 1.0)          # a device without a compute block is refused here
-    lo, hi = LOWEST, HIGHEST
+    steps = [round(LOWEST + STEP * k, 10) for k in range(int(round((HIGHEST - LOWEST) / STEP)) + 1)]
+    losses = [_loss(topology, rows, e) for e in steps]
+    k = min(range(len(steps)), key=lambda i: (losses[i], i))
+    lo, hi = steps[max(0, k - 1)], steps[min(len(steps) - 1, k + 1)]
     a, b = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
     fa, fb = _loss(topology, rows, a), _loss(topology, rows, b)
     while hi - lo > TOLERANCE:
@@ -251,5 +288,10 @@ def fit_matmul_efficiency(topology: Topology, rows: list[LayerTiming]) -> LayerF
             b = lo + GOLDEN * (hi - lo)
             fb = _loss(topology, rows, b)
     best = round((lo + hi) / 2, 3)
+    if best <= LOWEST + 2 * TOLERANCE or best >= HIGHEST - 2 * TOLERANCE:
+        side = "slower" if best <= LOWEST + 2 * TOLERANCE else "faster"
+        raise ValueError(f"the measured layers run {side} than {topology.spec.name}'s device would at any"
+                         f" matmul_efficiency in [{LOWEST}, {HIGHEST}] (the fit stops at {best}): are the"
+                         " times in milliseconds, and is this the cluster they were measured on?")
     out = [(row, predict_layer(topology, row), predict_layer(topology, row, best)) for row in rows]
     return LayerFit(best, compute.matmul_efficiency, out)
