@@ -33,28 +33,24 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner.errors import PlannerError  # noqa: E402
-from solver_planner.spec.cluster import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TransformerSpec  # noqa: E402
 from solver_planner.stages import LayerModel, MemoryOptions, StageSearch, plan_partition  # noqa: E402
 from solver_planner.stages import search as _search  # noqa: E402
 from solver_planner.stages import transformer_layers  # noqa: E402
-from solver_planner.topology import Topology  # noqa: E402
+from solver_planner.subcluster import first_devices  # noqa: E402
+from solver_planner.topology import Topology, load_topology  # noqa: E402
 
 CLUSTER = ROOT / "specs" / "clusters" / "dgx-a100-128x8.yaml"
 
 
 def dgx(nodes: int) -> Topology:
-    # through the spec loader, as a user's file goes: it fills in the device preset
-    data = yaml.safe_load(CLUSTER.read_text())
-    data["name"] = f"dgx-a100-{nodes}x8"
-    data["levels"][0]["count"] = nodes
-    return Topology(load_cluster_spec(f"{data['name']}.yaml", yaml.safe_dump(data)))
+    # the first nodes of the shipped spec, loaded as a user's file is (it fills in the device preset)
+    return first_devices(load_topology(CLUSTER), nodes * 8)
 
 
 def gpt(blocks: int, megatron: bool = False) -> LayerModel:

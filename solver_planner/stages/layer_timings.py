@@ -142,20 +142,20 @@ def load_layer_timings(path: str | Path) -> list[LayerTiming]:
 
 
 def _one_host(topology: Topology, efficiency: float | None) -> Topology:
-    """One host of ``topology`` (a layer measured alone runs on one), with ``matmul_efficiency``
-    set to ``efficiency`` when given."""
-    spec = topology.spec
-    levels = [lv.model_copy(update={"count": 1}) if i <= topology.host_level else lv
-              for i, lv in enumerate(spec.levels)]
-    update: dict = {"levels": levels}
-    if efficiency is not None:
-        device = spec.device
-        if device.compute is None:
-            raise ValueError(f"{spec.name}: the device has no compute block to fit (use a preset such as"
-                             " A100-SXM4-80GB, or write `compute:`)")
-        compute = device.compute.model_copy(update={"matmul_efficiency": efficiency})
-        update["device"] = device.model_copy(update={"compute": compute})
-    return Topology(spec.model_copy(update=update))
+    """One host of ``topology`` (a layer measured alone runs on one: its first devices,
+    :func:`~solver_planner.subcluster.first_devices`), with ``matmul_efficiency`` set to
+    ``efficiency`` when given."""
+    from ..subcluster import first_devices
+
+    host = first_devices(topology, topology.devices_per_host)
+    if efficiency is None:
+        return host
+    device = host.spec.device
+    if device.compute is None:
+        raise ValueError(f"{host.spec.name}: the device has no compute block to fit (use a preset such as"
+                         " A100-SXM4-80GB, or write `compute:`)")
+    compute = device.compute.model_copy(update={"matmul_efficiency": efficiency})
+    return Topology(host.spec.model_copy(update={"device": device.model_copy(update={"compute": compute})}))
 
 
 def predict_layer(topology: Topology, row: LayerTiming, efficiency: float | None = None) -> tuple[float, float]:
