@@ -220,3 +220,22 @@ def test_the_fidelity_tables_layer_row_is_what_fidelity_prints():
     assert (str(got["pairs"]), f"{got['median_error'] * 100:.1f}", f"{got['worst_error'] * 100:.1f}",
             f"{got['spearman']:.3f}", f"{got['pairwise'] * 100:.0f}",
             f"{got['median_measured_over_predicted']:.2f}") == row.groups()
+
+
+def test_a_predicted_layer_is_what_the_simulator_gives_one_more_layer(a100):
+    # independent of predict_layer's reading of the stage tables: a whole stage simulated by
+    # `stages` (one micro-batch), with one block more, takes exactly the predicted passes more
+    from solver_planner import api
+    from solver_planner.subcluster import first_devices
+
+    host = first_devices(a100, a100.devices_per_host)
+    for row in lt.load_layer_timings(TABLE):
+        passes = []
+        for blocks in (1, 2):
+            spec = lt._layer_spec(row, host.devices_per_host)
+            spec = spec.model_copy(update={"transformer": spec.transformer.model_copy(update={"layers": blocks})})
+            records = api.stages(host, spec, config=f"1,{row.tensor},1,1").run.timeline.records
+            passes.append([sum(r.end - r.start for r in records if r.name.startswith(f"{kind}0 mb0"))
+                           for kind in "FB"])
+        got = (passes[1][0] - passes[0][0], passes[1][1] - passes[0][1])
+        assert got == pytest.approx(lt.predict_layer(a100, row), rel=1e-9), row.label()
