@@ -4,7 +4,8 @@ Each run of Narayanan et al. 2021 (Megatron-LM, Table 1: 1.7 B to 1 T parameters
 3 072 A100s; ``benchmarks/data/megatron_table1.csv``) is planned with its published
 configuration fixed: tensor and pipeline sizes, the micro-batch size, blocks split evenly
 with the embedding on the first stage and the logits on the last, the data-parallel
-all-reduce overlapping the backward or after it, and plain or interleaved 1F1B with the
+all-reduce overlapping the backward or after it, each micro-batch's weight gradients added
+into the gradient buffer (``gradient_accumulation: add``), and plain or interleaved 1F1B with the
 published chunks per device (the settings of Megatron-LM's own script for the table, see
 the data file).  1F1B runs go through ``api.stages(config=(d, t, p, k), split=...)``;
 interleaved ones, which ``stages`` searches over every chunk count, are that plan at the
@@ -113,7 +114,11 @@ def model(run: Run) -> ModelSpec:
     t = TransformerSpec(layers=run.layers, hidden=run.hidden, heads=run.heads, sequence=SEQUENCE, vocab=VOCAB)
     training = TrainingSpec(global_batch=run.batch, microbatches=run.microbatches,
                             dtype="float16", optimizer="adam", recompute="full", attention="materialized",
-                            gradient_overlap=run.overlap)
+                            gradient_overlap=run.overlap,
+                            # both DDPs of these runs add each micro-batch's weight gradients in a
+                            # pass of its own: PyTorch's autograd into .grad, Megatron-LM's local DDP
+                            # in its main_grad hook (gradient accumulation fusion is a later option)
+                            gradient_accumulation="add")
     return ModelSpec(name=f"gpt-{run.parameters:g}b", transformer=t, training=training)
 
 

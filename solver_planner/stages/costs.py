@@ -11,8 +11,13 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
 
 * forward ``F`` and backward ``BA + BW`` compute of ``mb / d`` samples split ``t`` ways,
   timed by the compute model (:mod:`solver_planner.compute`: kernel efficiency, launch
-  overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (seed
-  002 §4 delays it), ``BA`` the rest plus the recomputed forward;
+  overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (the
+  resharding paper's §4 delays it), ``BA`` the rest plus the recomputed forward;
+* with ``gradient_accumulation: add``, in ``BW``: adding the micro-batch's weight gradients
+  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G`` the gradients the
+  device holds) for each of the ``B - 1`` micro-batches after the first, spread as
+  ``(B - 1) / B`` of it over every micro-batch (DistIR's pipelines add them with an Add op,
+  PyTorch autograd into ``.grad``; ``fused``, Megatron-LM's fusion into the product, adds none);
 * the optimizer step, after the stage's gradient reduction (in its tail ``g``);
 * tensor parallelism (t > 1): each layer all-reduces its output ``allreduces`` times per
   pass (Megatron: two per block in forward, two in backward), all groups at once; in ``F``
@@ -396,6 +401,7 @@ class StageCosts:
         d = self.shape.size // t
         smp = self.samples(t)
         fwd, act_grad, weight = self.compute_times(c)
+        weight = weight + self.accumulation_times(c)
         if self.comm and t > 1:
             a, b = tab.tensor_allreduce
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
@@ -416,6 +422,19 @@ class StageCosts:
         comp = self.tables[c.tensor].cost.compute
         return layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
                                 self.model.options.sequence_parallel)
+
+    def accumulation_times(self, c: StageConfig) -> np.ndarray:
+        """Per layer, seconds per micro-batch of adding its weight gradients into the
+        gradient buffer (``gradient_accumulation: add``)."""
+        m, opts, t = self.model, self.model.options, c.tensor
+        comp = self.tables[t].cost.compute
+        K = self.microbatches
+        if comp.is_peak or K == 1 or opts.gradient_accumulation != "add":
+            return np.zeros(m.num_layers)
+        d = self.shape.size // t
+        grads = static_split(m.column("params"), m.column("optimizer"), t, d, opts.sharding)[1]
+        per_pass = comp.time(0.0, 3.0 * grads, (grads > 0).astype(float))
+        return per_pass * (K - 1) / K
 
     def optimizer_time(self, c: StageConfig) -> np.ndarray:
         """``[k, i]``: seconds of the optimizer step of a stage of layers k..i, gradient

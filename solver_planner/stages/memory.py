@@ -57,6 +57,7 @@ class MemoryOptions:
     gradient_bucket: float = 25 * 2**20
     host_overhead: float = 0.0          # seconds per iteration on the host (the spec's default: TrainingSpec)
     gradient_clipping: bool = False     # the optimizer step reads the gradients once more for their norm
+    gradient_accumulation: str = "fused"  # "add": each micro-batch's weight gradients added into the buffer
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -70,7 +71,8 @@ class MemoryOptions:
         """From a :class:`~solver_planner.spec.layers.TrainingSpec`."""
         modes = RECOMPUTE_MODES if training.recompute == "auto" else (training.recompute,)
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
-                   training.gradient_bucket, training.host_overhead, training.gradient_clipping)
+                   training.gradient_bucket, training.host_overhead, training.gradient_clipping,
+                   training.gradient_accumulation)
 
 
 def _column(layers, key: str) -> np.ndarray:

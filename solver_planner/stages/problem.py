@@ -43,8 +43,8 @@ can be handled by dynamic programs, each exact for its own part:
   bound took 53 of 60 instances within the goal to 56 (``benchmarks/small_gaps.py``).
 
 "Is there a plan with ``R <= tau``?" is, for R1 and R2, a forward program over (stage,
-first layer) keeping the least accumulator (a smaller one never hurts a later stage; seed
-003's ``F(s, k | t_max)`` recurrence with the accumulator in place of the stage-time sum),
+first layer) keeping the least accumulator (a smaller one never hurts a later stage; Alpa's
+``F(s, k | t_max)`` recurrence with the accumulator in place of the stage-time sum),
 and for R3 the same backwards.  Each is necessary, so when one says no, no plan has
 ``R <= tau``; the plan returned comes from R1's.  When that plan's ``R`` is above ``tau``
 (the three passed through different cells), the cells on no completion of one of them are

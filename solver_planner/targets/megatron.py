@@ -88,6 +88,8 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     "--use-distributed-optimizer": ("flag", _ARGS),
     "--overlap-grad-reduce": ("flag", _ARGS),
     "--overlap-param-gather": ("flag", _ARGS),
+    # arguments.py: store_false into gradient_accumulation_fusion (on by default)
+    "--no-gradient-accumulation-fusion": ("flag", _ARGS),
 }
 
 _ARRAY = "MEGATRON_ARGS"
@@ -221,6 +223,10 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
         add("--recompute-num-layers", 1)
     if cfg.optimizer_sharding == "distributed":
         add("--use-distributed-optimizer", why="optimizer sharding")
+    if cfg.gradient_accumulation == "add" and cfg.microbatches > 1:
+        # the plan priced an element-wise add of each micro-batch's weight gradients (the
+        # spec's gradient_accumulation: add); Megatron-LM fuses it into the product by default
+        add("--no-gradient-accumulation-fusion", why="gradient accumulation as planned (training.gradient_accumulation: add)")
     if cfg.gradient_overlap and cfg.data > 1:
         add("--overlap-grad-reduce", why="overlap gradient reduction with backward")
         if cfg.optimizer_sharding == "distributed":

@@ -1,0 +1,115 @@
+"""training.gradient_accumulation: each micro-batch's weight gradients added into the buffer
+(``add``: an element-wise pass of 3 G bytes for every micro-batch after the first) or fused
+into the weight-gradient product (``fused``, the default: nothing more)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver_planner import api
+from solver_planner.cost import CostModel
+from solver_planner.errors import SpecError
+from solver_planner.spec.model import load_model_spec
+from solver_planner.stages import Layer, LayerModel, MeshShape
+from solver_planner.stages.costs import StageCosts, StageConfig, cost_tables
+from solver_planner.stages.memory import MemoryOptions, static_split
+from solver_planner.targets import megatron as mg_target
+
+from conftest import ROOT
+from test_stages_objective import topology
+from test_targets_export import MEGATRON_CASES
+
+SHARDINGS = ("none", "zero-1", "zero-2", "zero-3")
+
+
+def _costs(accumulation: str, sharding: str, B: int, hosts=2, gpus=2, efficiency=True):
+    topo = topology(hosts, gpus, "25 GB/s", "host", efficiency=efficiency)
+    layers = [Layer(f"l{i}", 1e10, 2e10, p, 0.0, 2**20, 2**20, 0.0, allreduces=1)
+              for i, p in enumerate([2**28, 2**30, 0.0, 2**29])]
+    opts = MemoryOptions(sharding=sharding, gradient_accumulation=accumulation)
+    model = LayerModel("m", layers, 16, None, options=opts)
+    shape = MeshShape(1, gpus)
+    return StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True), topo
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(SHARDINGS), st.sampled_from([1, 2, 4, 16]), st.sampled_from([1, 2]))
+def test_add_is_one_pass_of_three_gradient_buffers_per_micro_batch_after_the_first(sharding, B, tensor):
+    fused, _ = _costs("fused", sharding, B)
+    added, _ = _costs("add", sharding, B)
+    c = StageConfig(tensor)
+    f_fwd, f_act, f_w = fused.layer_times(c)
+    a_fwd, a_act, a_w = added.layer_times(c)
+    # only the weight-gradient work grows (eager-1F1B's delayed part carries it)
+    assert np.array_equal(f_fwd, a_fwd) and np.array_equal(f_act, a_act)
+    d = 2 // tensor
+    grads = static_split(added.model.column("params"), added.model.column("optimizer"), tensor, d, sharding)[1]
+    comp = added.tables[tensor].cost.compute
+    # independent: the compute model's time of one memory pass per layer, (B - 1) of B micro-batches
+    want = [float(comp.time(0.0, 3.0 * g, 1.0)) * (B - 1) / B if g > 0 else 0.0 for g in grads]
+    assert np.allclose(a_w - f_w, want, rtol=1e-12, atol=0.0)
+    if B > 1:
+        assert (a_w - f_w)[1] > 0 and (a_w - f_w)[2] == 0.0      # the layer without parameters adds nothing
+
+
+def test_the_peak_model_prices_flops_only():
+    fused, _ = _costs("fused", "none", 4, efficiency=False)
+    added, _ = _costs("add", "none", 4, efficiency=False)
+    assert np.array_equal(fused.layer_times(StageConfig(1))[2], added.layer_times(StageConfig(1))[2])
+
+
+def _spec(tmp_path, accumulation, batch=64, micro=None):
+    d = {"name": "acc", "layers": [{"name": "l", "repeat": 4, "flops": "20 GFLOP", "params": "512 MiB",
+                                    "activations": "1 MiB"}],
+         "training": {"global_batch": batch, "dtype": "float16", "optimizer": "sgd", "host_overhead": 0,
+                      "gradient_accumulation": accumulation}}
+    if micro:
+        d["training"]["microbatches"] = micro
+    p = tmp_path / f"acc-{accumulation}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+@pytest.mark.parametrize("K", [1, 2, 8])
+def test_one_stage_runs_k_minus_one_passes_more_in_the_simulation(tmp_path, K):
+    """Differential against the simulator: with one stage of one device the iteration is K
+    micro-batches back to back, so ``add`` costs exactly (K - 1) passes over each layer's
+    gradients, at the device's memory bandwidth plus one kernel's overhead."""
+    cluster = ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml"
+    times = {}
+    for acc in ("fused", "add"):
+        rep = api.stages(cluster, _spec(tmp_path, acc), config=f"1,1,1,{K}", schedule="1f1b", devices=1)
+        times[acc] = rep.run.iteration_time
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.topology import Topology
+    comp = CostModel(Topology(load_cluster_spec(cluster))).compute
+    one = float(comp.time(0.0, 3.0 * 512 * 2**20, 1.0))
+    assert times["add"] - times["fused"] == pytest.approx(4 * (K - 1) * one, rel=1e-9, abs=1e-12)
+
+
+def test_the_default_is_fused_and_a_bad_value_is_refused(tmp_path):
+    assert load_model_spec(ROOT / "specs" / "models" / "gpt3-39b.yaml").training.gradient_accumulation == "fused"
+    bad = _spec(tmp_path, "sum")
+    with pytest.raises(SpecError, match="gradient_accumulation"):
+        load_model_spec(bad)
+
+
+def test_distir_mlp_specs_describe_distir_s_programs():
+    for m in ("mlp-1b", "mlp-17b", "mlp-103b"):
+        tr = load_model_spec(ROOT / "specs" / "models" / f"{m}.yaml").training
+        assert (tr.gradient_overlap, tr.gradient_accumulation) == (False, "add"), m
+
+
+def test_the_megatron_export_turns_fusion_off_only_for_add_with_several_micro_batches():
+    cfg = MEGATRON_CASES["gpt3-1f1b"]
+    assert cfg.microbatches > 1
+    assert "--no-gradient-accumulation-fusion" not in mg_target.parse(mg_target.export(cfg))
+    added = dataclasses.replace(cfg, gradient_accumulation="add")
+    assert mg_target.parse(mg_target.export(added))["--no-gradient-accumulation-fusion"] is True
+    one = dataclasses.replace(added, global_batch=cfg.data * cfg.micro_batch_size)
+    assert one.microbatches == 1
+    assert "--no-gradient-accumulation-fusion" not in mg_target.parse(mg_target.export(one))
