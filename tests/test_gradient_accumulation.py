@@ -113,3 +113,14 @@ def test_the_megatron_export_turns_fusion_off_only_for_add_with_several_micro_ba
     one = dataclasses.replace(added, global_batch=cfg.data * cfg.micro_batch_size)
     assert one.microbatches == 1
     assert "--no-gradient-accumulation-fusion" not in mg_target.parse(mg_target.export(one))
+
+
+def test_show_says_how_gradients_are_reduced_and_accumulated():
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    out = CliRunner().invoke(app, ["show", str(ROOT / "specs" / "models" / "mlp-1b.yaml")])
+    assert out.exit_code == 0, out.output
+    assert "reduced after the backward, accumulated by an add per micro-batch" in out.output
+    out = CliRunner().invoke(app, ["show", str(ROOT / "specs" / "models" / "gpt3-39b.yaml")])
+    assert "reduced during the backward, accumulated by fusion (no pass)" in out.output

@@ -78,6 +78,9 @@ def _show_model(path: Path, as_json: bool) -> None:
     if t is not None:
         rows.append(("training", f"global batch {t['global_batch']}, micro-batches {t['microbatches']},"
                                  f" {t['dtype']}, {t['optimizer']}, recompute {t['recompute']}"))
+        # what an iteration does with the gradients changes every prediction: say it
+        rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward,"
+                                  f" accumulated by {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))
     table = Table(show_header=False, box=None)
     table.add_column()
     table.add_column()
