@@ -1,6 +1,6 @@
 """training.gradient_accumulation: each micro-batch's weight gradients added into the buffer
-(``add``: an element-wise pass of 3 G bytes for every micro-batch after the first) or fused
-into the weight-gradient product (``fused``, the default: nothing more)."""
+(``add``, the default: an element-wise pass of 3 G bytes for every micro-batch after the
+first) or fused into the weight-gradient product (``fused``: nothing more)."""
 
 import dataclasses
 
@@ -91,8 +91,8 @@ def test_one_stage_runs_k_minus_one_passes_more_in_the_simulation(tmp_path, K):
     assert times["add"] - times["fused"] == pytest.approx(4 * (K - 1) * one, rel=1e-9, abs=1e-12)
 
 
-def test_the_default_is_fused_and_a_bad_value_is_refused(tmp_path):
-    assert load_model_spec(ROOT / "specs" / "models" / "gpt3-39b.yaml").training.gradient_accumulation == "fused"
+def test_the_default_is_add_and_a_bad_value_is_refused(tmp_path):
+    assert load_model_spec(ROOT / "specs" / "models" / "gpt3-39b.yaml").training.gradient_accumulation == "add"
     bad = _spec(tmp_path, "sum")
     with pytest.raises(SpecError, match="gradient_accumulation"):
         load_model_spec(bad)
@@ -105,7 +105,7 @@ def test_distir_mlp_specs_describe_distir_s_programs():
 
 
 def test_the_megatron_export_turns_fusion_off_only_for_add_with_several_micro_batches():
-    cfg = MEGATRON_CASES["gpt3-1f1b"]
+    cfg = dataclasses.replace(MEGATRON_CASES["gpt3-1f1b"], gradient_accumulation="fused")
     assert cfg.microbatches > 1
     assert "--no-gradient-accumulation-fusion" not in mg_target.parse(mg_target.export(cfg))
     added = dataclasses.replace(cfg, gradient_accumulation="add")
@@ -123,4 +123,20 @@ def test_show_says_how_gradients_are_reduced_and_accumulated():
     assert out.exit_code == 0, out.output
     assert "reduced after the backward, accumulated by an add per micro-batch" in out.output
     out = CliRunner().invoke(app, ["show", str(ROOT / "specs" / "models" / "gpt3-39b.yaml")])
-    assert "reduced during the backward, accumulated by fusion (no pass)" in out.output
+    assert "reduced during the backward, accumulated by an add per micro-batch" in out.output
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
+def test_frameworks_that_add_refuse_a_fused_plan(target):
+    from test_targets_export import DEEPSPEED_CASES, TORCHTITAN_CASES
+    from solver_planner.targets.search import target_module
+
+    cases = {"torchtitan": TORCHTITAN_CASES, "deepspeed": DEEPSPEED_CASES}[target]
+    mod = target_module(target)
+    for cfg in cases.values():
+        if mod.allows(cfg) is not None or cfg.microbatches == 1:
+            continue
+        assert "fused accumulation" in mod.allows(dataclasses.replace(cfg, gradient_accumulation="fused"))
+        break
+    else:
+        pytest.fail(f"no {target} case with several micro-batches")

@@ -19,6 +19,7 @@ from solver_planner.cost import CostModel
 from solver_planner.stages import Layer, LayerModel, MeshShape, Schedule, simulate_schedule
 from solver_planner.stages import objective
 from solver_planner.stages.costs import StageCosts, cost_tables
+from solver_planner.stages.memory import MemoryOptions
 from solver_planner.stages.neighbor import steady_warmup, window_bound
 from solver_planner.stages.objective import bounds
 from solver_planner.stages.partition import Partition, StagePlan
@@ -206,7 +207,9 @@ def test_the_drain_may_start_at_any_earlier_stage_s_tail(monkeypatch):
     params = [1e6, 4e9, 1e6, 1e6, 1e6, 1e6]
     flops = [1e11, 1e11, 6e11, 6e11, 6e11, 6e11]
     layers = [Layer(f"l{i}", x, 2 * x, y, y, act, act, 0.0, allreduces=0) for i, (x, y) in enumerate(zip(flops, params))]
-    model = LayerModel("drain", layers, 4, None)
+    # fused accumulation: the instance's balance (which tail binds) was set without the pass
+    # that adds each micro-batch's 4 GB of gradients
+    model = LayerModel("drain", layers, 4, None, options=MemoryOptions(gradient_accumulation="fused"))
     shape = MeshShape(1, 1)
     costs = StageCosts(model, topo, shape, 4, cost_tables(topo, CostModel(topo), shape), True)
     schedule = Schedule("1f1b")

@@ -190,11 +190,11 @@ class TrainingSpec(SpecModel):
         default=True, description="clip gradients by their global norm (Megatron-LM's default, clip 1.0): the"
         " optimizer step first reads every gradient for the norm")
     gradient_accumulation: Literal["add", "fused"] = Field(
-        default="fused", description="with several micro-batches, how each micro-batch's weight gradients join"
-        " the iteration's: fused (no pass of their own, as with Megatron-LM's gradient accumulation fusion,"
-        " where the weight-gradient product accumulates in place) or add (an element-wise pass over the"
-        " gradient buffer per micro-batch, as PyTorch autograd, DDP, torchtitan, DeepSpeed, DistIR and"
-        " Megatron-LM without fusion do)")
+        default="add", description="with several micro-batches, how each micro-batch's weight gradients join"
+        " the iteration's: add (an element-wise pass over the gradient buffer per micro-batch, as PyTorch"
+        " autograd, DDP, FSDP, torchtitan, DeepSpeed, DistIR and Megatron-LM without fusion do) or fused (no"
+        " pass of their own: Megatron-LM's gradient accumulation fusion, where the weight-gradient product"
+        " accumulates in place)")
     host_overhead: Duration = Field(
         default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
         " (data loading, logging); default 5 ms")

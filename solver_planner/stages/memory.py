@@ -57,7 +57,7 @@ class MemoryOptions:
     gradient_bucket: float = 25 * 2**20
     host_overhead: float = 0.0          # seconds per iteration on the host (the spec's default: TrainingSpec)
     gradient_clipping: bool = False     # the optimizer step reads the gradients once more for their norm
-    gradient_accumulation: str = "fused"  # "add": each micro-batch's weight gradients added into the buffer
+    gradient_accumulation: str = "add"  # each micro-batch's weight gradients added into the buffer, or "fused"
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]

@@ -63,7 +63,7 @@ class TargetConfig:
     recompute: str = "none"
     optimizer_sharding: str = "none"
     gradient_overlap: bool = True
-    gradient_accumulation: str = "fused"   # "fused" | "add" (training.gradient_accumulation)
+    gradient_accumulation: str = "add"     # "add" | "fused" (training.gradient_accumulation)
 
     @property
     def devices(self) -> int:

@@ -54,6 +54,10 @@ def allows(cfg: TargetConfig) -> str | None:
     why = refusal(RULES, cfg)
     if why:
         return why
+    if cfg.gradient_accumulation == "fused" and cfg.microbatches > 1:
+        # the plan priced no pass for it; DeepSpeed runs one
+        return ("DeepSpeed adds each micro-batch's weight gradients through its gradient hooks; fused accumulation"
+                " (training.gradient_accumulation: fused) is Megatron-LM's")
     stage = _STAGE[cfg.optimizer_sharding]
     if cfg.pipeline > 1 and stage > 1:
         # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"

@@ -131,6 +131,10 @@ def allows(cfg: TargetConfig) -> str | None:
     why = refusal(RULES, cfg)
     if why:
         return why
+    if cfg.gradient_accumulation == "fused" and cfg.microbatches > 1:
+        # the plan priced no pass for it; torchtitan runs one
+        return ("torchtitan adds each micro-batch's weight gradients through autograd; fused accumulation"
+                " (training.gradient_accumulation: fused) is Megatron-LM's")
     flavor, how = flavor_for(cfg)
     if flavor is None:
         return ("torchtitan 0.3.0 takes model dimensions only from its config registry "
