@@ -210,6 +210,10 @@ def test_coarse_plans_start_on_block_boundaries_and_the_fine_bound_holds(case, u
     if case is None:
         return
     plan, schedules = case
+    check_coarse_pair(plan, schedules, units)
+
+
+def check_coarse_pair(plan, schedules, units: int) -> None:
     fine = PairProblem(plan.costs, schedules)
     with pytest.MonkeyPatch.context() as mp:
         pair = coarse_pair(plan, schedules, units, mp)
@@ -230,6 +234,31 @@ def test_coarse_plans_start_on_block_boundaries_and_the_fine_bound_holds(case, u
         assert fine_bound(pair, min(values)) <= min(values) * (1 + 1e-9)
     least, _ = fine._least_memory()
     assert least_memory_floor(pair) <= least * (1 + 1e-9)
+
+
+def test_the_fine_bound_has_no_phase_term_under_zb_h1():
+    """Hypothesis found it (4 stages, 6 layers, B = 2, 2 blocks): under ZB-H1 R has no R3,
+    so the first stage's phase (its first forward, the round trip through the later stages,
+    B chain ops: 0.068 s) bounds the objective but not R, whose least over every plan is
+    0.064 s; the bound over every cut kept the phase term and rose above that least."""
+    from solver_planner.cost import CostModel
+    from solver_planner.stages import Layer, LayerModel, MemoryOptions, MeshShape, family
+    from solver_planner.stages.costs import cost_tables
+    from solver_planner.stages.partition import Partition, StagePlan
+    from test_stages_objective import topology
+
+    layers = [Layer(f"l{i}", 1e11, 3e11 if i == 0 else 1e11, 0.0, 0.0, 0.0, 0.0, 0.0, allreduces=0,
+                    weight=0.0, selective_saved=0.0) for i in range(6)]
+    model = LayerModel("chain", layers, 8, None, options=MemoryOptions(("none",), "none", False, False, 4 * 2**20))
+    topo = topology(2, 2, "1 GB/s", "host")
+    costs = StageCosts(model, topo, MeshShape(1, 1), 2, cost_tables(topo, CostModel(topo), MeshShape(1, 1)), True)
+    assert costs.stages == 4
+    stages = [StagePlan(a, b, costs.configs[0]) for a, b in ((0, 0), (1, 1), (2, 2), (3, 5))]
+    schedules = family("zb-h1", 4)
+    fine = PairProblem(costs, schedules)
+    least = min(v for v in (fine.relaxation(s) for s in all_plans(fine)) if math.isfinite(v))
+    assert least == pytest.approx(0.064048, rel=1e-6)
+    check_coarse_pair(Partition(costs, stages), schedules, 2)
 
 
 def test_blocks_are_about_equal_in_work():

@@ -117,16 +117,16 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
       latest end of the piece), since it grows with the first stage while the rest shrinks;
     * memory with the fewest micro-batches each stage keeps under the family (in 1F1B the
       first stage keeps S, the last one), tied copies left out;
-    * with ``phase``, the phase of the 1F1B family (the resharding paper's eager-1F1B, ZB-H1
-      and GPipe too): stage p's first backward waits for micro-batch 0's forward through the
-      stages before it and itself, ``H_p + f_p``, and its round trip through every later
-      stage, ``Y_p``; after it the stage still runs all B chain ops, and under a schedule
-      that splits backward every weight part but the ``k`` it leaves after its last chain
-      op (``k = 1`` under weight delaying, :func:`.objective.deferred_weights`); then the
-      last micro-batch's gradient goes back through every earlier stage's chain op, ``D_p``
-      (the first stage's own drain, under its configuration): ``H_p + f_p + B c_p + (B - k)
-      w_p + Y_p + D_p`` (the weight parts took the gap of 1 024 equal layers under the
-      eager-1F1B family from 22.4% to 17.4%);
+    * with ``phase``, the phase of the 1F1B family (the resharding paper's eager-1F1B and
+      GPipe too; not ZB-H1, whose R has no R3 to imply it): stage p's first backward waits
+      for micro-batch 0's forward through the stages before it and itself, ``H_p + f_p``,
+      and its round trip through every later stage, ``Y_p``; after it the stage still runs
+      all B chain ops, and under a schedule that splits backward every weight part but the
+      ``k`` it leaves after its last chain op (``k = 1`` under weight delaying,
+      :func:`.objective.deferred_weights`); then the last micro-batch's gradient goes back
+      through every earlier stage's chain op, ``D_p`` (the first stage's own drain, under
+      its configuration): ``H_p + f_p + B c_p + (B - k) w_p + Y_p + D_p`` (the weight parts
+      took the gap of 1 024 equal layers under the eager-1F1B family from 22.4% to 17.4%);
       with fewer warm-up forwards ``W`` than micro-batches, also ``H_p + (1 + B - W)(f_p +
       c_p) + 2 Y_p + D_p`` (the last chain op waits for the last round trip too).  ``H``,
       ``Y`` and ``D`` are at each layer's least forward (and chain) over the configurations,
@@ -135,7 +135,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
       single-stage pairs searched exactly), the phase took the gap of 1 024 equal layers on
       1 024 GPUs from 53.6% to 20.4%; with the drain, the second round trip and the cycle
       below, to 10.0%;
-    * with ``phase`` and without ZB-H1, the objective's cycle bound (:mod:`.objective`):
+    * with ``phase`` (R3 on: not under ZB-H1), the objective's cycle bound (:mod:`.objective`):
       ``H_p + (q + 1)(f_p + Y_p + c_p) + D_p`` with ``q = (B - 1) // W``: every ``W``
       micro-batches the stage's forward waits for a round trip through the later stages.
 
@@ -184,7 +184,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     CL = np.concatenate([[0.0], np.cumsum(np.min([r[0] - f for r, f in zip(rows, forwards)], axis=0))])
     ahead = np.array([max(pair.warmups(p)) for p in range(S)])
     # the most weight parts a member of the family leaves after a stage's last chain op (its
-    # own: 1 under weight delaying; ZB-H1 is handled apart); the others run before it
+    # own: 1 under weight delaying; ZB-H1 has no phase term); the others run before it
     late_weights = max((max(deferred_weights(s, S, B)) for s in pair.schedules if s.split), default=0)
     ahead = np.minimum(np.maximum.accumulate(ahead[::-1])[::-1], B)
     # the transfers of R1's fill, each at its least over the configurations and the cut's
@@ -255,9 +255,6 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
 
         def term(i: int) -> float:
             f, cc, R = F[i + 1] - F[k], C[i + 1] - C[k], FC[L] - FC[i + 1]
-            if pair.deferred is not None:
-                # ZB-H1 moves weight parts past the last chain op: the first round trip only
-                return fill + m * f + B * cc + R + own(i)
             # between the first chain op and the end of the last one the stage also runs every
             # weight part it splits off but the ``late`` ones it leaves after the last
             one = f + B * cc + R + (B - late_weights) * (WP[i + 1] - WP[k])
@@ -297,9 +294,11 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             hi = min(hi, L - 1 - (S - 1 - p))
             if tails is not None and hi >= k and hi > best:
                 hi = tail_end(j, k, hi, tau)
-            if phase and hi >= k and hi > best:
+            # the phase and cycle terms are R3's, which ZB-H1 pairs leave out (pair.r3): there
+            # the round trip bounds the objective but not R, so no plan's R need reach them
+            if phase and pair.r3 and hi >= k and hi > best:
                 hi = phase_end(p, j, k, hi, tau, off)
-            if phase and pair.deferred is None and hi >= k and hi > best:
+            if phase and pair.r3 and hi >= k and hi > best:
                 hi = cycle_end(p, j, k, hi, tau, off)
             if hi < k or hi <= best:
                 continue
