@@ -132,11 +132,35 @@ def test_equal_shapes_through_mesh_costs_are_the_equal_plan(data):
     mixed = Partition(MeshCosts([costs] * S, pack([shape] * S, topo)), stages)
     for sch in family("eager-1f1b", S):
         a, b = simulate_schedule(equal, sch), simulate_schedule(mixed, sch)
-        # equal up to rounding: a transfer is priced per lane on one side, per micro-batch on the other
-        assert math.isclose(a.iteration_time, b.iteration_time, rel_tol=1e-12)
+        # bit for bit: at a tie the simulator's order flips on an ulp of a price
+        assert a.iteration_time == b.iteration_time, sch
         x, y = bounds(equal, sch), bounds(mixed, sch)
         for field in ("stage", "cycle", "port", "phase", "value"):
             assert math.isclose(getattr(x, field), getattr(y, field), rel_tol=1e-12, abs_tol=1e-15), field
+
+
+def test_equal_shapes_through_mesh_costs_tie_like_the_equal_plan():
+    """Regression (hypothesis found it): stage 1's last backward ends, in exact arithmetic, when
+    its previous gradient transfer frees the NICs.  MeshCosts priced that transfer per byte of
+    the micro-batch, an ulp off StageCosts' price per lane, so the next transfer and a gradient
+    bucket took the NICs in opposite orders (eager-1F1B: 0.04226 s against 0.04194 s)."""
+    topo = topology(4, 2, "4 GB/s", "host")
+    layers = [Layer(f"l{i}", f, f, 0.0, 0.0, act, act, 0.0, allreduces=0, weight=0.0)
+              for i, (f, act) in enumerate([(1e11, 9 * 2**20), (0.25e11, 0.0), (2e11, 0.0)])]
+    layers[-1] = Layer(**{**layers[-1].__dict__, "tied_to": 0, "tied_params": 2**20, "tied_optimizer": 0.0})
+    model = LayerModel("random", layers, 16, None, options=MemoryOptions(("none",), "none", False, True, 4 * 2**20))
+    shape = MeshShape(2, 2)
+    costs = StageCosts(model, topo, shape, 2, _tables(topo)(shape))
+    stages = [StagePlan(0, 0, costs.configs[0]), StagePlan(1, 2, costs.configs[0])]
+    assert costs.configs[0].tensor == 1
+    equal = Partition(costs, stages)
+    mixed = Partition(MeshCosts([costs] * 2, pack([shape] * 2, topo)), stages)
+    assert equal.activation_time(0, 1) == mixed.activation_time(0, 1)
+    assert equal.gradient_time(1, 0) == mixed.gradient_time(1, 0)
+    for sch in family("eager-1f1b", 2):
+        a, b = simulate_schedule(equal, sch), simulate_schedule(mixed, sch)
+        assert a.iteration_time == b.iteration_time, sch
+        assert iteration(mixed, sch).time == b.iteration_time, sch
 
 
 @SETTINGS
@@ -246,11 +270,12 @@ def test_the_picture_of_an_unequal_plan_says_each_stages_devices(tmp_path):
 
     svg = tmp_path / "p.svg"
     res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-4.yaml"),
-                                   str(ROOT / "specs/models/gpt3-6.7b.yaml"),
+                                   str(ROOT / "specs/models/gpt3-2.6b.yaml"),
                                    "--meshes", "unequal", "--no-baselines", "--plot", str(svg)])
     assert res.exit_code == 0, res.output
     text = svg.read_text()
-    assert "1 device" in text and "2 devices" in text and "4 devices" in text
+    # the plan's meshes: 1x1 and 1x2 (the README's example)
+    assert "1 device" in text and "2 devices" in text and "4 devices" not in text
 
 
 def test_plans_of_an_equal_shape_the_equal_search_does_not_cover_stay_under_the_bound():
