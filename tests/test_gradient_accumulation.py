@@ -16,7 +16,7 @@ from solver_planner.errors import SpecError
 from solver_planner.spec.model import load_model_spec
 from solver_planner.stages import Layer, LayerModel, MeshShape
 from solver_planner.stages.costs import StageCosts, StageConfig, cost_tables
-from solver_planner.stages.memory import MemoryOptions, static_split
+from solver_planner.stages.memory import MemoryOptions
 from solver_planner.targets import megatron as mg_target
 
 from conftest import ROOT
@@ -46,20 +46,15 @@ def test_add_is_one_pass_of_three_gradient_buffers_per_micro_batch_after_the_fir
     a_fwd, a_act, a_w = added.layer_times(c)
     # only the weight-gradient work grows (eager-1F1B's delayed part carries it)
     assert np.array_equal(f_fwd, a_fwd) and np.array_equal(f_act, a_act)
-    d = 2 // tensor
-    grads = static_split(added.model.column("params"), added.model.column("optimizer"), tensor, d, sharding)[1]
     comp = added.tables[tensor].cost.compute
-    # independent: the compute model's time of one memory pass per layer, (B - 1) of B micro-batches
-    want = [float(comp.time(0.0, 3.0 * g, 1.0)) * (B - 1) / B if g > 0 else 0.0 for g in grads]
+    # one memory pass per layer over its tensor shard's gradients (whatever the ZeRO stage:
+    # they are reduced once, after the last micro-batch), (B - 1) of B micro-batches; the
+    # layers' parameters written out, not read back from the model
+    params = [2**28, 2**30, 0.0, 2**29]
+    want = [float(comp.time(0.0, 3.0 * p / tensor, 1.0)) * (B - 1) / B if p > 0 else 0.0 for p in params]
     assert np.allclose(a_w - f_w, want, rtol=1e-12, atol=0.0)
     if B > 1:
         assert (a_w - f_w)[1] > 0 and (a_w - f_w)[2] == 0.0      # the layer without parameters adds nothing
-
-
-def test_the_peak_model_prices_flops_only():
-    fused, _ = _costs("fused", "none", 4, efficiency=False)
-    added, _ = _costs("add", "none", 4, efficiency=False)
-    assert np.array_equal(fused.layer_times(StageConfig(1))[2], added.layer_times(StageConfig(1))[2])
 
 
 def _spec(tmp_path, accumulation, batch=64, micro=None):
@@ -140,3 +135,54 @@ def test_frameworks_that_add_refuse_a_fused_plan(target):
         break
     else:
         pytest.fail(f"no {target} case with several micro-batches")
+
+
+def test_the_plan_breakdown_counts_the_addition_as_compute(tmp_path):
+    """One device: nothing is tensor-parallel, so the addition must land in compute."""
+    from solver_planner.plan import breakdown
+
+    cluster = ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml"
+    parts = {}
+    for acc in ("fused", "add"):
+        plan = api.plan(cluster, _spec(tmp_path, acc), schedule="1f1b", config="1,1,1,8", devices=1)
+        parts[acc] = breakdown(plan)
+        assert parts[acc]["tensor_parallel"] == 0.0, parts[acc]
+    assert parts["add"]["compute"] > parts["fused"]["compute"]
+
+
+def test_the_megatron_target_plans_megatron_s_fusion_unless_the_spec_says_add(tmp_path):
+    """Megatron-LM fuses the addition into the product by default: a spec silent on it is
+    planned fused under --target megatron and exported with fusion on; a spec that says add
+    is planned with the pass and exported with --no-gradient-accumulation-fusion; native
+    planning of the silent spec adds."""
+    import json
+
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    cluster = str(ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml")
+    d = yaml.safe_load((ROOT / "specs" / "models" / "gpt3-2.6b.yaml").read_text())
+    d["training"].pop("gradient_accumulation", None)
+    silent = tmp_path / "silent.yaml"
+    silent.write_text(yaml.safe_dump(d))
+    d["training"]["gradient_accumulation"] = "add"
+    said = tmp_path / "said.yaml"
+    said.write_text(yaml.safe_dump(d))
+    fixed = ["-s", "1f1b", "--config", "8,8,1,16"]
+
+    def time(path, *extra):
+        res = CliRunner().invoke(app, ["stages", cluster, str(path), *fixed, "--json", "--no-baselines", *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["iteration_time"]
+
+    fused, added = time(silent, "--target", "megatron"), time(said, "--target", "megatron")
+    assert added > fused
+    assert time(silent) == pytest.approx(added, rel=1e-12)      # native: the default, add
+    for path, flag in ((silent, False), (said, True)):
+        out = tmp_path / f"{path.stem}.sh"
+        res = CliRunner().invoke(app, ["plan", cluster, str(path), *fixed, "--target", "megatron",
+                                       "-o", str(tmp_path / f"{path.stem}-plan.yaml"), "--export", str(out)])
+        assert res.exit_code == 0, res.output
+        assert ("--no-gradient-accumulation-fusion" in out.read_text()) is flag
+        res = CliRunner().invoke(app, ["check", cluster, str(path), str(tmp_path / f"{path.stem}-plan.yaml")])
+        assert res.exit_code == 0, res.output

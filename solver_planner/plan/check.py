@@ -352,7 +352,7 @@ class _Checker:
 
     def equal_meshes(self, options: SearchOptions | None):
         topo, part_name = self.topology, "stages"
-        lm = layer_model(self.model)
+        lm = layer_model(self.model, options.target if options is not None else "native")
         hosts = self.get(part_name, ("mesh", 0), int)
         per_host = self.get(part_name, ("mesh", 1), int)
         if len(self.doc["mesh"]) != 2 or hosts < 1 or per_host < 1:

@@ -14,8 +14,8 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (the
   resharding paper's §4 delays it), ``BA`` the rest plus the recomputed forward;
 * with ``gradient_accumulation: add``, in ``BW``: adding the micro-batch's weight gradients
-  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G`` the gradients the
-  device holds) for each of the ``B - 1`` micro-batches after the first, spread as
+  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G = P / t``: not yet
+  sharded by ZeRO, which reduces after the last micro-batch) for each of the ``B - 1`` micro-batches after the first, spread as
   ``(B - 1) / B`` of it over every micro-batch (DistIR's pipelines add them with an Add op,
   PyTorch autograd into ``.grad``; ``fused``, Megatron-LM's fusion into the product, adds none);
 * the optimizer step, after the stage's gradient reduction (in its tail ``g``);
@@ -425,14 +425,16 @@ class StageCosts:
 
     def accumulation_times(self, c: StageConfig) -> np.ndarray:
         """Per layer, seconds per micro-batch of adding its weight gradients into the
-        gradient buffer (``gradient_accumulation: add``)."""
+        gradient buffer (``gradient_accumulation: add``).  The buffer holds the layer's whole
+        tensor shard, ``P / t``, under every ZeRO stage: the stage reduces its gradients once,
+        after the last micro-batch, so until then they are not sharded over the replicas
+        (torch's pipelining turns FSDP's gradient sync off until the last backward)."""
         m, opts, t = self.model, self.model.options, c.tensor
         comp = self.tables[t].cost.compute
         K = self.microbatches
         if comp.is_peak or K == 1 or opts.gradient_accumulation != "add":
             return np.zeros(m.num_layers)
-        d = self.shape.size // t
-        grads = static_split(m.column("params"), m.column("optimizer"), t, d, opts.sharding)[1]
+        grads = m.column("params") / t
         per_pass = comp.time(0.0, 3.0 * grads, (grads > 0).astype(float))
         return per_pass * (K - 1) / K
 

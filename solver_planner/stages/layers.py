@@ -302,8 +302,10 @@ class LayerModel:
         return [(x.tied_to, b) for b, x in enumerate(self.layers) if x.tied_to is not None]
 
 
-def layer_model(model: ModelSpec) -> LayerModel:
-    """The layer model of a model spec; a clear error when it has none."""
+def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
+    """The layer model of a model spec; a clear error when it has none.  Under
+    ``target="megatron"`` a spec that does not say how gradients accumulate gets Megatron-LM's
+    own way, its gradient accumulation fusion (``fused``), instead of the default ``add``."""
     if model.training is None or (not model.layers and model.transformer is None):
         raise model.source.error((), "stage partitioning needs 'layers' (or 'transformer') and 'training' sections")
     t = model.training
@@ -313,6 +315,8 @@ def layer_model(model: ModelSpec) -> LayerModel:
         layers = _from_specs(model.layers, t)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
     options = MemoryOptions.of(t)
+    if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
+        options = replace(options, gradient_accumulation="fused")
     if t.recompute == "auto" and not _selective_differs(layers):
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage

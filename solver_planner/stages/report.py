@@ -314,7 +314,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     the most that equal meshes can tile (:mod:`.devices`; the report's ``use`` says how
     many and why the rest idle).  ``meshes="unequal"``: stages may also take sub-meshes of
     different shapes (Alpa's space, :mod:`.unequal`), on up to all the devices."""
-    lm = layer_model(model)
+    lm = layer_model(model, target)
     if meshes not in ("equal", "unequal"):
         raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
     if meshes == "unequal":

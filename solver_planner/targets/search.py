@@ -64,7 +64,8 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         sequence_parallel=bool(tr.sequence_parallel) if tr is not None else False, recompute=cfg.recompute,
         optimizer_sharding=tr.optimizer_sharding if tr is not None else "none",
         gradient_overlap=bool(tr.gradient_overlap) if tr is not None else True,
-        gradient_accumulation=tr.gradient_accumulation if tr is not None else "add")
+        # what the plan was priced with (under the Megatron-LM target, fused unless the spec says)
+        gradient_accumulation=c.model.options.gradient_accumulation)
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:
