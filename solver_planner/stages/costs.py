@@ -15,9 +15,10 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   resharding paper's §4 delays it), ``BA`` the rest plus the recomputed forward;
 * with ``gradient_accumulation: add``, in ``BW``: adding the micro-batch's weight gradients
   into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G = P / t``: not yet
-  sharded by ZeRO, which reduces after the last micro-batch) for each of the ``B - 1`` micro-batches after the first, spread as
-  ``(B - 1) / B`` of it over every micro-batch (DistIR's pipelines add them with an Add op,
-  PyTorch autograd into ``.grad``; ``fused``, Megatron-LM's fusion into the product, adds none);
+  sharded by ZeRO, which reduces after the last micro-batch) for each of the ``B - 1``
+  micro-batches after the first, spread as ``(B - 1) / B`` of it over every micro-batch
+  (DistIR's pipelines add them with an Add op, PyTorch autograd into ``.grad``; ``fused``,
+  Megatron-LM's fusion into the product, adds none);
 * the optimizer step, after the stage's gradient reduction (in its tail ``g``);
 * tensor parallelism (t > 1): each layer all-reduces its output ``allreduces`` times per
   pass (Megatron: two per block in forward, two in backward), all groups at once; in ``F``
