@@ -131,6 +131,9 @@ def test_stages_plot_has_a_row_per_stage_and_microbatch_numbers(tmp_path):
     assert "device-memory" in found
     for p in range(stages):
         assert f"stage-{p}-forward" in found and f"stage-{p}-backward" in found
+        # the optimizer step (and the host's 5 ms) is its own kind, not communication
+        assert f"stage-{p}-optimizer-step" in found
+    assert "time-optimizer-step" in found
     text = out.read_text()
     assert "time (" in text and "peak memory per device (" in text    # axis labels carry units
 

@@ -23,6 +23,7 @@ KINDS = {
     "forward": (OKABE_ITO[0], 0),
     "backward": (OKABE_ITO[3], 0),
     "weight gradient": (OKABE_ITO[1], 0),
+    "optimizer step": (OKABE_ITO[2], 0),       # with the host's per-iteration work
     "communication": (OKABE_ITO[4], 1),
     "gradient reduction": (OKABE_ITO[5], 1),
 }
@@ -38,6 +39,8 @@ def kind_of(record) -> str:
         return "weight gradient" if record.name.startswith("BW") else "backward"
     if record.category == "gradient-reduction":
         return "gradient reduction"
+    if record.category == "optimizer":
+        return "optimizer step"
     return "communication"
 
 
@@ -115,7 +118,8 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
     # one compute lane, or one lane per kind when bars were merged: merged bars of several
     # kinds would otherwise cover each other
     split = drawn < len(records)
-    lanes = {"forward": 0, "backward": 1 if split else 0, "weight gradient": 2 if split else 0}
+    # the optimizer step runs after every pass of its stage: the forward lane has room
+    lanes = {"forward": 0, "backward": 1 if split else 0, "weight gradient": 2 if split else 0, "optimizer step": 0}
     n_lanes = 3 if split else 1
     for (p, kind), spans in sorted(bars.items()):
         colour, comm = KINDS[kind]
@@ -245,13 +249,14 @@ def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None
 
 
 def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
-    busy = {(p, k): 0.0 for p in range(stages) for k in ("forward", "backward", "weight gradient")}
+    parts = ("forward", "backward", "weight gradient", "optimizer step")
+    busy = {(p, k): 0.0 for p in range(stages) for k in parts}
     for r in records:
         k = kind_of(r)
         if (0, k) in busy:
             busy[min(stage_of(r.devices[0], stage_size), stages - 1), k] += r.end - r.start
     bottom = [0.0] * stages
-    for k in ("forward", "backward", "weight gradient"):
+    for k in parts:
         values = [busy[p, k] / scale for p in range(stages)]
         ax.bar(range(stages), values, bottom=bottom, color=KINDS[k][0], label=k, gid=f"time-{k.replace(' ', '-')}")
         bottom = [b + v for b, v in zip(bottom, values)]
