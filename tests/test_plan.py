@@ -351,7 +351,8 @@ def test_breakdown_adds_up_to_the_iteration_on_random_plans(tmp_path, p3, seed):
 def test_breakdown_prices_compute_from_flops(tmp_path, reduced):
     """One stage on one host, no replicas: every pass is on the critical path, so ``compute``
     is B passes of the efficiency model's kernels (solver_planner/compute.py's formula,
-    written out here from the layer specs and the device's parameters), the rest of the
+    written out here from the layer specs and the device's parameters) and B - 1 additions
+    of each layer's gradients (``gradient_accumulation: add``, the default), the rest of the
     passes is tensor-parallel, and the optimizer step ends the iteration."""
     raw = yaml.safe_load(P3.read_text())
     raw["levels"][0]["count"] = 1
@@ -370,7 +371,9 @@ def test_breakdown_prices_compute_from_flops(tmp_path, reduced):
     moved = 200 * 2**20 / 4 + n * 8 * 2**20 * (1 + 1 / 4)
     one = c.kernel_overhead + max((flops + c.half_efficiency_flops) / (dev.flops * c.matmul_efficiency),
                                   moved / dev.memory_bandwidth)
-    assert bd["compute"] == pytest.approx(3 * one * 8 * 4, rel=1e-9)
+    # each addition reads both gradients and writes one: 3 x (params / t) bytes, one kernel
+    add = c.kernel_overhead + 3 * 200 * 2**20 / 4 / dev.memory_bandwidth
+    assert bd["compute"] == pytest.approx(3 * one * 8 * 4 + add * 8 * 3, rel=1e-9)
     assert bd["tensor_parallel"] > 0 and bd["pipeline_transfer"] == bd["gradient_reduction"] == 0
     assert bd["compute"] + bd["tensor_parallel"] + bd["optimizer"] == pytest.approx(plan.iteration_time, rel=1e-12)
     # MFU and throughput of the reduced plan, from the spec: the model's FLOPs over the
