@@ -117,7 +117,7 @@ def model(run: Run) -> ModelSpec:
                             gradient_overlap=run.overlap,
                             # both DDPs of these runs add each micro-batch's weight gradients in a
                             # pass of its own: PyTorch's autograd into .grad, Megatron-LM's local DDP
-                            # in its main_grad hook (gradient accumulation fusion is a later option)
+                            # through .grad or a main_grad hook (fusion, we believe, came later)
                             gradient_accumulation="add")
     return ModelSpec(name=f"gpt-{run.parameters:g}b", transformer=t, training=training)
 
