@@ -402,7 +402,6 @@ class StageCosts:
         d = self.shape.size // t
         smp = self.samples(t)
         fwd, act_grad, weight = self.compute_times(c)
-        weight = weight + self.accumulation_times(c)
         if self.comm and t > 1:
             a, b = tab.tensor_allreduce
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
@@ -417,12 +416,14 @@ class StageCosts:
         return self._transfers[key]
 
     def compute_times(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per layer, seconds of compute per micro-batch: forward, activation gradients (with
-        the recomputed forward), weight gradients (:func:`.operators.layer_pass_times`:
-        operator by operator where a layer lists its operators, :mod:`solver_planner.compute`)."""
+        """Per layer, seconds of kernels per micro-batch: forward, activation gradients (with
+        the recomputed forward), weight gradients with the gradient addition
+        (:func:`.operators.layer_pass_times`: operator by operator where a layer lists its
+        operators, :mod:`solver_planner.compute`; :meth:`accumulation_times`)."""
         comp = self.tables[c.tensor].cost.compute
-        return layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
-                                self.model.options.sequence_parallel)
+        fwd, act_grad, weight = layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
+                                                 self.model.options.sequence_parallel)
+        return fwd, act_grad, weight + self.accumulation_times(c)
 
     def accumulation_times(self, c: StageConfig) -> np.ndarray:
         """Per layer, seconds per micro-batch of adding its weight gradients into the

@@ -148,13 +148,11 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     op_time = [{"F": plan.forward[p], "B": plan.backward[p], "BA": plan.backward_act[p],
                 "BW": plan.backward_weight[p]} for p in range(K)]
     # the kernels' share of each op (the rest is tensor-parallel and ZeRO-3 collectives),
-    # recorded on its task for the plan's breakdown; the gradient addition is a kernel too
+    # recorded on its task for the plan's breakdown
     kernels = [c.of(mesh[p]).compute_times(st.config) for p, st in enumerate(plan.stages)]
-    added = [c.of(mesh[p]).accumulation_times(st.config) for p, st in enumerate(plan.stages)]
     op_compute = []
     for p, st in enumerate(plan.stages):
         f, a, w = (float(x[st.first:st.last + 1].sum()) for x in kernels[p])
-        w += float(added[p][st.first:st.last + 1].sum())
         op_compute.append({"F": f, "B": a + w, "BA": a, "BW": w})
     exec_of = [[exec_res[mesh[p]]] for p in range(K)]
     device_of = [(c.first_device(mesh[p]),) for p in range(K)]
