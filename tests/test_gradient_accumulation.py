@@ -186,3 +186,8 @@ def test_the_megatron_target_plans_megatron_s_fusion_unless_the_spec_says_add(tm
         assert ("--no-gradient-accumulation-fusion" in out.read_text()) is flag
         res = CliRunner().invoke(app, ["check", cluster, str(path), str(tmp_path / f"{path.stem}-plan.yaml")])
         assert res.exit_code == 0, res.output
+    # check derives the times again from the spec it is given: the plan priced with the pass
+    # is refused against the spec planned without it, and the reverse
+    for spec, plan in ((silent, "said-plan.yaml"), (said, "silent-plan.yaml")):
+        res = CliRunner().invoke(app, ["check", cluster, str(spec), str(tmp_path / plan)])
+        assert res.exit_code == 1, res.output
