@@ -45,6 +45,7 @@ def _dims(model) -> dict:
 def target_config(plan: Partition, schedule: Schedule, model, target: str) -> TargetConfig:
     """The framework-neutral record of ``plan`` under ``schedule`` (:class:`.base.TargetConfig`)."""
     c = plan.costs
+    opts = c.model.options
     tr = model.training
     cfg = plan.stages[0].config
     a, b = block_range(c.model.layers)
@@ -61,11 +62,10 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         dtype=c.model.dtype, optimizer=tr.optimizer if tr is not None else "adam",
         data=c.shape.size // cfg.tensor, tensor=cfg.tensor, pipeline=c.stages, virtual_stages=schedule.virtual,
         schedule=schedule.kind if schedule.kind != "eager-1f1b" else "1f1b", layers_per_chunk=tuple(counts),
-        sequence_parallel=bool(tr.sequence_parallel) if tr is not None else False, recompute=cfg.recompute,
-        optimizer_sharding=tr.optimizer_sharding if tr is not None else "none",
-        gradient_overlap=bool(tr.gradient_overlap) if tr is not None else True,
-        # what the plan was priced with (under the Megatron-LM target, fused unless the spec says)
-        gradient_accumulation=c.model.options.gradient_accumulation)
+        # the training options as the plan was priced with them (the layer model's: under the
+        # Megatron-LM target the accumulation is fused unless the spec says otherwise)
+        sequence_parallel=opts.sequence_parallel, recompute=cfg.recompute, optimizer_sharding=opts.sharding,
+        gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation)
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:
