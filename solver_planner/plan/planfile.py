@@ -21,7 +21,7 @@ from ..errors import PlannerError
 from ..resharding import TIME_UNIT
 from .compose import TrainingPlan, breakdown, mesh_list
 from .fields import kind_of
-from . import yamltext
+from . import yamlread, yamltext
 from .launch import launch_layout
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
@@ -145,7 +145,7 @@ def read_plan(path: Path) -> dict[str, Any]:
         if "*" in text and any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=_LOADER)):
             raise PlanFileError(f"{p}: YAML aliases are not allowed in a plan file")
         try:
-            doc = yaml.load(text, Loader=_LOADER)
+            doc = yamlread.load(text)
         except yaml.YAMLError:
             doc = yaml.safe_load(text)      # PyYAML's reader again, for its wording of the error
     except UnicodeDecodeError as exc:
