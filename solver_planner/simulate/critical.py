@@ -12,8 +12,6 @@ time goes" needs when work overlaps.
 
 from __future__ import annotations
 
-from typing import Hashable
-
 from .timeline import Timeline
 
 __all__ = ["critical_path"]
@@ -42,21 +40,20 @@ def critical_path(timeline: Timeline) -> list[tuple[int | None, float, float]]:
     start, end = timeline._start, timeline._end
     if not tasks:
         return []
-    # who held each resource, by the moment they let go (a resource is held by one task at
-    # a time, and zero-length tasks hold nothing)
-    ended: dict[tuple[Hashable, float], int] = {}
+    # the tasks that let go of resources at each moment (zero-length tasks hold nothing); a
+    # resource is held by one task at a time, so at most one of them held a given resource
+    ended: dict[float, list[int]] = {}
     for j, t in enumerate(tasks):
-        if end[j] > start[j]:
-            for r in t.resources:
-                ended.setdefault((r, end[j]), j)
+        if end[j] > start[j] and t.resources:
+            ended.setdefault(end[j], []).append(j)
     i = max(range(len(tasks)), key=lambda j: (end[j], -j))
     out: list[tuple[int | None, float, float]] = [(i, start[i], end[i])]
     while start[i] > 0:
         s = start[i]
         pred = next((d for d in tasks[i].deps if end[d] == s), None)
-        if pred is None:
-            pred = min((ended[r, s] for r in tasks[i].resources if (r, s) in ended and ended[r, s] != i),
-                       default=None)
+        if pred is None and tasks[i].resources:
+            held = set(tasks[i].resources)
+            pred = next((j for j in ended.get(s, ()) if j != i and not held.isdisjoint(tasks[j].resources)), None)
         if pred is None:
             # held back by its release time: the gap back to the latest task that ended
             # before it (or to time 0) is not work of any task
