@@ -243,6 +243,9 @@ class PairProblem:
         self._last_terms: tuple = ((), None, None)   # feasible() and minimize() ask for the same plan's
         self.fixed: list[tuple[int, int]] | None = None
         self.dp_runs = 0
+        # per stage, the family's warm-up counts: R3 asks for them about a million times in
+        # one search on 100 000 GPUs, and they depend on nothing but S, B and the family
+        self._warmups = [sorted({warmup(s, self.S, p, self.B) for s in schedules}) for p in range(self.S)]
 
     def fix_layers(self, counts: tuple[int, ...]) -> None:
         """Only plans whose stage p holds ``counts[p]`` layers (an explicit layer split): the
@@ -320,7 +323,7 @@ class PairProblem:
                    warmup(s, self.S, p, self.B) + (1 if s.split else 0) for s in self.schedules)
 
     def warmups(self, p: int) -> list[int]:
-        return sorted({warmup(s, self.S, p, self.B) for s in self.schedules})
+        return self._warmups[p]
 
     # -- arrays ------------------------------------------------------------------------------
     def _config_arrays(self, j: int) -> dict[str, np.ndarray]:
