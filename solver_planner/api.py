@@ -444,7 +444,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     >>> from solver_planner import api as sp
     >>> rep = sp.stages("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml", num_stages=2)
     >>> [(st.first, st.last, st.tensor) for st in rep.partition.stages]
-    [(0, 16, 4), (17, 33, 4)]
+    [(0, 14, 2), (15, 33, 2)]
     >>> rep.result.status.value, rep.run.iteration_time > 0
     ('OPTIMAL', True)
     """

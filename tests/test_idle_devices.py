@@ -176,7 +176,7 @@ def test_a_shortfall_on_part_of_the_cluster_says_which_part(schedule):
     from solver_planner import api as sp
 
     with pytest.raises(InfeasibleError, match=r"GiB short \(on the first 4 of 8 devices: --devices 4 leaves 4 out\)"):
-        sp.stages(P3, SPECS / "models" / "gpt3-2.6b.yaml", schedule=schedule, devices=4)
+        sp.stages(P3, SPECS / "models" / "gpt3-6.7b.yaml", schedule=schedule, devices=4)
 
 
 @settings(max_examples=20, deadline=None)

@@ -63,21 +63,21 @@ def test_distir_table_2_pure_strategy_winners_and_best_configurations_on_both_sp
 
 
 def test_the_unequal_mesh_example_is_what_stages_prints():
-    # `solver-planner stages specs/clusters/aws-p3.8xlarge-4.yaml specs/models/gpt3-2.6b.yaml --meshes unequal`
+    # `solver-planner stages specs/clusters/aws-p3.8xlarge-2.yaml specs/models/gpt3-2.6b.yaml --meshes unequal`
     from solver_planner.stages.meshes import format_meshes as meshes_text
 
     text = README[README.index("**Unequal sub-meshes**"):README.index("**Plans on part of a cluster**")]
-    head = re.search(r"gpt3-2.6b on aws-p3.8xlarge-4: (\d+) stages of (.*) meshes, (\d+) micro-batches", text).groups()
+    head = re.search(r"gpt3-2.6b on aws-p3.8xlarge-2: (\d+) stages of (.*) meshes, (\d+) micro-batches", text).groups()
     iteration, objective = re.search(r"iteration ([\d.]+ s) .* objective ([\d.]+ s)", text).groups()
     status, bound, gap = re.search(r"(\w+) \(dp, bound ([\d.]+ s), gap ([\d.]+)%", text).groups()
     equal = re.search(r"takes\n?\s*([\d.]+) s, so unequal meshes gain ([\d.]+)%", text).groups()
     clusters, models = ROOT / "specs" / "clusters", ROOT / "specs" / "models"
-    rep = api.stages(clusters / "aws-p3.8xlarge-4.yaml", models / "gpt3-2.6b.yaml", meshes="unequal", baselines=False)
+    rep = api.stages(clusters / "aws-p3.8xlarge-2.yaml", models / "gpt3-2.6b.yaml", meshes="unequal", baselines=False)
     doc = rep.as_dict()
     assert (str(len(doc["stages"])), meshes_text(doc["mesh"]), str(doc["config"]["microbatches"])) == head
     assert units.format_time(doc["iteration_time"]) == iteration and units.format_time(doc["objective"]) == objective
     assert doc["status"] == status and units.format_time(doc["bound"]) == bound and f"{100 * doc['gap']:.2f}" == gap
-    same = api.stages(clusters / "aws-p3.8xlarge-4.yaml", models / "gpt3-2.6b.yaml", baselines=False)
+    same = api.stages(clusters / "aws-p3.8xlarge-2.yaml", models / "gpt3-2.6b.yaml", baselines=False)
     assert f"{same.run.iteration_time:.1f}" == equal[0]
     assert f"{100 * (1 - doc['iteration_time'] / same.run.iteration_time):.1f}" == equal[1]
 

@@ -9,6 +9,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
+import yaml
 
 from conftest import CLUSTERS, ROOT, SPECS, run_cli
 
@@ -202,7 +203,9 @@ def test_plan_report_and_plot_open_in_headless_chromium(tmp_path):
     assert "breakdown-compute" in found
     assert plot.stat().st_size < 2_000_000                        # 18 000 tasks, merged
     page = report.read_text()
-    assert page.count("<svg") >= 3 and "solver-planner check" in page and "not needed" in page
+    assert page.count("<svg") >= 3 and "solver-planner check" in page
+    proofs = {st["proof"] for st in yaml.safe_load((tmp_path / "plan.yaml").read_text())["stages"]}
+    assert proofs and all(f">{p}<" in page for p in proofs), proofs    # each stage's proof, as the file says
     assert not re.search(r'(src|href)="(https?:)?//', page)       # nothing fetched from the network
     browser = _chromium()
     if browser is None:

@@ -127,7 +127,8 @@ def test_zero_stages_divide_what_the_paper_says():
 
 def test_transformer_activation_memory_matches_korthikanti_table_2():
     s, h, a, t = 2048, 12288, 96, 8
-    block = transformer_layers(TransformerSpec(layers=1, hidden=h, heads=a, sequence=s, vocab=100))[1]
+    spec = TransformerSpec(layers=1, hidden=h, heads=a, sequence=s, vocab=100)
+    block = transformer_layers(spec, attention="materialized")[1]
     # bytes per sequence: none sh(10 + 24/t + 5as/ht); SP sh/t (34 + 5as/h); selective sh(10 + 24/t);
     # selective + SP 34sh/t; full 2sh (its input), 2sh/t with SP
     assert saved_per_sample([block], "none", t, False)[0] == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
@@ -136,6 +137,14 @@ def test_transformer_activation_memory_matches_korthikanti_table_2():
     assert saved_per_sample([block], "selective", t, True)[0] == pytest.approx(34 * s * h / t)
     assert saved_per_sample([block], "full", t, False)[0] == pytest.approx(2 * s * h)
     assert saved_per_sample([block], "full", t, True)[0] == pytest.approx(2 * s * h / t)
+    # flash attention keeps no scores, only each row's fp32 log-sum-exp (4 a s bytes, split by
+    # the heads): the rest of the table stands
+    flash = transformer_layers(spec, attention="flash")[1]
+    assert saved_per_sample([flash], "none", t, False)[0] == pytest.approx(s * h * (10 + 24 / t) + 4 * a * s / t)
+    assert saved_per_sample([flash], "none", t, True)[0] == pytest.approx(34 * s * h / t + 4 * a * s / t)
+    for mode in ("selective", "full"):
+        for sp in (False, True):
+            assert saved_per_sample([flash], mode, t, sp)[0] == saved_per_sample([block], mode, t, sp)[0]
 
 
 def _costs(topo, model, shape=MeshShape(1, 2), B=2):

@@ -269,7 +269,7 @@ def test_the_picture_of_an_unequal_plan_says_each_stages_devices(tmp_path):
     from solver_planner.cli import app
 
     svg = tmp_path / "p.svg"
-    res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-4.yaml"),
+    res = CliRunner().invoke(app, ["stages", str(ROOT / "specs/clusters/aws-p3.8xlarge-2.yaml"),
                                    str(ROOT / "specs/models/gpt3-2.6b.yaml"),
                                    "--meshes", "unequal", "--no-baselines", "--plot", str(svg)])
     assert res.exit_code == 0, res.output

@@ -87,10 +87,10 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
 
 @pytest.mark.slow
 def test_plan_target_without_a_schedule_takes_the_target_searchs_fastest_schedule(tmp_path):
-    """GPT-3 2.6B on two p3.8xlarge hosts: Megatron-LM's fastest plan is interleaved 1F1B, so
+    """GPT-3 2.6B on four p3.8xlarge hosts: Megatron-LM's fastest plan is interleaved 1F1B, so
     `plan --target megatron` without -s composes interleaved 1F1B (not 1F1B), and check
     accepts the plan file it writes."""
-    cluster, model = str(CLUSTERS / "aws-p3.8xlarge-2.yaml"), str(MODELS / "gpt3-2.6b.yaml")
+    cluster, model = str(CLUSTERS / "aws-p3.8xlarge-4.yaml"), str(MODELS / "gpt3-2.6b.yaml")
     res = CliRunner().invoke(app, ["stages", cluster, model, "--target", "megatron", "--json", "--no-baselines"])
     best = json.loads(res.output)["schedule"].split("(")[0]
     assert best == "interleaved-1f1b"

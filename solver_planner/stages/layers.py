@@ -212,8 +212,13 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     embed = float(counts.embedding)      # V h + s h for GPT
     ops = transformer_operators(spec, dtype, attention)
     layers = [Layer("embed", 0.0, 0.0, embed * e, embed * opt, out, out, 0.0, 1, kernels=0.0, ops=ops["embed"])]
+    # the attention core's own keep: materialized, Korthikanti's 5 a s^2 (the softmax output,
+    # its dropout mask and output); flash keeps no scores, only each row's softmax statistic
+    # (the log-sum-exp, fp32: 4 a s bytes; Dao et al. 2022, FlashAttention §3.1, backward from
+    # the output and these statistics)
+    core = 4.0 * a * s if attention == "flash" else 5.0 * a * s * s * scale
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
-                  s * h * (split / (s * h) + 5.0 * a * s / h) * scale, 10.0 * s * h * scale, 2,
+                  split * scale + core, 10.0 * s * h * scale, 2,
                   weight=weight, checkpoint=out, selective_saved=split * scale,
                   selective_flops=4.0 * s * s * h, kernels=6.0, ops=ops["block"])
     layers += [block] * spec.layers
