@@ -209,12 +209,22 @@ def test_wrong_inputs_and_files(tmp_path, reduced):
     r = run_cli("check", str(CLUSTERS / "aws-p3.8xlarge-3.yaml"), str(GPT), str(path))
     assert r.returncode == 1 and "inputs" in r.stderr and "Traceback" not in r.stderr
     for text in ("format: something-else\n", "a: [1, 2\n", "a: &x [1]\nb: *x\nformat: solver-planner-plan\n",
-                 "\x00\x01", "format: solver-planner-plan\nversion: 99\n"):
+                 "\x00\x01", "format: solver-planner-plan\nversion: 99\n",
+                 "format: solver-planner-plan\nformat: solver-planner-plan\n"):
         bad = tmp_path / "bad.yaml"
         bad.write_bytes(text.encode("utf-8", "surrogatepass"))
         with pytest.raises(PlanFileError) as err:
             read_plan(bad)
         assert "\n" not in str(err.value) and str(bad) in str(err.value)
+    # a key said twice is refused with its line, whatever the values (a certificate says each
+    # thing once; YAML readers keep the last value silently)
+    text = path.read_text()
+    twice = text.replace("\niteration_time: ", "\niteration_time: 1.0\niteration_time: ", 1)
+    assert twice != text
+    bad.write_text(twice)
+    line = twice[:twice.index("iteration_time: 1.0")].count("\n") + 2
+    with pytest.raises(PlanFileError, match=rf":{line}: the key 'iteration_time' appears twice"):
+        read_plan(bad)
     # one of them through the command line: exit 2, one line
     r = run_cli("check", str(P3), str(GPT), str(bad))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr

@@ -89,3 +89,28 @@ def test_what_the_plan_writer_writes_reads_back_equal(value):
 @given(st.text(alphabet="ab:-[]{},?!&*<=> \n'\"#|.01", max_size=40))
 def test_arbitrary_text_reads_or_fails_as_pyyaml_does(text):
     assert_same(text)
+
+
+@pytest.mark.parametrize("text, line", [
+    ("a: 1\nb: 2\na: 3\n", 3),                      # the last value would win silently
+    ("x:\n  y: [1]\n  z: 2\n  y: [2]\n", 4),        # nested, a repeated key whose value is a list
+    ("- {a: 1, a: 1}\n", 1),                        # even the same value twice
+    ("1: a\n1.0: b\n", 2),                          # one key to Python
+    ("t: !!str 5\nt: 6\n", 2),                      # through PyYAML's loader (a tag)
+    ("a: &x [1]\nb: *x\n", 2),                      # an alias
+    ("a: !!str &x 1\nb: *x\n", 2),                  # an alias after a tag
+])
+def test_strict_refuses_a_repeated_key_or_an_alias_with_its_line(text, line):
+    with pytest.raises(yamlread.Refused) as err:
+        yamlread.load(text, strict=True)
+    assert err.value.line == line, str(err.value)
+    assert yamlread.load(text) == yaml.load(text, Loader=LOADER)      # not strict: PyYAML's reading
+
+
+def test_strict_reads_an_unused_anchor_and_deep_nesting():
+    assert yamlread.load("a: &x [1, 2]\nb: 3\n", strict=True) == {"a": [1, 2], "b": 3}
+    deep = "x: " + "[" * 5000 + "]" * 5000 + "\n"          # no recursion: a stack of open collections
+    value = yamlread.load(deep, strict=True)["x"]
+    for _ in range(4999):
+        (value,) = value
+    assert value == []

@@ -8,8 +8,12 @@ times) is resolved and constructed once, by PyYAML's own resolver and safe const
 every value is what ``yaml.load(text, Loader=CSafeLoader)`` gives.
 
 What a file written by hand might hold and this path does not build itself (explicit tags,
-merge keys, anchors, several documents, unhashable keys) goes to PyYAML's loader instead:
-the same result, or the same error, only slower.
+merge keys, aliases, several documents, unhashable keys) goes to PyYAML's loader instead:
+the same result, or the same error, only slower.  An anchor no alias refers to changes
+nothing and is read here.
+
+``strict=True`` (plan files: a certificate says each thing once) refuses, with the line, a
+mapping that repeats a key (PyYAML keeps the last value silently) and any alias.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
                          SequenceEndEvent, SequenceStartEvent)
 from yaml.resolver import Resolver
 
-__all__ = ["load"]
+__all__ = ["load", "Refused"]
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RESOLVER = Resolver()
@@ -37,6 +41,14 @@ class _Slow(Exception):
     """The text holds something only PyYAML's own loader builds (or refuses) right."""
 
 
+class Refused(ValueError):
+    """``strict``: the text repeats a key or holds an alias (``line``: 1-based)."""
+
+    def __init__(self, line: int, reason: str):
+        super().__init__(f"line {line}: {reason}")
+        self.line, self.reason = line, reason
+
+
 def _scalar(value: str, implicit: tuple[bool, bool], cache: dict) -> Any:
     key = (value, implicit)
     if key in cache:
@@ -49,13 +61,14 @@ def _scalar(value: str, implicit: tuple[bool, bool], cache: dict) -> Any:
     return out
 
 
-def _fast(text: str) -> Any:
+def _fast(text: str, strict: bool) -> Any:
     cache: dict = {}
     stack: list = []            # open collections: a list, or a _Map
+    lines: list[int] = []       # the line each open collection starts on
     doc: Any = None
     documents = 0
 
-    def put(value: Any) -> None:
+    def put(value: Any, line: int) -> None:
         nonlocal doc
         if not stack:
             doc = value
@@ -68,6 +81,8 @@ def _fast(text: str) -> Any:
                 hash(value)
             except TypeError:
                 raise _Slow from None
+            if strict and value in top.data:
+                raise Refused(line, f"the key {value!r} appears twice in one mapping")
             top.key = value
         else:
             top.data[top.key] = value       # a repeated key: the last one wins, as in PyYAML
@@ -76,22 +91,26 @@ def _fast(text: str) -> Any:
     for event in yaml.parse(text, Loader=_LOADER):
         cls = type(event)
         if cls is ScalarEvent:
-            if (event.tag is not None and event.tag != "!") or event.anchor is not None:
+            if event.tag is not None and event.tag != "!":
                 raise _Slow
-            put(_scalar(event.value, event.implicit, cache))
+            put(_scalar(event.value, event.implicit, cache), event.start_mark.line + 1)
         elif cls is SequenceStartEvent or cls is MappingStartEvent:
-            if (event.tag is not None and event.tag != "!") or event.anchor is not None:
+            if event.tag is not None and event.tag != "!":
                 raise _Slow
             stack.append([] if cls is SequenceStartEvent else _Map())
+            lines.append(event.start_mark.line + 1)
         elif cls is SequenceEndEvent:
-            put(stack.pop())
+            put(stack.pop(), lines.pop())
         elif cls is MappingEndEvent:
-            put(stack.pop().data)
+            put(stack.pop().data, lines.pop())
         elif cls is DocumentStartEvent:
             documents += 1
             if documents > 1:
                 raise _Slow
         elif cls is AliasEvent:
+            if strict:
+                raise Refused(event.start_mark.line + 1, f"an alias (*{event.anchor}): a plan file spells every"
+                                                         " value out")
             raise _Slow
     return doc
 
@@ -109,9 +128,34 @@ class _Map:
         self.key: Any = _NO_KEY
 
 
-def load(text: str) -> Any:
-    """``yaml.load(text, Loader=CSafeLoader)``, faster on large plain files (module docstring)."""
+def load(text: str, strict: bool = False) -> Any:
+    """``yaml.load(text, Loader=CSafeLoader)``, faster on large plain files; ``strict``:
+    :class:`Refused` on a repeated key or an alias (module docstring)."""
     try:
-        return _fast(text)
+        return _fast(text, strict)
     except _Slow:
-        return yaml.load(text, Loader=_LOADER)
+        pass
+    if strict:
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, AliasEvent):
+                raise Refused(event.start_mark.line + 1, f"an alias (*{event.anchor}): a plan file spells every"
+                                                         " value out")
+        _no_repeated_keys(yaml.compose(text, Loader=_LOADER))
+    return yaml.load(text, Loader=_LOADER)
+
+
+def _no_repeated_keys(node) -> None:
+    """Refused when a mapping under ``node`` repeats a key (scalar keys, by tag and text)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen = set()
+            for key, value in n.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if (key.tag, key.value) in seen:
+                        raise Refused(key.start_mark.line + 1, f"the key {key.value!r} appears twice in one mapping")
+                    seen.add((key.tag, key.value))
+                todo += [key, value]
+        elif isinstance(n, yaml.SequenceNode):
+            todo += n.value
