@@ -10,6 +10,10 @@ counts half), and the median measured / predicted.
   configuration fixed, throughput per GPU predicted on the shipped DGX A100 spec (device
   preset, nothing fitted to these runs) against the measured;
 
+* **torchtitan's published runs** (``benchmarks/torchtitan_runs.py``): Llama 2 and 3 with
+  FSDP2 on 64 A100s, tokens per second per GPU, the rows whose activation checkpointing we
+  price exactly (no recomputation or full), each configuration fixed; nothing fitted;
+
 * **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
   2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
   against the shipped DGX A100 spec's prediction; in sample, since the A100 presets' GEMM
@@ -79,6 +83,20 @@ def published(say) -> list[dict]:
         rows.append(runs.predict(r))
     return [summary("Megatron-LM Table 1: TFLOP/s per GPU", [r["predicted_tflops"] for r in rows],
                     [r["measured_tflops"] for r in rows])]
+
+
+def torchtitan(say) -> list[dict]:
+    import torchtitan_runs as runs
+
+    say("torchtitan: Llama with FSDP2 on 64 A100s")
+    topo = runs.cluster()
+    rows = [runs.predict(r, topo) for r in runs.load_runs()]
+    exact = [r for r in rows if r["exact"] and r["predicted_wps"] is not None]
+    ranged = [r for r in rows if not r["exact"]]
+    return [summary("torchtitan, Llama FSDP2 on 64 A100s: tokens/s per GPU", [r["predicted_wps"] for r in exact],
+                    [r["measured_wps"] for r in exact],
+                    note=f"rows priced exactly; the {len(ranged)} selective-checkpointing rows lie between our full and"
+                         f" no recomputation in {sum(bool(r['within']) for r in ranged)}")]
 
 
 def layer_times(say) -> list[dict]:
@@ -190,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = published(say) + layer_times(say) + distir(args.quick, say) + nccl_logs(say)
+    rows = published(say) + torchtitan(say) + layer_times(say) + distir(args.quick, say) + nccl_logs(say)
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
     if args.json:

@@ -1,0 +1,49 @@
+"""benchmarks/torchtitan_runs.py: torchtitan's published Llama runs on 64 A100s, predicted
+with each configuration fixed.  The model shapes are checked against the parameter counts
+Meta publishes, and the README's fidelity row against what the benchmark prints."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT
+from solver_planner.spec.counts import transformer_counts
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import torchtitan_runs as runs  # noqa: E402
+
+README = (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name, billions", [("llama2-13b", 13.0), ("llama2-70b", 69.0), ("llama3-8b", 8.03),
+                                            ("llama3-70b", 70.6)])
+def test_the_shapes_have_the_published_parameter_counts(name, billions):
+    run = next(r for r in runs.load_runs() if r.model == name)
+    counts = transformer_counts(runs.model(run, "none").transformer, tied=False)
+    assert counts.parameters / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_the_data_file_is_the_published_table():
+    rows = runs.load_runs()
+    assert len(rows) == 8 and {r.checkpointing for r in rows} == {"no", "full", "selective layer", "selective op"}
+    # torchtitan's MFU counts 6 N + 12 l h s FLOPs per token (N: every parameter): it and the
+    # tokens per second it prints must agree with the A100's 312 TFLOP/s
+    for r in rows:
+        layers, hidden, *_, seq = runs.SHAPES[r.model]
+        n = transformer_counts(runs.model(r, "none").transformer, tied=False).parameters
+        flops = 6 * n + 12 * layers * hidden * seq
+        assert r.wps * flops / 312e12 == pytest.approx(r.mfu, abs=0.006), r
+
+
+def test_the_readme_row_is_what_the_benchmark_prints():
+    topo = runs.cluster()
+    rows = [runs.predict(r, topo) for r in runs.load_runs()]
+    summ = runs.summary(rows)
+    row = re.search(r"^  \| torchtitan, Llama with FSDP2 on 64 A100s.*?\| 3 \| ([\d.]+)% \| ([\d.]+)% \|", README, re.M)
+    assert row is not None
+    assert (f"{100 * summ['median_error']:.1f}", f"{100 * summ['worst_error']:.1f}") == row.groups()
+    ranged = re.search(r"selective checkpointing: (\d) of (\d) measured between", README)
+    assert ranged is not None and (str(summ["measured_within_range"]), str(summ["ranged_rows"])) == ranged.groups()
