@@ -22,7 +22,7 @@ Not priced: torchtitan reduces gradients in fp32 (FSDP2's reduce dtype), twice t
 of our bf16 reduce-scatter.  Data loading and logging get the default per-iteration host
 overhead, as in the Megatron-LM comparison (`benchmarks/published_runs.py`).
 
-    python benchmarks/torchtitan_runs.py            # all eight rows (about a minute)
+    python benchmarks/torchtitan_runs.py            # all eight rows (about a second)
     python benchmarks/torchtitan_runs.py --json
 """
 

@@ -210,12 +210,18 @@ def test_wrong_inputs_and_files(tmp_path, reduced):
     assert r.returncode == 1 and "inputs" in r.stderr and "Traceback" not in r.stderr
     for text in ("format: something-else\n", "a: [1, 2\n", "a: &x [1]\nb: *x\nformat: solver-planner-plan\n",
                  "\x00\x01", "format: solver-planner-plan\nversion: 99\n",
-                 "format: solver-planner-plan\nformat: solver-planner-plan\n"):
+                 "format: solver-planner-plan\nformat: solver-planner-plan\n",
+                 "format: solver-planner-plan\nk: 1\n<<: {k: 2}\n", "format: solver-planner-plan\nt: 2001-02-30\n",
+                 "format: solver-planner-plan\nt: !!str y\nz: " + "[" * 30000 + "]" * 30000 + "\n"):
         bad = tmp_path / "bad.yaml"
         bad.write_bytes(text.encode("utf-8", "surrogatepass"))
         with pytest.raises(PlanFileError) as err:
             read_plan(bad)
         assert "\n" not in str(err.value) and str(bad) in str(err.value)
+    # the line of a forbidden character after multi-byte ones (libyaml counts bytes)
+    bad.write_text("a: " + "é" * 23 + "\nb: 1\nc: 2\nd: 3\ne: \x07\n")
+    with pytest.raises(PlanFileError, match=r"bad.yaml:5: not YAML: character"):
+        read_plan(bad)
     # a key said twice is refused with its line, whatever the values (a certificate says each
     # thing once; YAML readers keep the last value silently)
     text = path.read_text()

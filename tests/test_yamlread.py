@@ -99,18 +99,39 @@ def test_arbitrary_text_reads_or_fails_as_pyyaml_does(text):
     ("t: !!str 5\nt: 6\n", 2),                      # through PyYAML's loader (a tag)
     ("a: &x [1]\nb: *x\n", 2),                      # an alias
     ("a: !!str &x 1\nb: *x\n", 2),                  # an alias after a tag
+    ("k: 1\n<<: {k: 2}\n", 2),                      # a merge key: PyYAML would drop k: 2 silently
+    ("t: !!str 1\nk: 1\n<<: {k: 2}\n", 3),          # ... through PyYAML's loader
+    ("v: !!int 1\n1: a\n0x1: b\n", 3),              # one key to Python, through PyYAML's loader
+    ("t: !!str 1\nx:\n  a: 1\n  a: 2\ny:\n  b: 1\n  b: 2\n", 4),   # the first repeat, in document order
+    ("z: " + "[" * 65 + "]" * 65 + "\n", 1),         # nested deeper than MAX_DEPTH
+    ("x: !!str y\nz: " + "[" * 30000 + "]" * 30000 + "\n", 2),   # libyaml's composer would crash
 ])
 def test_strict_refuses_a_repeated_key_or_an_alias_with_its_line(text, line):
     with pytest.raises(yamlread.Refused) as err:
         yamlread.load(text, strict=True)
     assert err.value.line == line, str(err.value)
-    assert yamlread.load(text) == yaml.load(text, Loader=LOADER)      # not strict: PyYAML's reading
+    if text.count("[") < 1000:                      # (PyYAML's own loader crashes on the deepest)
+        assert yamlread.load(text) == yaml.load(text, Loader=LOADER)      # not strict: PyYAML's reading
 
 
-def test_strict_reads_an_unused_anchor_and_deep_nesting():
+def test_strict_reads_an_unused_anchor_and_loose_reads_deep_nesting_without_recursion():
     assert yamlread.load("a: &x [1, 2]\nb: 3\n", strict=True) == {"a": [1, 2], "b": 3}
-    deep = "x: " + "[" * 5000 + "]" * 5000 + "\n"          # no recursion: a stack of open collections
-    value = yamlread.load(deep, strict=True)["x"]
+    deep = "x: " + "[" * 5000 + "]" * 5000 + "\n"          # a stack of open collections
+    value = yamlread.load(deep)["x"]
     for _ in range(4999):
         (value,) = value
     assert value == []
+
+
+@pytest.mark.parametrize("text", ["a: 2001-02-30\n", "a: 2001-02-30\nb: [\n", "a: " + "1" * 5000 + "\n",
+                                  "a: !!bool foo\n", "a: [1, 2001-02-30]\nb: {c: ]\n"])
+def test_a_value_python_cannot_build_fails_as_pyyaml_fails(text):
+    """PyYAML raises what its constructor raises (ValueError for 30 February), or its parser's
+    error first when the text is also malformed: the fast path lets PyYAML decide."""
+    def failure(load):
+        try:
+            load(text)
+        except Exception as exc:       # noqa: BLE001 -- the exception's type is what is compared
+            return type(exc)
+        return None
+    assert failure(yamlread.load) == failure(lambda t: yaml.load(t, Loader=LOADER)) is not None

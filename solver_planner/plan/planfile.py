@@ -147,7 +147,8 @@ def read_plan(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise PlanFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     except yaml.reader.ReaderError as exc:
-        line = text[:exc.position].count("\n") + 1
+        # libyaml counts bytes of the UTF-8 text, not characters
+        line = text.encode("utf-8", "surrogatepass")[:exc.position].count(b"\n") + 1
         ch = exc.character if isinstance(exc.character, str) else chr(exc.character)    # libyaml: a code point
         raise PlanFileError(f"{p}:{line}: not YAML: character {ch!r} is not allowed") from None
     except yaml.YAMLError as exc:
@@ -155,6 +156,10 @@ def read_plan(path: Path) -> dict[str, Any]:
         where = f":{mark.line + 1}" if mark is not None else ""
         reason = str(getattr(exc, "problem", None) or exc).splitlines()[0]
         raise PlanFileError(f"{p}{where}: not YAML: {reason}") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        # a scalar YAML resolves to a type it cannot build (2001-02-30, '!!bool foo', an
+        # integer of 5 000 digits): PyYAML's constructors raise these, not YAMLError
+        raise PlanFileError(f"{p}: not a plan file: a value YAML cannot read ({type(exc).__name__}: {exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')")
     version = doc.get("version")

@@ -13,7 +13,10 @@ the same result, or the same error, only slower.  An anchor no alias refers to c
 nothing and is read here.
 
 ``strict=True`` (plan files: a certificate says each thing once) refuses, with the line, a
-mapping that repeats a key (PyYAML keeps the last value silently) and any alias.
+mapping that repeats a key (PyYAML keeps the last value silently), any alias, any merge key
+(``<<``: PyYAML drops a merged value a key already has, silently too) and values nested
+deeper than ``MAX_DEPTH`` (libyaml's composer recurses in C and crashes the process on
+tens of thousands of levels).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
                          SequenceEndEvent, SequenceStartEvent)
 from yaml.resolver import Resolver
 
-__all__ = ["load", "Refused"]
+__all__ = ["load", "Refused", "MAX_DEPTH"]
+
+MAX_DEPTH = 64          # strict: nesting refused beyond (a plan file nests about 8 deep)
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RESOLVER = Resolver()
@@ -42,21 +47,30 @@ class _Slow(Exception):
 
 
 class Refused(ValueError):
-    """``strict``: the text repeats a key or holds an alias (``line``: 1-based)."""
+    """``strict``: the text repeats a key, holds an alias or a merge key, or nests too deep
+    (``line``: 1-based)."""
 
     def __init__(self, line: int, reason: str):
         super().__init__(f"line {line}: {reason}")
         self.line, self.reason = line, reason
 
 
-def _scalar(value: str, implicit: tuple[bool, bool], cache: dict) -> Any:
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _scalar(value: str, implicit: tuple[bool, bool], cache: dict, strict: bool, line: int) -> Any:
     key = (value, implicit)
     if key in cache:
         return cache[key]
     tag = _RESOLVER.resolve(yaml.ScalarNode, value, implicit)
+    if tag == _MERGE and strict:
+        raise Refused(line, "a merge key (<<): a plan file spells every value out")
     if tag not in _PLAIN_TAGS:              # '<<' (merge), '=' (value): PyYAML's own rules
         raise _Slow
-    out = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, value))
+    try:
+        out = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, value))
+    except Exception:                       # (2001-02-30, 5 000 digits): PyYAML's error, in its order
+        raise _Slow from None
     cache[key] = out
     return out
 
@@ -93,12 +107,15 @@ def _fast(text: str, strict: bool) -> Any:
         if cls is ScalarEvent:
             if event.tag is not None and event.tag != "!":
                 raise _Slow
-            put(_scalar(event.value, event.implicit, cache), event.start_mark.line + 1)
+            line = event.start_mark.line + 1
+            put(_scalar(event.value, event.implicit, cache, strict, line), line)
         elif cls is SequenceStartEvent or cls is MappingStartEvent:
             if event.tag is not None and event.tag != "!":
                 raise _Slow
             stack.append([] if cls is SequenceStartEvent else _Map())
             lines.append(event.start_mark.line + 1)
+            if strict and len(stack) > MAX_DEPTH:
+                raise Refused(lines[-1], f"values nested more than {MAX_DEPTH} deep")
         elif cls is SequenceEndEvent:
             put(stack.pop(), lines.pop())
         elif cls is MappingEndEvent:
@@ -136,26 +153,42 @@ def load(text: str, strict: bool = False) -> Any:
     except _Slow:
         pass
     if strict:
+        # before libyaml composes anything (it recurses in C): depth and aliases from the events
+        depth = 0
         for event in yaml.parse(text, Loader=_LOADER):
             if isinstance(event, AliasEvent):
                 raise Refused(event.start_mark.line + 1, f"an alias (*{event.anchor}): a plan file spells every"
                                                          " value out")
-        _no_repeated_keys(yaml.compose(text, Loader=_LOADER))
+            if isinstance(event, (SequenceStartEvent, MappingStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise Refused(event.start_mark.line + 1, f"values nested more than {MAX_DEPTH} deep")
+            elif isinstance(event, (SequenceEndEvent, MappingEndEvent)):
+                depth -= 1
+        _strict_keys(yaml.compose(text, Loader=_LOADER))
     return yaml.load(text, Loader=_LOADER)
 
 
-def _no_repeated_keys(node) -> None:
-    """Refused when a mapping under ``node`` repeats a key (scalar keys, by tag and text)."""
+def _strict_keys(node) -> None:
+    """Refused when a mapping under ``node`` repeats a key (scalar keys, compared by the value
+    they load as, as the fast path compares them) or holds a merge key; in document order."""
     todo = [node]
     while todo:
         n = todo.pop()
         if isinstance(n, yaml.MappingNode):
             seen = set()
-            for key, value in n.value:
+            for key, _ in n.value:
                 if isinstance(key, yaml.ScalarNode):
-                    if (key.tag, key.value) in seen:
+                    if key.tag == _MERGE:
+                        raise Refused(key.start_mark.line + 1, "a merge key (<<): a plan file spells every value out")
+                    try:
+                        k = _CONSTRUCTOR.construct_object(key)
+                        hash(k)
+                    except Exception:       # PyYAML's loader says what is wrong with it
+                        continue
+                    if k in seen:
                         raise Refused(key.start_mark.line + 1, f"the key {key.value!r} appears twice in one mapping")
-                    seen.add((key.tag, key.value))
-                todo += [key, value]
+                    seen.add(k)
+            todo += [x for pair in reversed(n.value) for x in reversed(pair)]
         elif isinstance(n, yaml.SequenceNode):
-            todo += n.value
+            todo += reversed(n.value)

@@ -170,9 +170,11 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
       Grouped-query attention, a SwiGLU MLP, rotary positions, RMSNorm and biases change
       these as :mod:`solver_planner.spec.counts` says (``2 s`` x the block's weights + ``4 s^2
       h``), which reproduces the GPT figures for the default shape;
-    * activations kept for backward ``s h (34 + 5 a s / h)`` bytes at 16 bits, of which
-      ``10 s h`` stay on every tensor-parallel device and the rest is split (Korthikanti et
-      al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.1);
+    * activations kept for backward ``s h (34 + 5 a s / h)`` bytes at 16 bits with
+      ``attention="materialized"``, of which ``10 s h`` stay on every tensor-parallel device
+      and the rest is split (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+      Large Transformer Models", §4.1); with ``attention="flash"`` the ``5 a s^2`` of scores
+      are not kept, only each row's fp32 log-sum-exp, ``34 s h + 4 a s`` (Dao et al. 2022);
       selective recomputation keeps ``34 s h`` and recomputes the attention core, ``4 s^2 h``
       FLOPs (§5); full recomputation keeps the layer input, ``s h`` elements (§5).  Of the
       split ``24 s h``, ``8 s h`` are the attention's query, key, value and projection
@@ -180,9 +182,8 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
       (an approximation that follows Korthikanti's accounting term by term) the key and
       value terms scale by ``kv_heads / heads`` (``2 s h (2 + 2 g / a)``), the GELU's by
       ``f / 4 h`` (``4 s f``), and a SwiGLU MLP keeps its gate and up outputs and their
-      product (``6 s f``).  Dropout masks and the ``5 a s^2`` of attention scores are kept
-      for every shape, as Korthikanti count them (models trained without dropout, or with
-      fused attention kernels, keep less: the estimate errs on the high side);
+      product (``6 s f``).  Dropout masks are kept for every shape, as Korthikanti count
+      them (models trained without dropout keep less: the estimate errs on the high side);
     * the embedding holds ``V h + s h`` parameters (token and position tables; no position
       table with rotary positions, ``positions`` rows when given); the
       logits layer costs ``2 s h V`` FLOPs and, when ``tied`` (GPT-3), shares the token

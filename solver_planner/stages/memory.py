@@ -14,7 +14,8 @@ Per device of a stage with tensor degree ``t`` and data degree ``d``, for its la
   with ``G = P`` (gradients in the training dtype).
 * **Activations kept for backward**, per sample (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models"): ``saved / t + replicated`` (§4.1:
-  tensor parallelism leaves ``10 s h`` of a block's ``34 s h + 5 a s^2`` replicated);
+  tensor parallelism leaves ``10 s h`` of a block's ``34 s h + 5 a s^2`` replicated; under
+  FlashAttention ``34 s h + 4 a s``, :func:`~.layers.transformer_layers`);
   sequence parallelism splits the replicated part too (§4.2.2); selective recomputation
   keeps ``selective_saved / t + replicated`` and recomputes ``selective_flops`` in backward
   (§5: the attention core); full recomputation keeps only each layer's checkpoint (its
