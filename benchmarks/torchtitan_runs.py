@@ -43,14 +43,15 @@ sys.path.insert(0, str(ROOT))
 from solver_planner import api  # noqa: E402
 from solver_planner.agreement import spearman  # noqa: E402
 from solver_planner.errors import InfeasibleError  # noqa: E402
-from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
 from solver_planner.spec.model import ModelSpec  # noqa: E402
 from solver_planner.stages.report import Config  # noqa: E402
 from solver_planner.topology import Topology  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import published_runs  # noqa: E402
+
 TABLE = ROOT / "benchmarks" / "data" / "torchtitan_a100.csv"
-NODE = ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml"
 GPUS = 64
 # (layers, hidden, heads, key/value heads, MLP width, vocabulary, sequence)
 SHAPES = {
@@ -83,10 +84,9 @@ def load_runs(path: Path = TABLE) -> list[Run]:
 
 
 def cluster() -> Topology:
-    """The shipped DGX A100 nodes, eight of them (64 GPUs)."""
-    spec = load_cluster_spec(NODE)
-    levels = [lv.model_copy(update={"count": GPUS // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
-    return Topology(spec.model_copy(update={"levels": levels}))
+    """The shipped DGX A100 nodes, eight of them (64 GPUs), as the Megatron-LM comparison
+    builds them."""
+    return published_runs.cluster(GPUS)
 
 
 def model(run: Run, recompute: str) -> ModelSpec:
