@@ -146,8 +146,11 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
               "; numbers on bars: micro-batch" + (".model chunk" if chunked else ""))
     ax.set_title(f"{title}: iteration {T / scale:.4g} {unit}{merged}", fontsize=8)
     # legends are placed by the layout engine inside the figure ("outside" the axes only)
-    top.legend(handles=[Patch(color=c, label=k) for k, (c, _) in KINDS.items()], loc="outside right upper",
-               fontsize=7)
+    # only the kinds the plan has (no weight-gradient bars without weight delaying, no
+    # gradient reduction with one replica per stage)
+    present = {kind for _, kind in bars}
+    top.legend(handles=[Patch(color=c, label=k) for k, (c, _) in KINDS.items() if k in present],
+               loc="outside right upper", fontsize=7)
     if zoom is not None:
         for zax, (lo, hi, what) in zip(zoom.subplots(1, 2), _zoom_windows(records, stage_size, stages, T)):
             _gantt(zax, [r for r in records if r.end > lo and r.start < hi], stage_size, stages, lo, hi, scale)
@@ -235,7 +238,7 @@ def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None
     capacity = f"device memory {device_memory / bytes_unit(device_memory)[0]:.4g} {bytes_unit(device_memory)[1]}"
     if fits_axis:
         ax.axhline(device_memory / scale, color="black", linestyle="--", gid="device-memory", label=capacity)
-        ax.set_ylim(0, max(device_memory, top) / scale * 1.25)
+        ax.set_ylim(0, max(device_memory, top) / scale * 1.5)     # the legend above the capacity line
         ax.set_title("memory per stage")
     else:
         ax.set_ylim(0, top / scale * 1.35)
@@ -258,6 +261,8 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
     bottom = [0.0] * stages
     for k in parts:
         values = [busy[p, k] / scale for p in range(stages)]
+        if not any(values):             # a kind the plan does not have: no bar, no legend entry
+            continue
         ax.bar(range(stages), values, bottom=bottom, color=KINDS[k][0], label=k, gid=f"time-{k.replace(' ', '-')}")
         bottom = [b + v for b, v in zip(bottom, values)]
     idle = [max(0.0, T / scale - b) for b in bottom]
@@ -266,7 +271,7 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
     ax.set_xlabel("stage")
     ax.set_ylabel(f"time per iteration ({unit})")
     ax.set_title("where each stage's time goes")
-    ax.set_ylim(0, T / scale * 1.35)   # room for the legend above the bars
+    ax.set_ylim(0, T / scale * 1.6)   # room for the legend (three rows) above the bars
     ax.legend(loc="upper center", fontsize=6, ncols=2)
 
 
