@@ -106,3 +106,27 @@ def test_the_megatron_row_of_the_fidelity_table_is_what_published_runs_prints():
     full = fidelity.summary("Megatron-LM Table 1", [r["predicted_tflops"] for r in predicted],
                             [r["measured_tflops"] for r in predicted])
     assert (f"{full['pairwise'] * 100:.0f}", f"{full['median_measured_over_predicted']:.2f}") == row.groups()[3:]
+
+
+def test_the_stages_transcript_is_what_stages_prints():
+    # `solver-planner stages specs/clusters/dgx-a100-8x8.yaml specs/models/gpt3-39b.yaml`: every
+    # line the README shows (rows elided with '...'), box-drawing characters and runs of
+    # spaces aside; the solve's wall time is a measurement, so it is masked on both sides
+    from conftest import run_cli
+
+    cmd = "$ solver-planner stages specs/clusters/dgx-a100-8x8.yaml specs/models/gpt3-39b.yaml\n"
+    start = README.index(cmd) + len(cmd)
+    shown = README[start:README.index("```", start)].splitlines()
+    res = run_cli("stages", "specs/clusters/dgx-a100-8x8.yaml", "specs/models/gpt3-39b.yaml", env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+
+    def norm(line: str) -> str:
+        line = re.sub(r"[\u2500-\u257f]", " ", line)
+        line = re.sub(r"gap ([\d.]+)%, [\d.]+ m?s;", r"gap \1%, <wall>;", line)
+        return " ".join(line.split())
+
+    printed = {norm(line) for line in res.stdout.splitlines()}
+    lines = [norm(line) for line in shown if line.strip() and line.strip() != "..."]
+    assert len(lines) >= 9
+    for line in lines:
+        assert line in printed, line

@@ -47,3 +47,14 @@ def test_the_readme_row_is_what_the_benchmark_prints():
     assert (f"{100 * summ['median_error']:.1f}", f"{100 * summ['worst_error']:.1f}") == row.groups()
     ranged = re.search(r"selective checkpointing: (\d) of (\d) measured between", README)
     assert ranged is not None and (str(summ["measured_within_range"]), str(summ["ranged_rows"])) == ranged.groups()
+
+
+def test_the_printed_table_says_what_the_readme_says(capsys):
+    # `python benchmarks/torchtitan_runs.py`, as the README runs it: the exact rows' errors
+    assert runs.main([]) == 0
+    out = capsys.readouterr().out
+    figures = re.findall(r"([+-][\d.]+%) \(Llama [23] \d+B,", README)
+    assert len(figures) == 3
+    for figure in figures:
+        assert f" {figure}\n" in out, figure
+    assert "rows priced exactly: 3" in out and "4 of 5" in out
