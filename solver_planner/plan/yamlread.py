@@ -29,9 +29,11 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
                          SequenceEndEvent, SequenceStartEvent)
 from yaml.resolver import Resolver
 
+# strict: nesting refused beyond the spec reader's limit (a plan file nests about 8 deep)
+from ..spec.source import MAX_DEPTH
+
 __all__ = ["load", "Refused", "MAX_DEPTH"]
 
-MAX_DEPTH = 64          # strict: nesting refused beyond (a plan file nests about 8 deep)
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _RESOLVER = Resolver()
