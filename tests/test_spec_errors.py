@@ -215,13 +215,13 @@ def test_aliases_below_the_limit_still_load():
 
 def test_duplicate_key_walk_visits_an_aliased_node_once():
     import yaml
-    from solver_planner.spec.source import _check_duplicates
+    from solver_planner.spec.source import check_duplicates
     # 60 mappings, each naming the previous one twice: 2**60 paths, 61 nodes.
     lines = ["m0: &m0 {x: 1}"] + [f"m{k}: &m{k} {{a: *m{k - 1}, b: *m{k - 1}}}" for k in range(1, 61)]
-    _check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")  # returns at once
+    check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")  # returns at once
     lines[0] = "m0: &m0 {x: 1, x: 2}"
     with pytest.raises(SpecError, match="spec.yaml:1: m0.x: duplicate key 'x'"):
-        _check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")
+        check_duplicates(yaml.compose("\n".join(lines), Loader=yaml.SafeLoader), "spec.yaml")
 
 
 def test_an_alias_inside_its_own_anchor_is_refused():
@@ -401,3 +401,12 @@ def test_libyaml_reads_what_the_bounded_reader_reads(monkeypatch):
     assert source._compose_fast("a: !!str 1\n") is None
     assert source._compose_fast("a: " + "[" * 80 + "]" * 80 + "\n") is None
     assert source._compose_fast("a: [1, 2]\n") is not None
+
+
+def test_keys_equal_once_loaded_are_duplicates():
+    """``1`` and ``0x1`` are one key in the data: the second is refused, as a repeated name is."""
+    from solver_planner.spec.source import load_yaml
+
+    with pytest.raises(SpecError, match=r"spec.yaml:3: .*duplicate key '0x1' \(first given on line 2\)"):
+        load_yaml("spec.yaml", "m:\n  1: a\n  0x1: b\n")
+    assert load_yaml("spec.yaml", "m:\n  1: a\n  '0x1': b\n")[0] == {"m": {1: "a", "0x1": "b"}}

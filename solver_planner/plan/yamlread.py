@@ -29,8 +29,10 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
                          SequenceEndEvent, SequenceStartEvent)
 from yaml.resolver import Resolver
 
-# strict: nesting refused beyond the spec reader's limit (a plan file nests about 8 deep)
-from ..spec.source import MAX_DEPTH
+from ..errors import SpecError
+# strict: nesting refused beyond the spec reader's limit (a plan file nests about 8 deep),
+# repeated keys found as the spec reader finds them
+from ..spec.source import MAX_DEPTH, check_duplicates
 
 __all__ = ["load", "Refused", "MAX_DEPTH"]
 
@@ -155,42 +157,27 @@ def load(text: str, strict: bool = False) -> Any:
     except _Slow:
         pass
     if strict:
-        # before libyaml composes anything (it recurses in C): depth and aliases from the events
+        # before libyaml composes anything (it recurses in C): depth, aliases and merge keys
+        # from the events; then repeated keys as the spec reader finds them
         depth = 0
         for event in yaml.parse(text, Loader=_LOADER):
+            line = event.start_mark.line + 1
             if isinstance(event, AliasEvent):
-                raise Refused(event.start_mark.line + 1, f"an alias (*{event.anchor}): a plan file spells every"
-                                                         " value out")
+                raise Refused(line, f"an alias (*{event.anchor}): a plan file spells every value out")
+            if isinstance(event, ScalarEvent) and event.tag in (None, "!") and \
+                    _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit) == _MERGE:
+                raise Refused(line, "a merge key (<<): a plan file spells every value out")
             if isinstance(event, (SequenceStartEvent, MappingStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:
-                    raise Refused(event.start_mark.line + 1, f"values nested more than {MAX_DEPTH} deep")
+                    raise Refused(line, f"values nested more than {MAX_DEPTH} deep")
             elif isinstance(event, (SequenceEndEvent, MappingEndEvent)):
                 depth -= 1
-        _strict_keys(yaml.compose(text, Loader=_LOADER))
+        root = yaml.compose(text, Loader=_LOADER)
+        if root is not None:
+            try:
+                check_duplicates(root, "")
+            except SpecError as exc:
+                (issue,) = exc.issues
+                raise Refused(issue.line, issue.message) from None
     return yaml.load(text, Loader=_LOADER)
-
-
-def _strict_keys(node) -> None:
-    """Refused when a mapping under ``node`` repeats a key (scalar keys, compared by the value
-    they load as, as the fast path compares them) or holds a merge key; in document order."""
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, yaml.MappingNode):
-            seen = set()
-            for key, _ in n.value:
-                if isinstance(key, yaml.ScalarNode):
-                    if key.tag == _MERGE:
-                        raise Refused(key.start_mark.line + 1, "a merge key (<<): a plan file spells every value out")
-                    try:
-                        k = _CONSTRUCTOR.construct_object(key)
-                        hash(k)
-                    except Exception:       # PyYAML's loader says what is wrong with it
-                        continue
-                    if k in seen:
-                        raise Refused(key.start_mark.line + 1, f"the key {key.value!r} appears twice in one mapping")
-                    seen.add(k)
-            todo += [x for pair in reversed(n.value) for x in reversed(pair)]
-        elif isinstance(n, yaml.SequenceNode):
-            todo += reversed(n.value)

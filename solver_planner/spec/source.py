@@ -24,7 +24,7 @@ import yaml
 
 from ..errors import SpecError, SpecIssue
 
-__all__ = ["Source", "load_yaml", "load_json", "format_path"]
+__all__ = ["Source", "load_yaml", "load_json", "format_path", "check_duplicates"]
 
 
 def format_path(path: tuple[Any, ...] | list[Any]) -> str:
@@ -188,9 +188,26 @@ def _snippet(node: yaml.Node) -> str:
     return f"({node.id})"
 
 
-def _check_duplicates(root: yaml.Node, file: str) -> None:
-    """Refuse a mapping that gives a key twice.  Iterative, and each node is checked once
-    however many aliases reach it (the check does not depend on the path)."""
+def _key_identity(key: yaml.Node) -> Any:
+    """What a key is once loaded (``1`` and ``0x1`` are one key, as in the data), or its text
+    when it is not a scalar PyYAML builds alone (the constructor then says what is wrong)."""
+    if isinstance(key, yaml.ScalarNode):
+        try:
+            value = _KEYS.construct_object(key)
+            hash(value)
+            return value
+        except Exception:       # noqa: BLE001 -- left to the constructor's own error
+            return key.value
+    return str(key)
+
+
+_KEYS = yaml.constructor.SafeConstructor()
+
+
+def check_duplicates(root: yaml.Node, file: str) -> None:
+    """Refuse a mapping that gives a key twice (twice once loaded: ``1`` and ``0x1`` too).
+    Iterative, and each node is checked once however many aliases reach it (the check does
+    not depend on the path)."""
     seen_nodes: set[int] = set()
     stack: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
     while stack:
@@ -199,13 +216,14 @@ def _check_duplicates(root: yaml.Node, file: str) -> None:
             continue
         seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            seen: dict[str, int] = {}
+            seen: dict[Any, int] = {}
             for key, value in node.value:
                 name = key.value if isinstance(key, yaml.ScalarNode) else str(key)
-                if name in seen and name != "<<":
+                ident = _key_identity(key)
+                if ident in seen and name != "<<":
                     raise SpecError(SpecIssue(file, key.start_mark.line + 1, format_path(path + (name,)),
-                                              f"duplicate key '{name}' (first given on line {seen[name]})"))
-                seen[name] = key.start_mark.line + 1
+                                              f"duplicate key '{name}' (first given on line {seen[ident]})"))
+                seen[ident] = key.start_mark.line + 1
             # Depth first in file order, so a shared node is reported where it is first written.
             stack.extend((value, path + (k.value if isinstance(k, yaml.ScalarNode) else str(k),))
                          for k, value in reversed(node.value))
@@ -327,7 +345,7 @@ def load_yaml(path: str | Path, text: str | None = None) -> tuple[Any, Source]:
             root = loader.get_single_node()
         data = None
         if root is not None:
-            _check_duplicates(root, file)
+            check_duplicates(root, file)
             data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
