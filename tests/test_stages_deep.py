@@ -437,6 +437,31 @@ def test_the_memory_floor_is_the_least_memory_where_every_stage_keeps_as_much(ca
     assert floor >= least_memory_floor_fewest(own) * (1 - 2e-3)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_layers=7))
+def test_the_least_memory_program_is_the_least_over_every_plan(case):
+    """The min-max program over the bands against every plan, enumerated: its peak is the
+    least over plans of their fullest stage (each stage keeping its fewest micro-batches of
+    the family), and the plan it returns has that peak."""
+    if case is None:
+        return
+    plan, schedules = case
+    pair = PairProblem(plan.costs, schedules)
+
+    def peak(stages):
+        return max(float(np.asarray(pair.costs.memory(st.config, pair.live_min(p)))[st.first, st.last])
+                   for p, st in enumerate(stages))
+
+    least, stages = pair._least_memory()
+    every = [peak(s) for s in all_plans(pair)]
+    if not every:
+        assert stages is None and least == math.inf
+        return
+    assert least == min(every)
+    assert peak(stages) == least
+    assert stages in set(all_plans(pair))
+
+
 def test_the_memory_floor_lets_a_later_stage_hold_what_an_earlier_one_cannot():
     """Three stages under 1F1B keep 3, 2 and 1 micro-batches; of four layers the third's
     activations are ten times the others' and fit only where one is kept.  The least memory

@@ -92,6 +92,21 @@ def test_neighbour_paths_from_the_warm_ups_are_what_the_orders_say():
     assert found > 500
 
 
+def test_the_steady_paths_closed_form_walks_the_orders():
+    """The neighbour path of two steady orders in closed form against the walk over the two
+    orders, for every pair of warm-ups (any W and V, not only those a schedule gives)."""
+    from solver_planner.stages.neighbor import _path, _steady, _steady_path
+
+    found = 0
+    for B in range(2, 41):
+        for W in range(1, B):
+            for V in range(1, B):
+                path = _steady_path(W, V, B)
+                assert path == _path(_steady(W, B), _steady(V, B), B), (W, V, B)
+                found += path is not None
+    assert found > 5000
+
+
 def test_steady_warmup_reads_the_orders_it_applies_to():
     for kind, eager in (("1f1b", 0), ("eager-1f1b", 1), ("eager-1f1b", 2)):
         s = Schedule(kind, eagerness=eager)

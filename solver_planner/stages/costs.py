@@ -529,11 +529,15 @@ class StageCosts:
         m, opts, t = self.model, self.model.options, c.tensor
         d = self.shape.size // t
         smp = self.samples(t)
-        params = m.column("params")
-        static = Sums(static_bytes(params, m.column("optimizer"), t, d, opts.sharding))
-        if self.model.ties():
-            copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
-            static = static + self._copy_bytes(copy)
+        # the static bytes depend on the tensor degree alone: one table (and one dense
+        # square, when asked) for every recomputation mode
+        static = self._transfers.get(("static", t))
+        if static is None:
+            static = Sums(static_bytes(m.column("params"), m.column("optimizer"), t, d, opts.sharding))
+            if self.model.ties():
+                copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
+                static = static + self._copy_bytes(copy)
+            self._transfers["static", t] = static
         gathered, recomputed = self.transient_parts(c)
         transient = Maxes(gathered) + Maxes(recomputed)
         activation = smp * Sums(saved_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))

@@ -113,7 +113,19 @@ def _steady(W: int, B: int) -> tuple:
 
 @functools.lru_cache(maxsize=1 << 16)     # a few numbers each
 def _steady_path(W: int, V: int, B: int) -> tuple[int, int, int, int] | None:
-    return _path(_steady(W, B), _steady(V, B), B)
+    """:func:`_path` of two steady orders in closed form (walking the orders took 1.2 s of
+    the 1T model's 10 s search on 1 024 GPUs, 1 536 micro-batches each; a test checks the
+    two agree).  Stage p's chain op ``m`` precedes ``F_p(m + W)`` and the next stage's
+    follows ``F_q(m + V - 1)``: jumps of ``d = W - V + 1`` forwards, from ``F_p(V - 1)`` on
+    to ``F_p(B - W + V - 2)``, and none when ``V > W``.  The most jumps run back to back
+    from the first; the forward steps left are then ``B - 1 - J d`` wherever the jumps sit,
+    and the jumps skip fewest chain ops placed first: ``p`` runs one chain op after each of
+    ``F_p(W - 1) .. F_p(B - 2)``, and ``W`` after the last forward."""
+    if V > W or B - W - 1 < 0:
+        return None
+    d = W - V + 1
+    jumps = (B - W - 1) // d + 1
+    return B - 1 - jumps * d, (B - W) - (jumps * d - d + 1), jumps, W
 
 
 @functools.lru_cache(maxsize=8192)

@@ -1863,29 +1863,52 @@ class PairProblem:
             # the band's squares is too large here
             return least_memory_floor(self), None
         c, S, L, n = self.costs, self.S, self.L, self.n
+        # every config's parts as whole [k, i] squares, read once for all S stages (a stage
+        # differs only in its band and its live count)
+        parts = [np.stack([np.asarray(x) for x in col])
+                 for col in zip(*(c.memory_parts(cfg) for cfg in self.configs))]
+        whole = len(self.pos) == L + 1
+
+        def peaks(p: int, rows=None) -> np.ndarray:
+            """``c.memory(cfg, live_min(p))`` of every config on stage p's band (only the
+            band rows ``rows`` when given), as ``(configs, rows, n)``."""
+            ks, is_ = self.band(p)
+            first = ks if rows is None else ks[rows]
+            if whole and rows is None:
+                cut = (slice(None), slice(p, p + n), slice(p, p + n))
+            else:
+                cut = (slice(None), first[:, None], is_[None, :])
+            static, activation, transient = (x[cut] for x in parts)
+            mem = static + self.live_min(p) * activation + transient     # memory()'s order
+            mem = np.where(first[:, None] <= is_[None, :], mem, np.inf)
+            if p == 0:
+                mem[:, first > ks[0], :] = np.inf       # the first stage starts at layer 0
+            if p == S - 1:
+                mem[:, :, :n - 1] = np.inf              # the last one ends at the last layer
+            return mem
+
         V = np.full(L + 1, np.inf)          # V[k]: least peak of stages p.. starting at layer k
         V[L] = 0.0
-        picks = []
+        rests = []
         for p in range(S - 1, -1, -1):
             ks, is_ = self.band(p)
-            mem = np.stack([self._square(c.memory(cfg, self.live_min(p)), p) for cfg in self.configs])
-            if p == 0:
-                mem[:, 1:, :] = np.inf
-            if p == S - 1:
-                mem[:, :, :n - 1] = np.inf
+            mem = peaks(p)
             rest = V[is_ + 1]
-            val = np.maximum(mem, rest[None, None, :])
-            val = np.where(np.isfinite(mem), val, np.inf)
-            flat = val.transpose(1, 0, 2).reshape(n, -1)        # per first layer k: (config, last)
-            arg = flat.argmin(axis=1)
+            rests.append(rest)
+            # min over configs of max(peak, rest) is max(least peak, rest): one pass per stage
+            least = mem.min(axis=0)
+            val = np.where(np.isfinite(least), np.maximum(least, rest[None, :]), np.inf)
             V = np.full(L + 1, np.inf)
-            V[ks] = flat[np.arange(n), arg]
-            picks.append(arg)
+            V[ks] = val.min(axis=1)
         if not math.isfinite(V[0]):
             return math.inf, None
         stages, u = [], 0                   # u: the band index of the stage's first unit
-        for p, arg in enumerate(reversed(picks)):
-            j, i = divmod(int(arg[u]), n)
+        for p, rest in enumerate(reversed(rests)):
+            # the first (config, last layer) reaching the least peak, configs first (as the
+            # argmin over the stacked table would pick)
+            mem = peaks(p, np.array([u]))[:, 0, :]
+            val = np.where(np.isfinite(mem), np.maximum(mem, rest[None, :]), np.inf)
+            j, i = divmod(int(val.argmin()), n)
             ks, is_ = self.band(p)
             stages.append(StagePlan(int(ks[u]), int(is_[i]), self.configs[j]))
             u = i                               # stage p + 1's band starts one unit later
