@@ -255,9 +255,13 @@ def test_unequal_script_quick():
     assert "aws-p3.8xlarge-2" in out.stdout and "improvement" in out.stdout
 
 
-@pytest.mark.parametrize("B", [256, 1024])
-def test_unequal_search_is_never_slower_than_alpas_plan(B):
-    """The README's comparison, on two of its instances (where ours is strictly faster): our
+@pytest.mark.parametrize("cluster, name, B, faster", [
+    ("aws-p3.8xlarge-2", "gpt3-1.3b", 256, True), ("aws-p3.8xlarge-2", "gpt3-1.3b", 1024, True),
+    # the instance where neither of our programs reached Alpa's plan (16.62 s against 16.33 s)
+    # until the candidates of Alpa's own objective
+    ("p2-a100-2x16", "gpt3-15b", 128, False)])
+def test_unequal_search_is_never_slower_than_alpas_plan(cluster, name, B, faster):
+    """The README's comparison, on three of its instances (ours strictly faster on two): our
     search with unequal meshes, fixed to Alpa's micro-batch count, is at least as fast by
     simulated time as Alpa's training_dp plan placed the same way, and the bound it proves
     is below Alpa's plan too (it covers every plan of that count)."""
@@ -269,8 +273,8 @@ def test_unequal_search_is_never_slower_than_alpas_plan(B):
     from solver_planner.stages.unequal import search_unequal
     from solver_planner.topology import load_topology
 
-    topo = load_topology(ROOT / "specs/clusters/aws-p3.8xlarge-2.yaml")
-    model = load_model("gpt3-1.3b")
+    topo = load_topology(ROOT / "specs/clusters" / f"{cluster}.yaml")
+    model = load_model(name)
     search = StageSearch(model, topo, "1f1b", microbatches=[B])
     inputs = alpa_inputs(topo, model, B, search=search)
     _, solution = inputs.solve()
@@ -280,4 +284,5 @@ def test_unequal_search_is_never_slower_than_alpas_plan(B):
     ours = search_unequal(search, equal, None, covered, equal.bound)
     assert math.isfinite(alpa) and ours.objective <= alpa * (1 + 1e-9)
     assert ours.bound <= alpa * (1 + 1e-9) and ours.bound <= ours.objective * (1 + 1e-9)
-    assert ours.objective < alpa          # these two instances: strictly faster (README table)
+    if faster:
+        assert ours.objective < alpa      # these two instances: strictly faster (README table)

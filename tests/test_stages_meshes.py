@@ -386,3 +386,55 @@ def test_unequal_meshes_keep_the_device_cap_when_no_equal_plan_fits_it():
                                    str(ROOT / "specs/models/gpt-tiny.yaml"), "--meshes", "unequal", "--no-baselines",
                                    "--stages", "4", "--devices", "3"])
     assert res.exit_code == 1, res.output
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_alpas_objective_program_finds_its_least_plan(data):
+    """The candidates of Alpa's objective (sum of stage latencies + (B - 1) x the largest),
+    with no caps merged and no limit on the programs, against every (shapes, split,
+    configuration) of the space that fits: the first candidate has the least objective."""
+    from solver_planner.stages import unequal
+
+    hosts, gpus = data.draw(st.sampled_from([(2, 2), (1, 4), (3, 2)]))
+    topo = topology(hosts, gpus, "4 GB/s", "host", memory=data.draw(st.sampled_from(["64 GiB", "3 GiB"])))
+    n = data.draw(st.integers(2, 5))
+    model = _model(data.draw, n, False)
+    B = data.draw(st.sampled_from([2, 4, 16]))
+    stages = data.draw(st.sampled_from([None, 2]))
+    space = UnequalSpace(model, topo, B, data.draw(st.sampled_from(["1f1b", "eager-1f1b"])), _tables(topo),
+                         stages=stages)
+
+    def objective(t):
+        return sum(t) + (B - 1) * max(t)
+
+    least = math.inf
+    for S in range(1, min(n, topo.num_devices) + 1):
+        if stages not in (None, S):
+            continue
+        for cuts in itertools.combinations(range(1, n), S - 1):
+            edges = (0,) + cuts + (n,)
+            for js in itertools.product(range(len(space.shapes)), repeat=S):
+                if sum(space.shapes[j].shape.size for j in js) > topo.num_devices:
+                    continue
+                t = [min((float(sh.w[c, edges[p], edges[p + 1] - 1]) for c in range(len(sh.configs))
+                          if sh.fit[c, edges[p], edges[p + 1] - 1, S - p]), default=math.inf)
+                     for p, sh in enumerate(space.shapes[j] for j in js)]
+                least = min(least, objective(t))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(unequal, "CAP_STEP", 1e-12)
+        plans = space.alpa_plans(most=10**6)
+    if not math.isfinite(least):
+        assert plans == []
+        return
+    shapes = {sh.shape: sh for sh in space.shapes}
+    first = plans[0]
+    t = []
+    for p, stage in enumerate(first.stages):
+        sh = shapes[first.costs.of(p).shape]
+        c = sh.configs.index(stage.config)
+        assert sh.fit[c, stage.first, stage.last, first.costs.stages - p]        # it fits
+        t.append(float(sh.w[c, stage.first, stage.last]))
+    assert math.isclose(objective(t), least, rel_tol=1e-9)
+    assert stages in (None, first.costs.stages)
+    assert sum(first.costs.of(p).shape.size for p in range(first.costs.stages)) <= topo.num_devices

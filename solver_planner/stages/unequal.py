@@ -33,8 +33,12 @@ stage on one shape, as many stages as tile its devices.  So the programs carry a
 every stage of the rest on one tracked shape, or anything else -- and the bound over the
 unequal space leaves those pairs' cells out; the bound reported is the least of the two.
 
-Candidates: the plans both programs pick for every stage count (each placed by
-:func:`.meshes.pack`), simulated with the family's schedules that fit.
+Candidates: the plans both programs pick for every stage count, and the few plans with
+the least Alpa objective (``sum t + (B - 1) max t``, :meth:`UnequalSpace.alpa_plans`), each
+placed by :func:`.meshes.pack` and simulated with the family's schedules that fit.  Neither
+program aims at Alpa's trade of a stage's latency against the bubble: without its plans,
+GPT-3 15B on two p2 A100 hosts at 128 micro-batches stopped at 16.62 s against Alpa's
+16.33 s.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ from .schedule import Schedule, family, live_count
 __all__ = ["alpa_shapes", "UnequalSpace", "MAX_CELLS", "check_size", "search_unequal"]
 
 MAX_CELLS = 400_000_000   # layers^2 x devices x stages x shapes one dynamic program may touch
+CAP_STEP = 0.005          # Alpa's caps on the stage latency closer than this (relative) are merged
+ALPA_PROGRAMS = 12        # programs of Alpa's objective after the least cap with a plan
+ALPA_KEEP = 4             # plans of Alpa's objective kept as candidates, least objective first
 
 
 def alpa_shapes(hosts: int, devices_per_host: int) -> list[MeshShape]:
@@ -98,6 +105,8 @@ class _Shape:
     A_min: np.ndarray
     a_min: np.ndarray
     s_min: np.ndarray
+    w: np.ndarray             # [c, k, i]: a micro-batch's forward and backward (Alpa's stage latency)
+    w_min: np.ndarray         # [k, i, s]: the least over the configurations that fit
 
 
 class UnequalSpace:
@@ -123,7 +132,7 @@ class UnequalSpace:
         upper = np.triu(np.ones((self.L, self.L), dtype=bool))
         for shape in candidates:
             costs = StageCosts(model, topology, shape, B, tables(shape), comm)
-            cfgs, As, as_, ss, fits = [], [], [], [], []
+            cfgs, As, as_, ss, fits, ws = [], [], [], [], [], []
             for cfg in costs.configs:
                 cc = costs[cfg]
                 f, b, ba = cc.forward, cc.backward_act + cc.backward_weight, cc.backward_act
@@ -137,16 +146,17 @@ class UnequalSpace:
                 As.append(B * w + g)
                 as_.append(B * w - (b - ch))
                 ss.append(f + ch)
+                ws.append(w)
                 fits.append(fit)
                 cfgs.append(cfg)
             if not cfgs:
                 continue
-            A, a, sv, fit = np.array(As), np.array(as_), np.array(ss), np.array(fits)
+            A, a, sv, fit, w = np.array(As), np.array(as_), np.array(ss), np.array(fits), np.array(ws)
 
             def least(x):
                 return np.min(np.where(fit, x[:, :, :, None], np.inf), axis=0)
 
-            self.shapes.append(_Shape(shape, costs, cfgs, A, a, sv, fit, least(A), least(a), least(sv)))
+            self.shapes.append(_Shape(shape, costs, cfgs, A, a, sv, fit, least(A), least(a), least(sv), w, least(w)))
 
     @property
     def cells(self) -> int:
@@ -285,6 +295,100 @@ class UnequalSpace:
                                              for (k, i, _, c), sh in zip(plan, shapes)]))
         return self._bound(tables["A"][0], tables["a"][0], tracked, leave_out), out
 
+    def alpa_plans(self, most: int = ALPA_PROGRAMS, keep: int = ALPA_KEEP) -> list[Partition]:
+        """Candidates by Alpa's own objective (Alpa §5.2, eq. 2): a stage's latency ``t`` is a
+        micro-batch's forward and backward, and a plan costs ``sum t + (B - 1) max t``.  For
+        each cap ``t_max`` on the latencies, ascending, a program gives the least sum
+        ``Z(k, n, s)`` (first layer ``k`` of the rest, devices left ``n``, ``s`` stages):
+        Alpa's loop over ``t_max``, stopped once ``B`` times the cap below reaches the best
+        objective found (a plan of a larger cap costs more).  The caps are the cells' own
+        latencies, those within ``CAP_STEP`` (relative) of each other merged, the first one
+        with a plan found by bisection, then at most ``most`` programs.  These plans are
+        candidates, priced and simulated like the others, never a bound: the placement and
+        the transfers Alpa's objective leaves out are the simulator's to judge."""
+        if not self.shapes:
+            return []
+        values = np.unique(np.concatenate([sh.w_min[np.isfinite(sh.w_min)] for sh in self.shapes]))
+        values = values[values > 0]
+        if not len(values):
+            return []
+        group = np.floor(np.log(values / values[0]) / math.log1p(CAP_STEP)).astype(np.int64)
+        caps = values[np.r_[np.flatnonzero(group[1:] != group[:-1]), len(values) - 1]]   # each group's largest
+        if not self._sums(caps[-1])[1]:
+            return []
+        lo, hi = 0, len(caps) - 1
+        while lo < hi:                      # the least cap with a plan (a lower cap has fewer cells)
+            mid = (lo + hi) // 2
+            if self._sums(caps[mid])[1]:
+                hi = mid
+            else:
+                lo = mid + 1
+        found: dict[tuple, float] = {}
+        best, below = math.inf, 0.0
+        for cap in caps[lo:lo + most]:
+            if self.B * below >= best:
+                break
+            (Z, pick), counts = self._sums(cap)
+            for s in counts:
+                plan = self._walk_sums(Z, pick, s, cap)
+                if plan is None:
+                    continue
+                t = [float(self.shapes[j].w[c, k, i]) for k, i, j, c in plan]
+                cost = sum(t) + (self.B - 1) * max(t)
+                found[tuple(plan)] = cost
+                best = min(best, cost)
+            below = cap
+        out = []
+        for plan, _ in sorted(found.items(), key=lambda x: (x[1], x[0]))[:keep]:
+            shapes = [self.shapes[j] for _, _, j, _ in plan]
+            costs = MeshCosts([sh.costs for sh in shapes], pack([sh.shape for sh in shapes], self.topology))
+            out.append(Partition(costs, [StagePlan(k, i, sh.configs[c]) for (k, i, _, c), sh in zip(plan, shapes)]))
+        return out
+
+    def _sums(self, cap: float):
+        """Alpa's program at one cap: ``(Z, pick)`` and the stage counts with a plan on all
+        ``N`` devices or fewer (the allowed count only, under ``stages``)."""
+        L, N, S = self.L, self.N, self.S
+        Z = np.full((L + 1, N + 1, S + 1), np.inf)
+        Z[L, :, 0] = 0.0                    # devices may stay idle
+        pick = np.full((L, N + 1, S + 1, 2), -1, dtype=np.int32)
+        for k in range(L - 1, -1, -1):
+            best = np.full((N + 1, S + 1), np.inf)
+            rest = Z[k + 1:]                # rows i: the rest after a stage k..i
+            for j, sh in enumerate(self.shapes):
+                n0 = sh.shape.size
+                t = sh.w_min[k, k:, :]
+                t = np.where(t <= cap, t, np.inf)
+                shifted = np.full((L - k, N + 1, S + 1), np.inf)     # Z(i + 1, n - size, s - 1)
+                shifted[:, n0:, 1:] = rest[:, :N + 1 - n0, :S]
+                cand = t[:, None, :] + shifted
+                arg = np.argmin(cand, axis=0)
+                val = np.take_along_axis(cand, arg[None], axis=0)[0]
+                better = val < best
+                best = np.where(better, val, best)
+                pick[k][better] = np.stack([k + arg, np.full_like(arg, j)], axis=-1)[better]
+            Z[k] = best
+        counts = [s for s in range(1, S + 1) if np.isfinite(Z[0, N, s]) and self.stages in (None, s)]
+        return (Z, pick), counts
+
+    def _walk_sums(self, Z, pick, stages: int, cap: float) -> list[tuple[int, int, int, int]] | None:
+        """(first, last, shape index, config index) of each stage of the plan :meth:`_sums`
+        picked for ``stages`` stages; each stage's configuration: the quickest that fits
+        under the cap (then the configuration order)."""
+        out, k, n, s = [], 0, self.N, stages
+        while k < self.L:
+            i, j = (int(x) for x in pick[k, n, s])
+            if i < 0:
+                return None
+            sh = self.shapes[j]
+            ok = sh.fit[:, k, i, s] & (sh.w[:, k, i] <= cap)
+            if not ok.any():
+                return None
+            c = int(np.argmin(np.where(ok, sh.w[:, k, i], np.inf)))
+            out.append((k, i, j, c))
+            k, n, s = i + 1, n - sh.shape.size, s - 1
+        return out
+
     def schedules(self, plan: Partition) -> list[Schedule]:
         return family(self.kind, plan.costs.stages)
 
@@ -323,6 +427,10 @@ def search_unequal(search, equal=None, progress=None, covered=(), covered_bound:
                     spaces.append((cheap, B, space, []))
                     continue
             bound, plans = space.plans([(shape, S) for shape, b, S in covered if b == B])
+            seen = {tuple(p.stages) + (p.meshes,) for p in plans}
+            # and the plans of Alpa's own objective: its trade of a stage's latency against
+            # the bubble finds plans neither program above aims at
+            plans += [p for p in space.alpa_plans() if tuple(p.stages) + (p.meshes,) not in seen]
             spaces.append((bound, B, space, plans))
         simulated = 0
         for bound, B, space, plans in sorted(spaces, key=lambda x: (x[0], x[1])):
