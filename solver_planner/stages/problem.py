@@ -71,6 +71,7 @@ import numpy as np
 
 from .costs import StageConfig, StageCosts
 from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
+from . import ranges
 from .ranges import Ranges, apply
 from .objective import deferred_weights, family_split, phase_time
 from .link import LINK_MICROBATCHES, link_key, link_numbers, link_steps, link_time
@@ -1863,10 +1864,11 @@ class PairProblem:
             # the band's squares is too large here
             return least_memory_floor(self), None
         c, S, L, n = self.costs, self.S, self.L, self.n
-        # every config's parts as whole [k, i] squares, read once for all S stages (a stage
-        # differs only in its band and its live count)
-        parts = [np.stack([np.asarray(x) for x in col])
-                 for col in zip(*(c.memory_parts(cfg) for cfg in self.configs))]
+        # every config's parts, as whole [k, i] squares read once for all S stages where
+        # they are built as squares (a stage differs only in its band and its live count);
+        # on deeper models each band is read off the range tables
+        raw = list(zip(*(c.memory_parts(cfg) for cfg in self.configs)))
+        parts = [np.stack([np.asarray(x) for x in col]) for col in raw] if L <= ranges.DENSE else None
         whole = len(self.pos) == L + 1
 
         def peaks(p: int, rows=None) -> np.ndarray:
@@ -1878,7 +1880,10 @@ class PairProblem:
                 cut = (slice(None), slice(p, p + n), slice(p, p + n))
             else:
                 cut = (slice(None), first[:, None], is_[None, :])
-            static, activation, transient = (x[cut] for x in parts)
+            if parts is not None:
+                static, activation, transient = (x[cut] for x in parts)
+            else:
+                static, activation, transient = (np.stack([np.asarray(x[cut[1:]]) for x in col]) for col in raw)
             mem = static + self.live_min(p) * activation + transient     # memory()'s order
             mem = np.where(first[:, None] <= is_[None, :], mem, np.inf)
             if p == 0:
