@@ -345,7 +345,8 @@ class StageCosts:
         self.micro_size = model.global_batch // microbatches
         self.device_memory = topology.device.memory
         self.configs = [StageConfig(t, r) for t in divisors(shape.devices_per_host) if t in tables
-                        and self.micro_size % (shape.size // t) == 0 for r in model.options.recompute]
+                        and self.micro_size % (shape.size // t) == 0 and model.tensor_refusal(t) is None
+                        for r in model.options.recompute]
         self._configs: dict[StageConfig, ConfigCosts] = {}
         self._transfers: dict[tuple, tuple[float, float]] = {}
 

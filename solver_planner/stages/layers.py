@@ -280,7 +280,18 @@ class LayerModel:
     microbatches: int | None          # None: search
     dtype: str = "bfloat16"
     options: MemoryOptions = field(default_factory=MemoryOptions)
+    # what a tensor degree must divide, as (name, count): a transformer's heads, key/value
+    # heads and MLP width, which tensor parallelism splits (Megatron-LM §3); none for layers
+    # given one by one
+    tensor_splits: tuple[tuple[str, int], ...] = ()
     _cache: dict = field(init=False, repr=False, default_factory=dict)
+
+    def tensor_refusal(self, t: int) -> str | None:
+        """Why tensor degree ``t`` cannot split this model's layers (None: it can)."""
+        for name, n in self.tensor_splits:
+            if n % t:
+                return f"{name} {n} not divisible by tensor {t}"
+        return None
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -327,7 +338,9 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage
         options = replace(options, recompute=tuple(m for m in options.recompute if m != "selective"))
-    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, options)
+    splits = () if model.transformer is None else (
+        ("heads", model.transformer.heads), ("kv_heads", model.transformer.kv), ("ffn_hidden", model.transformer.ffn))
+    return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, options, splits)
 
 
 def _selective_differs(layers: list[Layer]) -> bool:

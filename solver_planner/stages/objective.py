@@ -84,7 +84,7 @@ from .pipeline import mesh_orders, weight_delays
 from .ports import port_classes
 from .schedule import Schedule, live_count, mesh_order, warmup
 
-__all__ = ["Bounds", "bounds", "fits", "family_split", "phase_time", "deferred_weights"]
+__all__ = ["Bounds", "bounds", "fits", "peak_memory", "family_split", "phase_time", "deferred_weights"]
 
 
 @dataclass(frozen=True)
@@ -355,6 +355,16 @@ def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
     if memo is not None:
         memo["fits", live] = out
     return out
+
+
+def peak_memory(plan: Partition, schedule: Schedule) -> float:
+    """The fullest device's bytes under ``schedule``: what :func:`fits` compares with the
+    device memory (for the shortfall of a space where nothing fits)."""
+    c = plan.costs
+    if plan.virtual > 1:
+        return max(plan.mesh_memory(mesh_orders(plan, schedule))[0])
+    delays = _delays(plan, schedule, None)
+    return max(plan.memory([live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]))
 
 
 def _delays(plan: Partition, schedule: Schedule, memo: dict | None) -> list[bool]:

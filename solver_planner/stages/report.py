@@ -362,7 +362,9 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     full = topology
     topology = first_devices(topology, use.used)
     if config is not None:
-        restrict = dict(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
+        # the configuration fixes the mesh, tensor degree and micro-batches; a target's rules
+        # still apply to it
+        restrict.update(shapes=[shape_of(topology, config)], tensor=config.tensor, microbatches=[config.microbatches])
     if layer_counts is not None:
         restrict["layer_counts"] = tuple(layer_counts)
     args = dict(time_limit=time_limit, seed=seed, top=top, budget=budget, simulations=simulations,

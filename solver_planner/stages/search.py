@@ -161,8 +161,13 @@ class StageSearch:
                 if self.tensor is not None:
                     costs.configs = [c for c in costs.configs if c.tensor == self.tensor]
                 if not costs.configs:
-                    degrees = sorted({shape.size // t for t in divisors(shape.devices_per_host)
-                                      if self.tensor in (None, t)})
+                    tensors = [t for t in divisors(shape.devices_per_host) if self.tensor in (None, t)]
+                    refused = [self.model.tensor_refusal(t) for t in tensors]
+                    if refused and all(refused):
+                        # no tensor degree of the mesh splits the model's heads (or MLP)
+                        why.setdefault(f"tensor {shape}", f"a {shape} mesh: {'; '.join(dict.fromkeys(refused))}")
+                        continue
+                    degrees = sorted({shape.size // t for t, r in zip(tensors, refused) if r is None})
                     why.setdefault(f"split {shape} {B}", f"a micro-batch of {costs.micro_size} samples"
                                    f" ({B} micro-batches) does not split over d = {'/'.join(map(str, degrees))}"
                                    f" replicas of a {shape} mesh")
@@ -656,8 +661,9 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
         board.add(Candidate(plan, run, bd, bd.value, bd.value, {s: run.iteration_time}))
 
     refused: dict[str, int] = {}
+    least: dict = {}
     priced, sims, empty = search_uniform(pairs, search.uniform, board, one, progress,
-                                         splits=search.splits, allows=search.allows, refused=refused)
+                                         splits=search.splits, allows=search.allows, refused=refused, least=least)
     if not priced and refused:
         # every plan of the space breaks a rule of the framework: say which, most common first
         why = sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -666,6 +672,14 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
                               f"{why[0][0]}{more}")
     if not priced:
         raise InfeasibleError(f"no plan of the {search.space} space on these meshes: {why_none(pairs, search.uniform)}")
+    if empty and not board.ranked() and least:
+        # the schedule's own plans need more than the 1F1B plan _shortfall would name
+        # (chunked schedules keep more activations)
+        plan, s, mem = least["plan"], least["schedule"], search.topology.device.memory
+        short = f"needs {least['peak'] / 2**30:.2f} GiB per device, {(least['peak'] - mem) / 2**30:.2f} GiB short"
+        raise InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
+                              f" ({plan.costs.stages} stages on {plan.costs.shape} meshes, {plan.costs.microbatches}"
+                              f" micro-batches, {s}) {short}", shortfall=short)
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .objective import bounds, fits
+from .objective import bounds, fits, peak_memory
 from .partition import Partition, StagePlan
 from .costs import StageCosts
 from .problem import PairProblem
@@ -152,11 +152,13 @@ def config_bound(c: StageCosts, cfg) -> float:
 
 
 def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_one, progress=None,
-                   splits=None, allows=None,
-                   refused: dict[str, int] | None = None) -> tuple[int, int, bool]:
+                   splits=None, allows=None, refused: dict[str, int] | None = None,
+                   least: dict | None = None) -> tuple[int, int, bool]:
     """Simulate the uniform plans of ``pairs`` by increasing lower bound until the next bound
     reaches ``board``'s cutoff (:class:`.search._Board`); ``evaluate_one(plan, schedule,
-    bounds)`` simulates one and adds it.  Returns (plans priced, plans simulated, none fits)."""
+    bounds)`` simulates one and adds it.  ``least`` receives the plan that does not fit with
+    the least peak memory (``peak``, ``plan``, ``schedule``): a schedule's own shortfall.
+    Returns (plans priced, plans simulated, none fits)."""
     # pairs enter the heap with a bound of all their plans (work_bound), and are priced plan
     # by plan only when that bound comes to the top: pairs that cannot reach the board
     # build no gradient-program tables and bound no plans
@@ -197,6 +199,10 @@ def search_uniform(pairs: list[PairProblem], kinds: list[str], board, evaluate_o
                 heapq.heappush(heap, (bd.value, k, i, cfg, plan, s, bd))
                 continue
         if not fits(plan, s):
+            if least is not None and empty:
+                peak = peak_memory(plan, s)
+                if peak < least.get("peak", math.inf):
+                    least.update(peak=peak, plan=plan, schedule=s)
             continue
         empty = False
         evaluate_one(plan, s, bd)

@@ -1,0 +1,86 @@
+"""What --config, a framework target and a chunked schedule refuse, and why: the reason the
+plan cannot run, never a traceback or a shortfall that is not one (a fresh-clone user check
+found each of these)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from solver_planner.cli import app
+from solver_planner.spec import load_model_spec
+from solver_planner.stages.costs import MeshShape, StageCosts
+from solver_planner.stages.layers import layer_model
+from solver_planner.stages.objective import peak_memory
+from solver_planner.stages.problem import PairProblem
+from solver_planner.stages.schedule import family
+from solver_planner.stages.search import StageSearch
+from solver_planner.stages.uniform import uniform_plans
+from solver_planner.topology import load_topology
+
+from conftest import CLUSTERS, SPECS
+
+MODELS = SPECS / "models" if (SPECS / "models").exists() else SPECS
+
+
+def run(*argv: str):
+    return CliRunner().invoke(app, [str(a) for a in argv])
+
+
+def test_a_tensor_degree_must_split_the_heads():
+    """32 heads do not split over 3 devices: no configuration of a 1x3 mesh has t = 3 (the
+    per-operator model and every framework split the heads), and --config asking for it is
+    refused with that reason."""
+    model = layer_model(load_model_spec(MODELS / "gpt3-2.6b.yaml"))
+    assert model.tensor_refusal(3) == "heads 32 not divisible by tensor 3"
+    assert model.tensor_refusal(8) is None
+    topo = load_topology(CLUSTERS / "dgx-a100-8x8.yaml")
+    search = StageSearch(model, topo)
+    tables = search.tables(MeshShape(1, 3))
+    assert 3 not in {c.tensor for c in StageCosts(model, topo, MeshShape(1, 3), 1024, tables).configs}
+    # the same layers told nothing about their heads (a 'layers:' list) take t = 3
+    anything = replace(model, tensor_splits=())
+    assert 3 in {c.tensor for c in StageCosts(anything, topo, MeshShape(1, 3), 1024, tables).configs}
+    res = run("stages", CLUSTERS / "dgx-a100-8x8.yaml", MODELS / "gpt3-2.6b.yaml", "--config", "1,3,1,1024", "--json")
+    assert res.exit_code == 1
+    assert "heads 32 not divisible by tensor 3" in json.loads(res.stdout)["error"]["message"]
+
+
+def test_a_target_with_a_fixed_configuration_keeps_its_rules(tmp_path):
+    """--config with --target: the framework's rules still apply (they were dropped, and
+    `plan` then failed with a traceback when it exported the plan).  Megatron-LM has no
+    ZeRO-3, which the native search runs."""
+    spec = tmp_path / "zero3.yaml"
+    spec.write_text((MODELS / "gpt3-2.6b.yaml").read_text().replace(
+        "optimizer: adam}", "optimizer: adam, optimizer_sharding: zero-3}"))
+    cluster = CLUSTERS / "dgx-a100-8x8.yaml"
+    assert run("stages", cluster, spec, "--config", "8,1,1,64", "--no-baselines").exit_code == 0
+    for command in (["stages", cluster, spec, "--config", "8,1,1,64", "--target", "megatron"],
+                    ["plan", cluster, spec, "--config", "8,1,1,64", "--target", "megatron", "-o", tmp_path / "p.yaml"]):
+        res = run(*command)
+        assert res.exit_code == 1, res.output
+        assert "zero-3" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_chunked_schedules_shortfall_is_its_own_plans():
+    """Interleaved 1F1B on GPT-3 2.6B over 8 V100s: every uniform plan needs more than the
+    16 GiB; the refusal names the least any of them needs (enumerated here), not the 1F1B
+    plan (which fits, and gave a negative shortfall)."""
+    cluster, spec = CLUSTERS / "aws-p3.8xlarge-2.yaml", MODELS / "gpt3-2.6b.yaml"
+    res = run("stages", cluster, spec, "--config", "1,1,8,512", "-s", "interleaved-1f1b", "--json")
+    assert res.exit_code == 1
+    message = json.loads(res.stdout)["error"]["message"]
+    assert "-" not in message.split("GiB per device, ")[1].split(" GiB short")[0]
+    model = layer_model(load_model_spec(spec))
+    topo = load_topology(cluster)
+    search = StageSearch(model, topo, "interleaved-1f1b", shapes=[MeshShape(1, 1)], microbatches=[512])
+    costs = StageCosts(model, topo, MeshShape(1, 1), 512, search.tables(MeshShape(1, 1)))
+    pair = PairProblem(costs, family("1f1b", costs.stages))
+    least = min(peak_memory(plan, s) for plan, s in uniform_plans(pair, ["interleaved-1f1b"]))
+    assert least > topo.device.memory
+    assert f"needs {least / 2**30:.2f} GiB per device, {(least - topo.device.memory) / 2**30:.2f} GiB short" in message
+    assert math.isfinite(least)
