@@ -84,3 +84,18 @@ def test_a_chunked_schedules_shortfall_is_its_own_plans():
     assert least > topo.device.memory
     assert f"needs {least / 2**30:.2f} GiB per device, {(least - topo.device.memory) / 2**30:.2f} GiB short" in message
     assert math.isfinite(least)
+
+
+def test_unequal_meshes_give_the_equal_searchs_reason_and_name_its_space():
+    """--meshes unequal: a stage count no plan can have is refused with that reason (not as
+    if nothing fitted); under eager-1F1B the 1F1B plan it is compared with is named as the
+    equal-mesh one it is."""
+    cluster, spec = CLUSTERS / "aws-p3.8xlarge-2.yaml", MODELS / "gpt3-2.6b.yaml"
+    res = run("stages", cluster, spec, "--meshes", "unequal", "--stages", "40")
+    assert res.exit_code == 1
+    assert "40 stages need at least 40 devices" in res.output and "fits" not in res.output
+    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--no-baselines", "--json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["best_1f1b"]["meshes"] == "equal"
+    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--no-baselines")
+    assert "best 1F1B plan on equal meshes" in res.output

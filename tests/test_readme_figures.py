@@ -130,3 +130,40 @@ def test_the_stages_transcript_is_what_stages_prints():
     assert len(lines) >= 9
     for line in lines:
         assert line in printed, line
+
+
+@pytest.mark.parametrize("compute", ["efficiency", "peak"])
+def test_the_candidates_example_is_what_plan_prints(compute):
+    # `solver-planner plan specs/clusters/dgx-h100-4x8.yaml specs/models/mlp16.yaml --candidates 3`
+    found = re.search(r"`--candidates 3` finds a plan at\n?\s*([\d.]+) ms where the first choice composes to ([\d.]+) ms"
+                      r" with the efficiency compute model;\n?\s*(\d+) us against (\d+) us at peak rate", README)
+    assert found is not None
+    want = found.groups()[:2] if compute == "efficiency" else found.groups()[2:]
+    cluster, model = ROOT / "specs" / "clusters" / "dgx-h100-4x8.yaml", ROOT / "specs" / "models" / "mlp16.yaml"
+    times = [api.plan(cluster, model, candidates=n, compute=compute).iteration_time for n in (3, 1)]
+    got = tuple(f"{t * 1e3:.4f}" for t in times) if compute == "efficiency" else tuple(f"{t * 1e6:.0f}" for t in times)
+    assert got == want
+
+
+def test_the_check_failure_transcript_is_what_check_prints(tmp_path):
+    # the README's two edits of the main job's plan file, then `solver-planner check`
+    import yaml
+    from typer.testing import CliRunner
+
+    from solver_planner.cli import app
+
+    block = README[README.index("tensor coordinate set to 1 and the first boundary's first task"):]
+    want = [line for line in block[block.index("```") + 4:block.index("```", block.index("```") + 3)].splitlines()
+            if line.strip()]
+    cluster, model = ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml", ROOT / "specs" / "models" / "gpt3-2.6b.yaml"
+    path = tmp_path / "plan.yaml"
+    api.plan(cluster, model, output=path)
+    doc = yaml.safe_load(path.read_text())
+    doc["launch"]["ranks"][3]["tensor"] = 1
+    task = doc["boundaries"][0]["schedule"][0]
+    task["start"], task["end"] = task["start"] + 1000, task["end"] + 1000
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = CliRunner().invoke(app, ["check", str(cluster), str(model), str(path)])
+    assert res.exit_code == 1
+    got = [line for line in res.output.splitlines() if line.strip().startswith(("FAIL", "skipped"))]
+    assert got == want

@@ -187,7 +187,8 @@ def _print(data: dict, model: str, cluster: str) -> None:
         speed = data["eager_speedup"]
         verdict = (f"eager-1F1B is {speed:.3f}x faster" if speed > 1 + 1e-9
                    else "the 1F1B order is the fastest of the family")
-        out.print(f"  best 1F1B plan {units.format_time(b['iteration_time'])} ({b['status']}): {verdict}")
+        where = " on equal meshes" if s.get("meshes") == "unequal" else ""
+        out.print(f"  best 1F1B plan{where} {units.format_time(b['iteration_time'])} ({b['status']}): {verdict}")
     if len(data.get("top", [])) > 1:
         table = Table("#", "d,t,p,k", "mesh", "layers per stage (chunk)", "memory", "iteration (simulated)", "objective",
                       "schedule", "gap in its pair")

@@ -189,8 +189,10 @@ class StagesReport:
             out["top"] = [plan_row(c) for c in r.solutions]
         if self.one_f_one_b is not None:
             base = self.one_f_one_b.solution
+            # the 1F1B search is over equal meshes (with --meshes unequal too: the eager plan
+            # may then be on unequal ones, and the speed-up mixes the two spaces)
             out["best_1f1b"] = {"iteration_time": base.time, "status": self.one_f_one_b.status.value,
-                                "config": plan_config(base)}
+                                "config": plan_config(base), "meshes": "equal"}
             out["eager_speedup"] = base.time / self.best.time
         if self.baselines:
             out["baselines"] = self.baselines
@@ -263,16 +265,18 @@ def device_use(topology: Topology, lm: LayerModel, devices: int | None = None, s
 
 
 def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbents, args: dict, progress,
-                  use: DeviceUse, devices: int | None, no_equal: bool = False
+                  use: DeviceUse, devices: int | None, no_equal: InfeasibleError | bool = False
                   ) -> tuple[SolveResult[Candidate], Topology, DeviceUse]:
     """The equal-mesh search, then the unequal one (:mod:`.unequal`) over the cluster (at most
     ``devices`` of its first devices) with its plan as the incumbent and its bound over its
-    pairs; the result, and the cluster and device use of the plan it returns."""
+    pairs; the result, and the cluster and device use of the plan it returns.  ``no_equal``:
+    why no equal plan is possible within the options (the equal search is skipped)."""
     from .unequal import search_unequal
 
     equal, equal_error, covered_bound = None, None, math.inf
     if no_equal:       # no equal plan within the options: nothing for the equal search to cover
-        equal_error = InfeasibleError(search.impossible_message() if search.pairs() else "no plan on equal meshes")
+        equal_error = (no_equal if isinstance(no_equal, InfeasibleError) else
+                       InfeasibleError(search.impossible_message() if search.pairs() else "no plan on equal meshes"))
     else:
         try:
             equal = plan_partition(search, method, incumbents=incumbents, **args)
@@ -287,7 +291,7 @@ def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbent
                        compute=search.compute)
     result = search_unequal(wide, equal, progress, covered, covered_bound, devices)
     if result is None:
-        equal_error.args = (f"{equal_error}; no plan on unequal meshes fits either", *equal_error.args[1:])
+        equal_error.args = (f"{equal_error}; unequal meshes: no plan either", *equal_error.args[1:])
         raise equal_error
     layout = getattr(result.solution.plan.costs, "layout", None)
     if layout is None:                       # the equal search's plan: its part of the cluster
@@ -349,14 +353,15 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
 
         restrict.update(restriction(target, model, schedule))
     schedule = schedule or "1f1b"
-    no_equal = False
+    no_equal: InfeasibleError | bool = False
     try:
         use = device_use(topology, lm, devices, stages, config, layer_counts, restrict, schedule)
-    except InfeasibleError:
+    except InfeasibleError as exc:
         if meshes != "unequal":
             raise
-        # no equal plan within --stages / --devices: only the unequal search runs
-        use, no_equal = DeviceUse(topology.num_devices, topology.num_devices), True
+        # no equal plan within --stages / --devices: only the unequal search runs (and if it
+        # finds none either, this is the reason given for equal meshes)
+        use, no_equal = DeviceUse(topology.num_devices, topology.num_devices), exc
     from ..subcluster import first_devices
 
     full = topology
