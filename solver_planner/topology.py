@@ -338,9 +338,12 @@ class Topology:
                     "ports": len({self.port(d, ic) for d in range(self.num_devices)}),
                     "devices_per_port": self.num_devices // len({self.port(d, ic) for d in range(self.num_devices)}),
                     "via": list(ic.via),
+                    # each collective's share of the bandwidth it reaches (1 where not given)
+                    "efficiency": dict(ic.efficiency),
                 }
                 for ic in self.interconnects.values()
             ],
+            "collective_overlap": self.collective_overlap,
         }
 
 

@@ -39,6 +39,17 @@ def test_show_json():
     assert nic["bandwidth"] == 8e9 and nic["via"] == ["pcie"] and nic["devices_per_port"] == 8
 
 
+def test_show_gives_what_the_cost_model_reads_of_the_interconnects():
+    """Each interconnect's per-collective efficiency and the cluster's collective_overlap:
+    both feed the cost model, and both are shown as the spec gives them."""
+    data = json.loads(run_cli("show", CLUSTERS / "dgx-a100-8x8.yaml", "--json").stdout)
+    nvswitch = next(ic for ic in data["interconnects"] if ic["name"] == "nvswitch")
+    assert nvswitch["efficiency"]["allreduce"] == 0.77 and nvswitch["efficiency"]["sendrecv"] == 0.60
+    assert data["collective_overlap"] == 1.0
+    out = run_cli("show", CLUSTERS / "dgx-a100-8x8.yaml").stdout
+    assert "allreduce 0.77" in out and "collective_overlap: 1" in out
+
+
 def test_show_table():
     out = run_cli("show", CLUSTERS / "p2-a100-2x16.yaml").stdout
     assert "32 x A100-SXM4-40GB" in out and "8 GB/s" in out and "one per node" in out

@@ -99,3 +99,35 @@ def test_unequal_meshes_give_the_equal_searchs_reason_and_name_its_space():
     assert json.loads(res.stdout)["best_1f1b"]["meshes"] == "equal"
     res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--no-baselines")
     assert "best 1F1B plan on equal meshes" in res.output
+
+
+def test_a_mistyped_target_lists_every_target_the_option_takes():
+    res = run("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", MODELS / "gpt3-2.6b.yaml", "--target", "megatrn")
+    assert res.exit_code == 2
+    assert "native, torchtitan, megatron, deepspeed" in res.output and "did you mean 'megatron'" in res.output
+
+
+def test_checks_json_error_names_the_plan_files_line(tmp_path):
+    """A plan file refused as one (a key said twice) gives its file and line in --json's
+    error object, as a spec error does."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("format: solver-planner-plan\nversion: 4\niteration_time: 1.0\niteration_time: 2.0\n")
+    res = run("check", CLUSTERS / "local-2x4.yaml", MODELS / "gpt-tiny.yaml", path, "--json")
+    assert res.exit_code == 2
+    error = json.loads(res.stdout)["error"]
+    assert (error["file"], error["line"]) == (str(path), 4) and "appears twice" in error["message"]
+
+
+def test_check_names_a_global_batch_the_model_no_longer_has(tmp_path):
+    """A model spec whose global batch was edited after planning: check says the plan's
+    micro-batches make another global batch, not a later consequence of it."""
+    from solver_planner import api
+
+    cluster = CLUSTERS / "local-2x4.yaml"
+    plan = tmp_path / "plan.yaml"
+    api.plan(cluster, MODELS / "gpt-tiny.yaml", output=plan)
+    edited = tmp_path / "gpt-tiny.yaml"
+    edited.write_text((MODELS / "gpt-tiny.yaml").read_text().replace("global_batch: 16", "global_batch: 8"))
+    res = run("check", cluster, edited, plan)
+    assert res.exit_code == 1
+    assert "make a global batch of 16; the model's is 8" in res.output

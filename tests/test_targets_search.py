@@ -72,8 +72,9 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
     listed = [",".join(str(c["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
               for c in data["top"]]
     assert [r[1] for r in rows] == listed[:5]
-    times = re.findall(r"^ \d +\S+ +\S+ +\S+ +[\d.]+ \w+ +([\d.]+) s", block, flags=re.M)
-    assert times == [f"{c['iteration_time']:.3g}" for c in data["top"][:5]]
+    times = re.findall(r"^ \d +\S+ +\S+ +\S+ +[\d.]+ \w+ +([\d.]+) s +([\d.]+) s +\S+ +([\d.]+)%", block, flags=re.M)
+    assert times == [(f"{c['iteration_time']:.3g}", f"{c['objective']:.3g}", f"{100 * c['pair_gap']:.2f}")
+                     for c in data["top"][:5]]
     # the paragraph after it: the native searches of interleaved 1F1B and of 1F1B
     after = text[text.index(line):].split("```")[1]
     base = [a for a in argv if a not in ("--target", "megatron", "--top", "5")]

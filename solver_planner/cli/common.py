@@ -52,11 +52,13 @@ _JSON_ERRORS = [False]      # set while a command that got --json runs: errors g
 
 def error_object(message: str, code: int, exc: Exception | None = None) -> dict:
     """``{"error": {"code", "file", "line", "key", "message"}}`` (file, line and key are
-    null unless a spec error names them)."""
+    null unless a spec error or a plan file's error names them)."""
     file = line = key = None
     if isinstance(exc, SpecError):
         first = exc.issues[0]
         file, line, key = first.file, first.line, first.path or None
+    elif getattr(exc, "file", None) is not None:       # a plan file that is not one (PlanFileError)
+        file, line = exc.file, getattr(exc, "line", None)
     out = {"error": {"code": code, "file": file, "line": line, "key": key, "message": message}}
     if isinstance(exc, UnknownError):
         # an undecided search says so like a decided one, with what it proved

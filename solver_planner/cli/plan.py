@@ -269,7 +269,7 @@ def checked_plan(cluster: Path, model: Path, plan_file: Path, proof_timeout: flo
     try:
         doc = read_plan(plan_file)
     except PlanFileError as exc:
-        fail(str(exc), 2)
+        fail(str(exc), 2, exc)
     with bounded(STAGES_BOUND, z3=True):
         return topo, spec, check_plan(topo, spec, doc, proof_timeout)
 

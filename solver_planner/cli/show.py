@@ -104,14 +104,17 @@ def _show_cluster(cluster: Path, as_json: bool) -> None:
     for line in _device_lines(dev):
         con.print(line)
     table = Table(title="interconnects")
-    for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via"):
+    for col in ("name", "serves level", "bandwidth / direction", "latency", "shape", "shared", "ports", "via",
+                "efficiency"):
         table.add_column(col)
     for ic in info["interconnects"]:
         table.add_row(ic["name"], ic["level"] or "(via only)", units.format_bandwidth(ic["bandwidth"]),
                       units.format_time(ic["latency"]), ic["shape"],
                       f"{ic['sharing']} ({ic['devices_per_port']} device{'s' * (ic['devices_per_port'] > 1)} each)",
-                      str(ic["ports"]), ", ".join(ic["via"]) or "-")
+                      str(ic["ports"]), ", ".join(ic["via"]) or "-",
+                      ", ".join(f"{k} {v:g}" for k, v in ic["efficiency"].items()) or "1 (every collective)")
     con.print(table)
+    con.print(f"collective_overlap: {info['collective_overlap']:g} (how much a hierarchical collective's levels overlap)")
 
 
 def _device_lines(dev: dict) -> list[str]:

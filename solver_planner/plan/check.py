@@ -341,6 +341,13 @@ class _Checker:
             self.fail("stages", "microbatches", f"{B} micro-batches do not divide the global batch of"
                                                 f" {lm.global_batch}")
             raise _Stop
+        size = self.doc.get("microbatch_size")
+        if type(size) in (int, float) and B * size != lm.global_batch:
+            # the size recorded, or a model spec edited since (its global batch): say so
+            # before anything it breaks
+            self.fail("stages", "microbatch_size", f"{B} micro-batches of {size:g} samples make a global batch of"
+                                                   f" {B * size:g}; the model's is {lm.global_batch}")
+            raise _Stop
         return B
 
     def compute_model(self) -> str:

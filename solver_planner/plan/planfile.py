@@ -33,7 +33,13 @@ MAX_PLAN_BYTES = 64 * 2**20      # GPT-3 175B on 99 840 GPUs (65 stages of 1 536
 
 class PlanFileError(PlannerError):
     """A plan file that cannot be read as a plan (exit 2), as opposed to one whose
-    contents do not hold (exit 1, :mod:`.check`)."""
+    contents do not hold (exit 1, :mod:`.check`).  ``file`` and ``line`` say where, for
+    ``--json``'s error object (the message says it too)."""
+
+    def __init__(self, message: str, file: Path | None = None, line: int | None = None):
+        super().__init__(message)
+        self.file = None if file is None else str(file)
+        self.line = line
 
 
 def plan_document(plan: TrainingPlan) -> dict[str, Any]:
@@ -132,38 +138,38 @@ def read_plan(path: Path) -> dict[str, Any]:
     """The plan file's data, or :class:`PlanFileError` saying why it is not a plan file."""
     p = Path(path)
     if not p.is_file():
-        raise PlanFileError(f"{p}: no such plan file")
+        raise PlanFileError(f"{p}: no such plan file", p)
     if p.stat().st_size > MAX_PLAN_BYTES:
-        raise PlanFileError(f"{p}: {p.stat().st_size} bytes is more than a plan file holds ({MAX_PLAN_BYTES})")
+        raise PlanFileError(f"{p}: {p.stat().st_size} bytes is more than a plan file holds ({MAX_PLAN_BYTES})", p)
     try:
         text = p.read_text(encoding="utf-8")
         # a repeated key or an alias is refused: the file says each value once (PyYAML would
         # keep a repeated key's last value silently, and check would certify the file)
         doc = yamlread.load(text, strict=True)
     except yamlread.Refused as exc:
-        raise PlanFileError(f"{p}:{exc.line}: {exc.reason}") from None
+        raise PlanFileError(f"{p}:{exc.line}: {exc.reason}", p, exc.line) from None
     except RecursionError:
-        raise PlanFileError(f"{p}: not a plan file: its values nest deeper than Python can read") from None
+        raise PlanFileError(f"{p}: not a plan file: its values nest deeper than Python can read", p) from None
     except UnicodeDecodeError as exc:
-        raise PlanFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+        raise PlanFileError(f"{p}: not UTF-8 text (byte {exc.start})", p) from None
     except yaml.reader.ReaderError as exc:
         # libyaml counts bytes of the UTF-8 text, not characters
         line = text.encode("utf-8", "surrogatepass")[:exc.position].count(b"\n") + 1
         ch = exc.character if isinstance(exc.character, str) else chr(exc.character)    # libyaml: a code point
-        raise PlanFileError(f"{p}:{line}: not YAML: character {ch!r} is not allowed") from None
+        raise PlanFileError(f"{p}:{line}: not YAML: character {ch!r} is not allowed", p, line) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         reason = str(getattr(exc, "problem", None) or exc).splitlines()[0]
-        raise PlanFileError(f"{p}{where}: not YAML: {reason}") from None
+        raise PlanFileError(f"{p}{where}: not YAML: {reason}", p, mark.line + 1 if mark is not None else None) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         # a scalar YAML resolves to a type it cannot build (2001-02-30, '!!bool foo', an
         # integer of 5 000 digits): PyYAML's constructors raise these, not YAMLError
-        raise PlanFileError(f"{p}: not a plan file: a value YAML cannot read ({type(exc).__name__}: {exc})") from None
+        raise PlanFileError(f"{p}: not a plan file: a value YAML cannot read ({type(exc).__name__}: {exc})", p) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')")
+        raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')", p)
     version = doc.get("version")
     if type(version) is not int or version != VERSION:    # 2.0 and true are not the integer 2
         raise PlanFileError(f"{p}: version: the plan file's version is {kind_of(version)}; this version of"
-                            f" solver-planner reads the integer {VERSION} (write the plan again with 'plan -o')")
+                            f" solver-planner reads the integer {VERSION} (write the plan again with 'plan -o')", p)
     return doc

@@ -28,8 +28,10 @@ FIRST_LAST = ("megatron", "torchtitan")
 
 def target_module(target: str):
     """The module of a framework target (its ``RULES``, ``allows``, ``export``, ``parse``)."""
-    if target not in TARGETS or target == "native":
-        raise OptionError(unknown_choice("target", target, TARGETS[1:]))
+    if target not in TARGETS:       # an option's typo: every value --target takes
+        raise OptionError(unknown_choice("target", target, TARGETS))
+    if target == "native":          # this planner's own space has no framework module
+        raise OptionError(unknown_choice("framework target", target, TARGETS[1:]))
     return importlib.import_module(f".{target}", __package__)
 
 
