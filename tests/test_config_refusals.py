@@ -131,3 +131,34 @@ def test_check_names_a_global_batch_the_model_no_longer_has(tmp_path):
     res = run("check", cluster, edited, plan)
     assert res.exit_code == 1
     assert "make a global batch of 16; the model's is 8" in res.output
+
+
+def test_devices_are_chosen_among_tensor_degrees_that_split_the_heads(tmp_path):
+    """3 heads and one sample per iteration on 8 devices: no tensor degree above 1 splits
+    the heads and no data degree above 1 splits the sample, so equal meshes of 1 device on
+    4 stages (one per layer) is the plan: the choice of devices applies the heads rule as the
+    search does (it chose 8 and then found nothing)."""
+    spec = tmp_path / "m3.yaml"
+    spec.write_text("name: m3\ntransformer: {layers: 2, hidden: 48, heads: 3, sequence: 16, vocab: 256}\n"
+                    "training: {global_batch: 1, microbatches: auto, dtype: float32, optimizer: adam}\n")
+    res = run("stages", CLUSTERS / "local-2x4.yaml", spec, "--no-baselines", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["devices"]["used"] == 4 and {s["tensor"] for s in doc["stages"]} == {1}
+
+
+def test_an_edited_microbatch_size_leaves_the_other_parts_checked(tmp_path):
+    import yaml
+
+    from solver_planner import api
+
+    cluster, model = CLUSTERS / "local-2x4.yaml", MODELS / "gpt-tiny.yaml"
+    plan = tmp_path / "plan.yaml"
+    api.plan(cluster, model, output=plan)
+    doc = yaml.safe_load(plan.read_text())
+    doc["microbatch_size"] += 1
+    doc["launch"]["ranks"][3]["tensor"] = 5
+    plan.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = run("check", cluster, model, plan, "--json")
+    paths = [f["path"] for f in json.loads(res.stdout)["findings"] if f["status"] == "fail"]
+    assert "microbatch_size" in paths and "launch.ranks[3].tensor" in paths

@@ -343,11 +343,10 @@ class _Checker:
             raise _Stop
         size = self.doc.get("microbatch_size")
         if type(size) in (int, float) and B * size != lm.global_batch:
-            # the size recorded, or a model spec edited since (its global batch): say so
-            # before anything it breaks
+            # the size recorded, or a model spec edited since (its global batch): said first,
+            # before what it breaks; the other parts are still checked
             self.fail("stages", "microbatch_size", f"{B} micro-batches of {size:g} samples make a global batch of"
                                                    f" {B * size:g}; the model's is {lm.global_batch}")
-            raise _Stop
         return B
 
     def compute_model(self) -> str:
@@ -432,8 +431,10 @@ class _Checker:
             config = StageConfig(t, rec)
             own = costs.of(mesh[p])
             if config not in own.configs:
+                why = own.model.tensor_refusal(t) if type(t) is int and t >= 1 else None
                 self.fail(part_name, ("stages", p), f"tensor {t} with recompute {show(rec)} is not possible on"
-                                                    f" {own.shape} meshes with {B} micro-batches")
+                                                    f" {own.shape} meshes with {B} micro-batches"
+                                                    + (f" ({why})" if why else ""))
                 raise _Stop
             plans.append(StagePlan(first, last, config))
             expect = last + 1

@@ -55,10 +55,11 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // k for k in small]))
 
 
-def _splits(micro: int, size: int) -> bool:
+def _splits(micro: int, size: int, lm: LayerModel) -> bool:
     """Whether a micro-batch of ``micro`` samples splits over the data degree of a mesh of
-    ``size`` devices inside one host, for some tensor degree (stages/costs.py's rule)."""
-    return any(micro % (size // t) == 0 for t in divisors(size))
+    ``size`` devices inside one host, for some tensor degree that splits the model's layers
+    (stages/costs.py's rule)."""
+    return any(micro % (size // t) == 0 and lm.tensor_refusal(t) is None for t in divisors(size))
 
 
 def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: int | None,
@@ -78,11 +79,11 @@ def _fits(count: int, per_host: int, lm: LayerModel, micro: list[int], stages: i
     sizes = [k for k in (2 ** j for j in range(per_host.bit_length())) if k < per_host and per_host % k == 0]
     for m in micro:
         for size in sizes:                   # meshes inside one host
-            if stage_count(count // size, m) and _splits(m, size):
+            if stage_count(count // size, m) and _splits(m, size, lm):
                 return True
         for t in divisors(per_host):         # meshes of n whole hosts: data degree n x per_host / t
             q = per_host // t
-            if m % q:
+            if m % q or lm.tensor_refusal(t) is not None:
                 continue
             # n hosts per stage: n divides the hosts, and its data degree n x q divides m
             if any(stage_count(hosts // n, m) for n in _divisors(gcd(hosts, m // q))):

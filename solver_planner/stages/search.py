@@ -168,9 +168,10 @@ class StageSearch:
                         why.setdefault(f"tensor {shape}", f"a {shape} mesh: {'; '.join(dict.fromkeys(refused))}")
                         continue
                     degrees = sorted({shape.size // t for t, r in zip(tensors, refused) if r is None})
+                    others = "; ".join(dict.fromkeys(r for r in refused if r))
                     why.setdefault(f"split {shape} {B}", f"a micro-batch of {costs.micro_size} samples"
                                    f" ({B} micro-batches) does not split over d = {'/'.join(map(str, degrees))}"
-                                   f" replicas of a {shape} mesh")
+                                   f" replicas of a {shape} mesh" + (f" (other degrees: {others})" if others else ""))
                 # chunked schedules are searched by stages/uniform.py; 1F1B stands in for the
                 # least-memory message when nothing fits
                 pair = PairProblem(costs, family(self.schedule if self.schedule not in VIRTUAL else "1f1b", S))

@@ -60,7 +60,7 @@ __all__ = ["alpa_shapes", "UnequalSpace", "MAX_CELLS", "check_size", "search_une
 
 MAX_CELLS = 400_000_000   # layers^2 x devices x stages x shapes one dynamic program may touch
 CAP_STEP = 0.005          # Alpa's caps on the stage latency closer than this (relative) are merged
-ALPA_PROGRAMS = 12        # programs of Alpa's objective after the least cap with a plan
+ALPA_PROGRAMS = 12        # programs of Alpa's objective from the least cap with a plan on
 ALPA_KEEP = 4             # plans of Alpa's objective kept as candidates, least objective first
 
 
@@ -303,7 +303,7 @@ class UnequalSpace:
         Alpa's loop over ``t_max``, stopped once ``B`` times the cap below reaches the best
         objective found (a plan of a larger cap costs more).  The caps are the cells' own
         latencies, those within ``CAP_STEP`` (relative) of each other merged, the first one
-        with a plan found by bisection, then at most ``most`` programs.  These plans are
+        with a plan found by bisection, then at most ``most`` programs from it.  These plans are
         candidates, priced and simulated like the others, never a bound: the placement and
         the transfers Alpa's objective leaves out are the simulator's to judge."""
         if not self.shapes:
