@@ -167,3 +167,19 @@ def test_the_check_failure_transcript_is_what_check_prints(tmp_path):
     assert res.exit_code == 1
     got = [line for line in res.output.splitlines() if line.strip().startswith(("FAIL", "skipped"))]
     assert got == want
+
+
+def test_the_eager_1f1b_line_is_what_stages_prints():
+    # `solver-planner stages specs/clusters/aws-p3.8xlarge-2.yaml specs/models/gpt3-2.6b.yaml -s eager-1f1b`
+    seconds, speedup = re.search(r"`best 1F1B plan ([\d.]+) s \(OPTIMAL\): eager-1F1B is ([\d.]+)x faster`",
+                                 README).groups()
+    doc = api.stages(ROOT / "specs" / "clusters" / "aws-p3.8xlarge-2.yaml", ROOT / "specs" / "models" / "gpt3-2.6b.yaml",
+                     schedule="eager-1f1b", baselines=False).as_dict()
+    assert doc["best_1f1b"]["status"] == "OPTIMAL"
+    assert (f"{doc['best_1f1b']['iteration_time']:.1f}", f"{doc['eager_speedup']:.3f}") == (seconds, speedup)
+
+
+def test_the_deep_model_block_count_is_the_searchs():
+    from solver_planner.stages.coarse import UNITS
+
+    assert f"start on {UNITS} block boundaries only" in README
