@@ -39,6 +39,27 @@ def test_the_gpt3_39b_walk_through_is_what_plan_prints():
                     schedule="1f1b")
     assert f"{plan.iteration_time:.1f}" == seconds and f"{plan.throughput:.1f}" == samples
     assert f"{plan.mfu * 100:.1f}" == mfu and f"{plan.run.bubble_ratio * 100:.1f}" == bubble
+    # the rest of the paragraph, read off the plan file's data
+    from solver_planner.plan.planfile import plan_document
+
+    doc = plan_document(plan)
+    count, hosts, per_host, micro, size = re.search(
+        r"(\d+) stages of two nodes each \((\d)x(\d)\s+meshes\), (\d+) micro-batches of (\d+)", text).groups()
+    assert (len(doc["stages"]), doc["mesh"], doc["microbatches"], doc["microbatch_size"]) == (
+        int(count), [int(hosts), int(per_host)], int(micro), int(size))
+    assert all((st["data"], st["tensor"], st["matrix"]) == (4, 4, [[2, 2], [1, 4]]) for st in doc["stages"])
+    program = re.search(r"each gradient program `([^`]+)`", text.replace("\n", " ")).group(1)
+    assert all(st["gradient_program"] == program for st in doc["stages"])
+    shape, tasks, ms = re.search(r"moves a `(\[[\d, ]+\])` float16 activation .*? as (\d+) unit tasks.*?\(([\d.]+) ms per",
+                                 text, re.S).groups()
+    for b in doc["boundaries"]:
+        assert (str(b["tensor"]["shape"]), b["unit_tasks"], b["status"]) == (shape, int(tasks), "OPTIMAL")
+        assert f"{b['time'] * 1e3:.2f}" == ms
+    total, hidden = re.search(r"the transfers \(([\d.]+) s per iteration\) are ([\d.]+)% hidden", text).groups()
+    cm = doc["communication_hidden"]
+    assert (f"{cm['cross_mesh_total']:.2f}", f"{100 * cm['hidden_fraction']:.1f}") == (total, hidden)
+    rank = doc["launch"]["ranks"][25]
+    assert (rank["stage"], rank["chunks"], rank["data"], rank["tensor"]) == (1, [[13, 24]], 2, 1)
 
 
 def test_distir_table_2_pure_strategy_winners_and_best_configurations_on_both_specs():
