@@ -218,6 +218,15 @@ class _Checker:
         if doc.get("model") != self.model.name:
             self.fail("inputs", "model", f"the plan is for model {show(doc.get('model'))}, not {show(self.model.name)}")
             raise _Stop
+        # the model spec edited since (its global batch), said as an input, not as what it breaks
+        want = self.model.training.global_batch if self.model.training is not None else None
+        batch, B, size = doc.get("global_batch"), doc.get("microbatches"), doc.get("microbatch_size")
+        if type(batch) is not int or batch != want:
+            made = (f"{B} micro-batches of {size} samples make a global batch of {batch}"
+                    if type(B) is int and type(size) is int and B * size == batch
+                    else f"the plan is for a global batch of {show(batch)}")
+            self.fail("inputs", "global_batch", f"{made}; the model's is {show(want)}")
+            raise _Stop
         used = topo.num_devices
         # a plan of the unequal search lists each stage's mesh shape (stages/unequal.py): it runs
         # on the whole cluster, its meshes packed from device 0
@@ -341,12 +350,6 @@ class _Checker:
             self.fail("stages", "microbatches", f"{B} micro-batches do not divide the global batch of"
                                                 f" {lm.global_batch}")
             raise _Stop
-        size = self.doc.get("microbatch_size")
-        if type(size) in (int, float) and B * size != lm.global_batch:
-            # the size recorded, or a model spec edited since (its global batch): said first,
-            # before what it breaks; the other parts are still checked
-            self.fail("stages", "microbatch_size", f"{B} micro-batches of {size:g} samples make a global batch of"
-                                                   f" {B * size:g}; the model's is {lm.global_batch}")
         return B
 
     def compute_model(self) -> str:
