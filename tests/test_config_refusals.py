@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 from solver_planner.cli import app
 from solver_planner.spec import load_model_spec
 from solver_planner.stages.costs import MeshShape, StageCosts
+from solver_planner.stages.enumerate import balanced_greedy
 from solver_planner.stages.layers import layer_model
 from solver_planner.stages.objective import peak_memory
+from solver_planner.stages.pipeline import simulate_schedule
 from solver_planner.stages.problem import PairProblem
 from solver_planner.stages.schedule import family
 from solver_planner.stages.search import StageSearch
@@ -80,8 +82,17 @@ def test_a_chunked_schedules_shortfall_is_its_own_plans():
     search = StageSearch(model, topo, "interleaved-1f1b", shapes=[MeshShape(1, 1)], microbatches=[512])
     costs = StageCosts(model, topo, MeshShape(1, 1), 512, search.tables(MeshShape(1, 1)))
     pair = PairProblem(costs, family("1f1b", costs.stages))
-    least = min(peak_memory(plan, s) for plan, s in uniform_plans(pair, ["interleaved-1f1b"]))
+    plans = list(uniform_plans(pair, ["interleaved-1f1b"]))
+    least = min(peak_memory(plan, s) for plan, s in plans)
     assert least > topo.device.memory
+    # the peak as the simulator counts it, on every plan of the space
+    for plan, s in plans:
+        assert math.isclose(max(simulate_schedule(plan, s).peak_memory), peak_memory(plan, s), rel_tol=1e-12)
+    # without model chunks the peak comes from the schedule's live counts, the simulator's
+    # from its op orders: every member of the eager-1F1B family (weight delaying included)
+    one = pair.plan(balanced_greedy(pair))
+    for s in family("eager-1f1b", costs.stages):
+        assert math.isclose(max(simulate_schedule(one, s).peak_memory), peak_memory(one, s), rel_tol=1e-12), s
     assert f"needs {least / 2**30:.2f} GiB per device, {(least - topo.device.memory) / 2**30:.2f} GiB short" in message
     assert math.isfinite(least)
 

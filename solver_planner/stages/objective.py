@@ -347,8 +347,7 @@ def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
     c = plan.costs
     if plan.virtual > 1:
         return all(m <= c.device_memory for m in plan.mesh_memory(mesh_orders(plan, schedule))[0])
-    delays = _delays(plan, schedule, memo)
-    live = tuple(live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages))
+    live = _live(plan, schedule, memo)
     if memo is not None and ("fits", live) in memo:
         return memo["fits", live]
     out = all(m <= c.device_memory for m in plan.memory(list(live)))
@@ -360,11 +359,16 @@ def fits(plan: Partition, schedule: Schedule, memo: dict | None = None) -> bool:
 def peak_memory(plan: Partition, schedule: Schedule) -> float:
     """The fullest device's bytes under ``schedule``: what :func:`fits` compares with the
     device memory (for the shortfall of a space where nothing fits)."""
-    c = plan.costs
     if plan.virtual > 1:
         return max(plan.mesh_memory(mesh_orders(plan, schedule))[0])
-    delays = _delays(plan, schedule, None)
-    return max(plan.memory([live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages)]))
+    return max(plan.memory(list(_live(plan, schedule, None))))
+
+
+def _live(plan: Partition, schedule: Schedule, memo: dict | None) -> tuple[int, ...]:
+    """Micro-batches each stage keeps at its peak under ``schedule`` (no model chunks)."""
+    c = plan.costs
+    delays = _delays(plan, schedule, memo)
+    return tuple(live_count(schedule, c.stages, p, c.microbatches, delays[p]) for p in range(c.stages))
 
 
 def _delays(plan: Partition, schedule: Schedule, memo: dict | None) -> list[bool]:

@@ -676,11 +676,9 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
     if empty and not board.ranked() and least:
         # the schedule's own plans need more than the 1F1B plan _shortfall would name
         # (chunked schedules keep more activations)
-        plan, s, mem = least["plan"], least["schedule"], search.topology.device.memory
-        short = f"needs {least['peak'] / 2**30:.2f} GiB per device, {(least['peak'] - mem) / 2**30:.2f} GiB short"
-        raise InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
-                              f" ({plan.costs.stages} stages on {plan.costs.shape} meshes, {plan.costs.microbatches}"
-                              f" micro-batches, {s}) {short}", shortfall=short)
+        plan = least["plan"]
+        raise _memory_shortfall(search.topology.device.memory, least["peak"], f"{plan.costs.stages} stages on"
+                                f" {plan.costs.shape} meshes, {plan.costs.microbatches} micro-batches, {least['schedule']}")
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 
@@ -716,8 +714,13 @@ def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError
         return InfeasibleError(f"no stage plan fits in {mem / 2**30:.2f} GiB per device")
     pair, _ = where
     # a large or coarse pair's least is a lower bound over every split (coarse.py), not a plan's
-    needs = "needs at least" if pair.sparse or pair.coarse else "needs"
-    short = f"{needs} {best / 2**30:.2f} GiB per device, {(best - mem) / 2**30:.2f} GiB short"
+    return _memory_shortfall(mem, best, f"{pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches",
+                             at_least=pair.sparse or pair.coarse)
+
+
+def _memory_shortfall(mem: float, peak: float, what: str, at_least: bool = False) -> InfeasibleError:
+    """The refusal when no plan fits: the least any plan needs (``what``: which plan) and
+    how far that is over the device memory ``mem``."""
+    short = f"needs{' at least' if at_least else ''} {peak / 2**30:.2f} GiB per device, {(peak - mem) / 2**30:.2f} GiB short"
     return InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
-                           f" ({pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches) {short}",
-                           shortfall=short)
+                           f" ({what}) {short}", shortfall=short)
