@@ -204,3 +204,25 @@ def test_the_deep_model_block_count_is_the_searchs():
     from solver_planner.stages.coarse import UNITS
 
     assert f"start on {UNITS} block boundaries only" in README
+
+
+def test_the_cost_transcript_is_what_cost_prints():
+    # `solver-planner cost specs/clusters/p2-a100-2x16.yaml --across node --bytes 1GiB --algorithm ring`
+    import json
+
+    from typer.testing import CliRunner
+
+    from solver_planner.cli import app
+
+    line = next(x for x in README.splitlines() if x.startswith("$ solver-planner cost "))
+    block = README[README.index(line):].split("```")[0].splitlines()
+    groups, size = re.search(r"(\d+) group\(s\) of (\d+)", block[1]).groups()
+    row = block[3].split()
+    res = CliRunner().invoke(app, line[2:].split()[1:] + ["--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["results"][0]
+    assert (str(got["groups"]), str(got["group_size"])) == (groups, size)
+    assert row == [got["collective"], got["algorithm"], units.format_time(got["time"]).split()[0], "s",
+                   units.format_time(got["latency_term"]).split()[0], "us",
+                   units.format_time(got["bandwidth_term"]).split()[0], "s",
+                   units.format_bandwidth(got["bus_bandwidth"]).split()[0], "MB/s", got["bottleneck"]]
