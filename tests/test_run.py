@@ -81,6 +81,9 @@ CASES = {
     "1f1b, recomputation, sequence parallelism": (
         dict(transformer=TINY, recompute="full", sequence_parallel=True), ("--schedule", "1f1b", "--config", "1,4,2,4"),
         lambda j: j.schedule == "1f1b" and j.sequence_parallel and all(s.recompute == "full" for s in j.stages)),
+    "selective-op recomputation (torch's selective checkpointing) with tensor parallelism": (
+        dict(transformer=TINY, recompute="selective-op"), ("--schedule", "1f1b", "--config", "2,2,2,4"),
+        lambda j: all(s.recompute == "selective-op" for s in j.stages)),
     "optimizer sharding (FSDP2) with tensor parallelism": (
         dict(transformer=TINY, optimizer_sharding="zero-3"), ("--schedule", "1f1b", "--config", "2,2,2,4"),
         lambda j: j.sharded),

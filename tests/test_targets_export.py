@@ -75,7 +75,7 @@ MEGATRON_CASES = {
 }
 
 TORCHTITAN_CASES = {
-    "llama8b-1f1b": llama3_8b("torchtitan", sequence_parallel=True, recompute="selective",
+    "llama8b-1f1b": llama3_8b("torchtitan", sequence_parallel=True, recompute="selective-op",
                               optimizer_sharding="zero-3"),
     "llama8b-interleaved-uneven": llama3_8b(
         "torchtitan", virtual_stages=2, schedule="interleaved-1f1b", recompute="full",
@@ -374,10 +374,11 @@ def test_torchtitan_config_manager_accepts_export(name):
     assert (par.enable_sequence_parallel or cfg.tensor == 1) == (cfg.sequence_parallel
                                                                   or cfg.tensor == 1)
     ac = type(c.activation_checkpoint).__name__ if c.activation_checkpoint else None
-    assert {"none": None, "selective": "Config", "full": "Config"}[cfg.recompute] == ac
+    assert {"none": None, "selective-op": "Config", "full": "Config"}[cfg.recompute] == ac
     if cfg.recompute != "none":
+        # our selective-op is torchtitan's per-operator SelectiveAC
         assert type(c.activation_checkpoint).__qualname__.startswith(
-            {"selective": "SelectiveAC", "full": "FullAC"}[cfg.recompute])
+            {"selective-op": "SelectiveAC", "full": "FullAC"}[cfg.recompute])
     if cfg.pipeline == 1:
         assert accumulation == cfg.microbatches
         return
@@ -430,7 +431,7 @@ def _llama8b_parallel(draw):
         schedule=schedule, virtual_stages=v, layers_per_chunk=split, micro_batch_size=mbs,
         global_batch=d * mbs * draw(st.integers(1, 9)),
         sequence_parallel=t > 1 and draw(st.booleans()),
-        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        recompute=draw(st.sampled_from(["none", "selective-op", "full"])),
         optimizer_sharding=draw(st.sampled_from(["none", "zero-2", "zero-3"])),
         dtype=draw(st.sampled_from(["bfloat16", "float32"])))
 

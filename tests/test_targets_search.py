@@ -209,7 +209,10 @@ def test_a_chunked_target_plan_is_exported_and_checked(tmp_path, target, schedul
     model.write_text(src.replace("hf_config: llama-3-8b.json",
                                  f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
                      .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"
-                              if target == "torchtitan" else "optimizer_sharding: distributed"))
+                              if target == "torchtitan" else "optimizer_sharding: distributed")
+                     # torchtitan's selective checkpointing is per operator
+                     .replace("recompute: selective,", "recompute: selective-op,"
+                              if target == "torchtitan" else "recompute: selective,"))
     cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
     plan, out = tmp_path / "p.yaml", tmp_path / "export.txt"
     res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", target, "-s", schedule, "-o", str(plan),
@@ -234,4 +237,5 @@ def test_a_chunked_target_plan_is_exported_and_checked(tmp_path, target, schedul
         assert flags["--parallelism.pipeline_parallel_schedule"] == \
             {"zb-v": "ZBVZeroBubble", "interleaved-1f1b": "Interleaved1F1B"}[schedule]
         assert flags["--parallelism.pipeline_parallel_microbatch_size"] == cfg["micro_batch_size"]
+        assert flags["activation-checkpoint"] == "selective" and cfg["recompute"] == "selective-op"
     assert CliRunner().invoke(app, ["check", cluster, str(model), str(plan)]).exit_code == 0

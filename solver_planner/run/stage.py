@@ -74,6 +74,31 @@ class _Stage(StageModule):
         return x.clone() if x._is_view() else x
 
 
+def _every_second_product():
+    """Selective checkpointing contexts for one layer call (``torch.utils.checkpoint``): keep
+    the outputs of the attention kernels, batched products and every other matrix product,
+    counted in forward order, and re-run the rest, as torchtitan's ``SelectiveAC`` does (the
+    cost model's ``selective-op``, :mod:`solver_planner.stages.operators`)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    products = {aten.mm.default, aten.addmm.default, aten.linear.default}
+    kept = products | {aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
+                       aten._scaled_dot_product_efficient_attention.default,
+                       aten._scaled_dot_product_flash_attention_for_cpu.default}
+    count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func in products:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            count[mode] += 1
+            if count[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, recompute: str, sharded: bool,
                  sequence_parallel: bool, seed: int) -> torch.nn.Module:
     """Layers ``first..last`` on ``mesh`` (dims ``dp``, ``tp``)."""
@@ -89,10 +114,14 @@ def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, re
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
         # whole layers are recomputed ('selective' recomputes attention only in the cost
-        # model; run recomputes the whole layer: the numbers are the same, only time differs)
+        # model; run recomputes the whole layer: the numbers are the same, only time differs);
+        # 'selective-op' runs torch's selective checkpointing with torchtitan's rule, and as
+        # torchtitan 0.3.0 (early_stop=False) re-runs the whole layer's forward, the products
+        # after the last tensor backward reads included
         for i in layers:
+            extra = {"context_fn": _every_second_product, "early_stop": False} if recompute == "selective-op" else {}
             module.layers[str(i)] = checkpoint_wrapper(module.layers[str(i)],
-                                                       checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+                                                       checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
     if sharded:
         from torch.distributed.fsdp import fully_shard
 

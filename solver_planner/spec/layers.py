@@ -28,7 +28,7 @@ __all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTI
 
 FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OPTIMIZERS = ("adam", "sgd")
-RECOMPUTE = ("none", "selective", "full", "auto")
+RECOMPUTE = ("none", "selective", "full", "selective-op", "auto")
 OPTIMIZER_SHARDING = ("none", "zero-1", "zero-2", "zero-3", "distributed")
 ATTENTION = ("flash", "materialized")
 # Per iteration on the host, besides the GPU work: handing over the prefetched batch (and
@@ -120,6 +120,9 @@ class TransformerSpec(SpecModel):
     bias: bool | Literal["qkv"] = Field(
         default=True, description="biases of the linear layers: true (GPT), false (Llama), or qkv (only the query,"
         " key and value projections, Qwen2)")
+    fused_qkv: bool = Field(
+        default=True, description="the query, key and value projections run as one matrix product (Megatron-LM, "
+        "torchtitan 0.3.0); false: as three (torchtitan before 0.3), which recompute: selective-op counts one by one")
 
     @property
     def kv(self) -> int:
@@ -168,7 +171,10 @@ class TrainingSpec(SpecModel):
     optimizer: Literal[OPTIMIZERS] = Field(default="adam", description="adam or sgd (plain, no momentum)")  # type: ignore[valid-type]
     recompute: Literal[RECOMPUTE] = Field(  # type: ignore[valid-type]
         default="none", description="activation recomputation: none, selective (attention core, Korthikanti et "
-        "al. 2022), full (each layer's input only), or auto (each stage chooses)")
+        "al. 2022), full (each layer's input only), selective-op (torchtitan's per-operator selective "
+        "checkpointing: every second matrix product and the element-wise operators; transformer models), or "
+        "auto (each stage chooses among none, selective and full; under --target torchtitan among none, "
+        "selective-op and full)")
     optimizer_sharding: Literal[OPTIMIZER_SHARDING] = Field(  # type: ignore[valid-type]
         default="none", description="ZeRO stage over each stage's data-parallel replicas (Rajbhandari et al. "
         "2020): zero-1 optimizer state, zero-2 and gradients, zero-3 and parameters; distributed = Megatron's "

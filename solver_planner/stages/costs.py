@@ -258,6 +258,14 @@ def cost_tables(topology: Topology, cost: CostModel, shape: MeshShape, synthesiz
     return {t: CostTables(topology, cost, shape, t, synthesize) for t in divisors(shape.devices_per_host)}
 
 
+# The share of a layer's tensor-parallel communication its recomputation runs again: full
+# re-runs the forward, all-reduces included; selective-op (torchtitan's SelectiveAC) keeps
+# the outputs of reduce-scatters only (its save list), so it re-runs every all-reduce, and
+# under sequence parallelism the all-gathers, half of that volume (Korthikanti et al. 2022
+# §4.2.2: an all-reduce is a reduce-scatter and an all-gather).
+_AGAIN = {("full", False): 2.0, ("full", True): 2.0, ("selective-op", False): 2.0, ("selective-op", True): 1.5}
+
+
 def _affine_of(ab: tuple[float, float], x: np.ndarray | float) -> np.ndarray:
     return ab[0] + ab[1] * np.asarray(x, dtype=float)
 
@@ -407,7 +415,7 @@ class StageCosts:
             a, b = tab.tensor_allreduce
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
             fwd = fwd + ar
-            act_grad = act_grad + ar * (2.0 if c.recompute == "full" else 1.0)   # full: the forward again
+            act_grad = act_grad + ar * _AGAIN.get((c.recompute, opts.sequence_parallel), 1.0)
         gathered = gathered_bytes(m.column("params"), t, d, opts.sharding)
         if self.comm and gathered.any():
             ag = np.where(gathered > 0, _affine_of(tab.data_allgather, gathered), 0.0)

@@ -21,7 +21,7 @@ from ..errors import PlannerError
 from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
 from ..spec.model import ModelSpec
-from .memory import MemoryOptions, recompute_flops, saved_per_sample
+from .memory import RECOMPUTE_MODES, MemoryOptions, recompute_flops, saved_per_sample
 from .operators import Operator
 
 __all__ = ["Layer", "LayerModel", "transformer_layers", "transformer_operators", "layer_model",
@@ -43,6 +43,8 @@ class Layer:
     it: one of backward's two products per matrix multiply); ``checkpoint`` the bytes kept
     under full recomputation (default: the output); ``selective_saved`` / ``selective_flops``
     what selective recomputation keeps (split by the tensor degree) and recomputes;
+    ``op_saved`` / ``op_saved_replicated`` / ``op_flops`` the same under ``selective-op``
+    (torchtitan's per-operator checkpointing; default: what no recomputation keeps);
     ``tied_to`` an earlier layer whose ``tied_params`` / ``tied_optimizer`` bytes this one
     shares (a copy when the two sit on different stages); ``kernels`` the matrix-multiply
     kernels of its forward pass (each backward part runs as many).
@@ -62,6 +64,9 @@ class Layer:
     checkpoint: float | None = None
     selective_saved: float | None = None
     selective_flops: float = 0.0
+    op_saved: float | None = None
+    op_saved_replicated: float | None = None
+    op_flops: float = 0.0
     tied_to: int | None = None
     tied_params: float = 0.0
     tied_optimizer: float = 0.0
@@ -117,32 +122,35 @@ def transformer_operators(spec: TransformerSpec, dtype: str = "bfloat16", attent
     qkv_out = h + 2 * kv_width
     f_in = 2 * f if spec.activation == "swiglu" else f
     sh = float(s * h)
-    norm = Operator("norm", "memory", replicated=2 * sh * e)
-    bda = Operator("bias-dropout-add", "memory", replicated=3 * sh * e + sh)
+    rerun = _op_reruns(spec)
+    norm = Operator("norm", "memory", replicated=2 * sh * e, rerun=1.0)
+    bda = Operator("bias-dropout-add", "memory", replicated=3 * sh * e + sh, rerun=1.0)
     block = [norm, Operator("qkv", "gemm", flops=2.0 * s * h * qkv_out, weights=float(h * qkv_out) * e,
-                            whole=sh * e, split=float(s * qkv_out) * e)]
+                            whole=sh * e, split=float(s * qkv_out) * e, rerun=rerun["qkv"])]
     if spec.position == "rotary":
-        block.append(Operator("rotary", "memory", split=2.0 * s * (h + kv_width) * e))
+        block.append(Operator("rotary", "memory", split=2.0 * s * (h + kv_width) * e, rerun=1.0))
     if attention == "flash":
         block.append(Operator("flash-attention", "attention", flops=2.0 * s * s * h,
                               split=float(s * (qkv_out + h)) * e, core=True))
     else:
+        # the two batched products are compute-intensive operators selective-op keeps (not
+        # matrix products with weights, so not counted in its every-second rule)
         scores = float(a) * s * s
         block += [Operator("scores", "gemm", flops=2.0 * s * s * h, split=float(s * (h + kv_width)) * e + scores * e,
                            core=True),
-                  Operator("softmax", "memory", split=2 * scores * e, core=True),
-                  Operator("attention-dropout", "memory", split=scores * (2 * e + 1), core=True),
+                  Operator("softmax", "memory", split=2 * scores * e, core=True, rerun=1.0),
+                  Operator("attention-dropout", "memory", split=scores * (2 * e + 1), core=True, rerun=1.0),
                   Operator("context", "gemm", flops=2.0 * s * s * h, split=scores * e + float(s * (kv_width + h)) * e,
                            core=True)]
     act = 3.0 if spec.activation == "swiglu" else 2.0
     block += [Operator("projection", "gemm", flops=2.0 * s * h * h, weights=float(h * h) * e, split=sh * e,
-                       whole=sh * e),
+                       whole=sh * e, rerun=rerun["projection"]),
               bda, norm,
               Operator("mlp-in", "gemm", flops=2.0 * s * h * f_in, weights=float(h * f_in) * e, whole=sh * e,
-                       split=float(s * f_in) * e),
-              Operator(spec.activation, "memory", split=act * s * f * e),
+                       split=float(s * f_in) * e, rerun=rerun["mlp-in"]),
+              Operator(spec.activation, "memory", split=act * s * f * e, rerun=1.0),
               Operator("mlp-out", "gemm", flops=2.0 * s * f * h, weights=float(f * h) * e, split=float(s * f) * e,
-                       whole=sh * e),
+                       whole=sh * e, rerun=rerun["mlp-out"]),
               bda]
     embed = [Operator("embedding", "memory", whole=2 * sh * e)]
     if spec.position_rows:
@@ -153,6 +161,57 @@ def transformer_operators(spec: TransformerSpec, dtype: str = "bfloat16", attent
               Operator("cross-entropy", "memory", split=float(s * v) * (e + _CE_FORWARD),
                        backward=(_CE_BACKWARD + e) / (_CE_FORWARD + e)))
     return {"embed": tuple(embed), "block": tuple(block), "logits": logits}
+
+
+def _op_products(spec: TransformerSpec) -> list[tuple[str, list[int]]]:
+    """A block's matrix products with weights in forward order, as torchtitan's Llama runs
+    them: per operator of :func:`transformer_operators`, the output width of each product it
+    holds (QKV as one product when ``fused_qkv``, as torchtitan 0.3.0 does, else the query,
+    key and value ones; the output projection; SwiGLU's ``w1`` and ``w3``; ``w2``).  Products
+    in one operator read the same input, so their FLOPs are in proportion to these widths."""
+    kv_width = spec.kv * spec.hidden // spec.heads
+    qkv = [spec.hidden + 2 * kv_width] if spec.fused_qkv else [spec.hidden, kv_width, kv_width]
+    mlp_in = [spec.ffn, spec.ffn] if spec.activation == "swiglu" else [spec.ffn]
+    return [("qkv", qkv), ("projection", [spec.hidden]), ("mlp-in", mlp_in), ("mlp-out", [spec.hidden])]
+
+
+def _op_reruns(spec: TransformerSpec) -> dict[str, float]:
+    """Per matrix-product operator, the share of its forward selective-op re-runs: torchtitan's
+    ``SelectiveAC`` counts a block's products in forward order and recomputes every second
+    one (``meta[mm_count_key] % 2 == 0``), keeping the others."""
+    out, n = {}, 0
+    for name, widths in _op_products(spec):
+        again = sum(w for j, w in enumerate(widths, start=n + 1) if j % 2 == 0)
+        out[name], n = again / sum(widths), n + len(widths)
+    return out
+
+
+def _op_keeps(spec: TransformerSpec, e: float, attention: str) -> tuple[float, float, float]:
+    """Bytes per sample a block keeps under selective-op, split over the tensor degree and
+    replicated (split only under sequence parallelism), and the FLOPs it re-runs.
+
+    ``SelectiveAC`` keeps the block's input (the checkpoint), the attention kernel's outputs
+    (FlashAttention: the output and the fp32 log-sum-exp of each row; materialized: the
+    scores and the context, its two batched products) and the outputs of the products it
+    does not re-run (:func:`_op_reruns`); the element-wise passes are re-run.  A row-parallel
+    product's output is whole on every tensor device (the partial sums before their
+    reduction), counted as replicated."""
+    s, h, a = spec.sequence, spec.hidden, spec.heads
+    inputs = {"qkv": h, "projection": h, "mlp-in": h, "mlp-out": spec.ffn}
+    row_parallel = {"projection", "mlp-out"}
+    split = (s * h * e + 4.0 * a * s) if attention == "flash" else (float(a) * s * s + s * h) * e
+    replicated = float(s * h * e)                              # the block's input
+    again, n = 0.0, 0
+    for name, widths in _op_products(spec):
+        for j, width in enumerate(widths, start=n + 1):
+            if j % 2 == 0:
+                again += 2.0 * s * inputs[name] * width
+            elif name in row_parallel:
+                replicated += float(s * width) * e
+            else:
+                split += float(s * width) * e
+        n += len(widths)
+    return split, replicated, again
 
 
 def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer: str = "adam",
@@ -218,10 +277,12 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     # (the log-sum-exp, fp32: 4 a s bytes; Dao et al. 2022, FlashAttention §3.1, backward from
     # the output and these statistics)
     core = 4.0 * a * s if attention == "flash" else 5.0 * a * s * s * scale
+    op_split, op_replicated, op_flops = _op_keeps(spec, e, attention)
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
                   split * scale + core, 10.0 * s * h * scale, 2,
                   weight=weight, checkpoint=out, selective_saved=split * scale,
-                  selective_flops=4.0 * s * s * h, kernels=6.0, ops=ops["block"])
+                  selective_flops=4.0 * s * s * h, op_saved=op_split, op_saved_replicated=op_replicated,
+                  op_flops=op_flops, kernels=6.0, ops=ops["block"])
     layers += [block] * spec.layers
     logits = counts.logits_flops
     table = float(v * h)
@@ -330,10 +391,21 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
         layers = transformer_layers(model.transformer, t.dtype, t.optimizer, t.tied_embeddings, t.attention)
     else:
         layers = _from_specs(model.layers, t)
+    if t.recompute == "selective-op" and model.transformer is None:
+        raise model.source.error(("training", "recompute"), "selective-op (torchtitan's per-operator checkpointing)"
+                                 " counts a transformer block's matrix products; it needs a 'transformer:' model,"
+                                 " a 'layers:' list names none (use none, selective or full)")
     micro = None if t.microbatches == "auto" else int(t.microbatches)
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
         options = replace(options, gradient_accumulation="fused")
+    if t.recompute == "auto" and target != "native":
+        # a framework searches the granularities it runs: torchtitan's selective
+        # checkpointing is per operator, not the attention core
+        from ..targets.search import target_module
+
+        runs = target_module(target).RULES.recompute
+        options = replace(options, recompute=tuple(m for m in RECOMPUTE_MODES if m in runs))
     if t.recompute == "auto" and not _selective_differs(layers):
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage

@@ -21,7 +21,10 @@ Per device of a stage with tensor degree ``t`` and data degree ``d``, for its la
   (§5: the attention core); full recomputation keeps only each layer's checkpoint (its
   input, ``s h`` elements; split by ``t`` under sequence parallelism) and re-runs the whole
   forward, its tensor-parallel all-reduces included, before the backward; while a layer's
-  backward runs its full activations are live again (one layer at a time).
+  backward runs its full activations are live again (one layer at a time).  ``selective-op``
+  is torchtitan's per-operator selective checkpointing (``SelectiveAC``): each block keeps
+  its input and the outputs of the attention kernel and of every other matrix product, and
+  re-runs the rest (:func:`~.layers.transformer_layers`).
 * **Communication**: sequence parallelism replaces each all-reduce by a reduce-scatter and
   an all-gather of the same ring volume (§4.2.2), so its time is unchanged; ZeRO-1/2 and
   the distributed optimizer reduce-scatter gradients and all-gather parameters, the volume
@@ -39,10 +42,13 @@ import numpy as np
 
 from ..spec.layers import OPTIMIZER_SHARDING, RECOMPUTE
 
-__all__ = ["RECOMPUTE_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "static_split", "stage_memory", "transient_per_sample",
+__all__ = ["RECOMPUTE_MODES", "AUTO_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "static_split", "stage_memory", "transient_per_sample",
            "recompute_flops", "static_bytes", "gathered_bytes"]
 
-RECOMPUTE_MODES = tuple(m for m in RECOMPUTE if m != "auto")   # "auto": the search picks among these
+RECOMPUTE_MODES = tuple(m for m in RECOMPUTE if m != "auto")
+# "auto": the search picks among these (Megatron-LM's menu); a framework target picks among
+# the modes it runs instead (torchtitan: none, selective-op, full; stages.layers.layer_model)
+AUTO_MODES = ("none", "selective", "full")
 SHARDINGS = OPTIMIZER_SHARDING
 
 
@@ -70,7 +76,7 @@ class MemoryOptions:
     @classmethod
     def of(cls, training) -> MemoryOptions:
         """From a :class:`~solver_planner.spec.layers.TrainingSpec`."""
-        modes = RECOMPUTE_MODES if training.recompute == "auto" else (training.recompute,)
+        modes = AUTO_MODES if training.recompute == "auto" else (training.recompute,)
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
                    training.gradient_bucket, training.host_overhead, training.gradient_clipping,
                    training.gradient_accumulation)
@@ -87,6 +93,10 @@ def saved_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.n
         return np.asarray([(x.activations if x.checkpoint is None else x.checkpoint) for x in layers]) * repl
     if mode == "selective":
         split = np.asarray([x.saved if x.selective_saved is None else x.selective_saved for x in layers])
+    elif mode == "selective-op":
+        split = np.asarray([x.saved if x.op_saved is None else x.op_saved for x in layers])
+        return split / t + np.asarray([x.saved_replicated if x.op_saved_replicated is None else x.op_saved_replicated
+                                       for x in layers]) * repl
     else:
         split = _column(layers, "saved")
     return split / t + _column(layers, "saved_replicated") * repl
@@ -94,10 +104,15 @@ def saved_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.n
 
 def transient_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.ndarray:
     """Bytes per sample live on top of the kept activations while a layer's backward runs:
-    under full recomputation, that layer's recomputed activations."""
-    if mode != "full":
-        return np.zeros(len(layers))
-    return saved_per_sample(layers, "none", t, sequence_parallel)
+    under full recomputation, that layer's recomputed activations; under selective-op, what
+    the recomputation re-creates of them (all it does not keep: the layer is checkpointed as a
+    whole, and its backward reads every activation again)."""
+    if mode == "full":
+        return saved_per_sample(layers, "none", t, sequence_parallel)
+    if mode == "selective-op":
+        none = saved_per_sample(layers, "none", t, sequence_parallel)
+        return np.maximum(none - saved_per_sample(layers, mode, t, sequence_parallel), 0.0)
+    return np.zeros(len(layers))
 
 
 def recompute_flops(layers, mode: str) -> np.ndarray:
@@ -106,6 +121,8 @@ def recompute_flops(layers, mode: str) -> np.ndarray:
         return _column(layers, "forward")
     if mode == "selective":
         return _column(layers, "selective_flops")
+    if mode == "selective-op":
+        return _column(layers, "op_flops")
     return np.zeros(len(layers))
 
 

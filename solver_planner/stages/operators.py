@@ -27,7 +27,11 @@ device (:mod:`solver_planner.compute` gives the three kinds of kernel time)::
 
 Every operator is one kernel launch per pass.  Recomputation re-runs the forward of exactly
 the operators it recomputes before the backward: all of them under ``full``, those of the
-attention core (``core``) under ``selective`` (Korthikanti et al. 2022 §5).
+attention core (``core``) under ``selective`` (Korthikanti et al. 2022 §5), and under
+``selective-op`` (torchtitan's ``SelectiveAC``) the share ``rerun`` of each operator's
+forward that it does not keep: the element-wise passes, and every second matrix product of
+a block counted in forward order (a fused operator holding two products, one kept and one
+re-run, has ``rerun`` of one half).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Operator:
     replicated: float = 0.0       # ... on every tensor-parallel device, split under sequence parallelism
     whole: float = 0.0            # ... on every tensor-parallel device always (a GEMM's gathered input)
     core: bool = False            # in the attention core: selective recomputation re-runs it
+    rerun: float = 0.0            # share of its forward selective-op re-runs (module docstring)
     backward: float = MEMORY_BACKWARD_BYTES   # memory: backward bytes over forward bytes
 
     def __post_init__(self) -> None:
@@ -95,12 +100,14 @@ def operator_times(ops, comp, samples: float, t: int, sequence_parallel: bool = 
 
 
 def _recomputed(ops, mode: str) -> np.ndarray:
-    """Which operators' forwards ``mode`` runs again before the backward."""
+    """How much of each operator's forward ``mode`` runs again before the backward."""
     if mode == "full":
-        return np.ones(len(ops), dtype=bool)
+        return np.ones(len(ops))
     if mode == "selective":
-        return np.asarray([op.core for op in ops], dtype=bool)
-    return np.zeros(len(ops), dtype=bool)
+        return np.asarray([float(op.core) for op in ops])
+    if mode == "selective-op":
+        return np.asarray([op.rerun for op in ops], dtype=float)
+    return np.zeros(len(ops))
 
 
 def layer_pass_times(model, comp, t: int, samples: float, recompute: str,
@@ -139,7 +146,9 @@ def layer_pass_times(model, comp, t: int, samples: float, recompute: str,
         key = id(layer)                  # repeated blocks are one object: price it once
         if key not in priced:
             times = operator_times(layer.ops, comp, samples, t, sequence_parallel)
-            rerun = float(times["F"][_recomputed(layer.ops, recompute)].sum())
+            again = _recomputed(layer.ops, recompute)
+            whole = np.isin(again, (0.0, 1.0)).all()      # the same sum as ever for whole operators
+            rerun = float(times["F"][again == 1.0].sum() if whole else (times["F"] * again).sum())
             priced[key] = (float(times["F"].sum()), float(times["BA"].sum()) + rerun, float(times["BW"].sum()))
         out_f[i], out_a[i], out_w[i] = priced[key]
     return out_f, out_a, out_w

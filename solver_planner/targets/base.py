@@ -32,7 +32,7 @@ class TargetConfig:
     (``pipeline * virtual_stages`` entries; the embedding sits with the first chunk, the
     logits with the last).  ``optimizer_sharding`` as in the model spec's training section:
     ``none``, ``zero-1``, ``zero-2``, ``zero-3`` or ``distributed`` (Megatron's distributed
-    optimizer).  ``recompute``: ``none``, ``selective`` or ``full``.
+    optimizer).  ``recompute``: ``none``, ``selective``, ``full`` or ``selective-op``.
     """
 
     target: str

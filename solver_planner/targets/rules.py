@@ -30,7 +30,7 @@ class TargetRules:
     virtual_stages: bool            # more than one model chunk per pipeline rank
     context_parallel: bool
     sequence_parallel: bool         # Megatron-style sequence parallelism inside the TP group
-    recompute: frozenset[str]       # "none" | "selective" | "full"
+    recompute: frozenset[str]       # "none" | "selective" | "full" | "selective-op"
     optimizer_sharding: frozenset[str]
     dtypes: frozenset[str]
     activations: frozenset[str]
@@ -111,7 +111,9 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
         # (Korthikanti et al. 2022); without a TP group there is nothing to split.
         return "sequence parallelism needs tensor > 1"
     if cfg.recompute not in rules.recompute:
-        return f"{t} has no {cfg.recompute} recompute (it has {', '.join(sorted(rules.recompute))})"
+        hint = ("; its selective checkpointing is per operator: recompute: selective-op"
+                if cfg.recompute == "selective" and "selective-op" in rules.recompute else "")
+        return f"{t} has no {cfg.recompute} recompute (it has {', '.join(sorted(rules.recompute))}){hint}"
     if cfg.optimizer_sharding not in rules.optimizer_sharding:
         return (f"{t} has no optimizer sharding {cfg.optimizer_sharding!r} (it has "
                 f"{', '.join(sorted(rules.optimizer_sharding))})")

@@ -3,7 +3,10 @@
 torchtitan 0.3.0 reads no TOML job file: ``torchtitan/config/manager.py`` (``ConfigManager``)
 takes ``--module M --config F`` (F a function of ``torchtitan.models.M.config_registry`` that
 returns a ``Trainer.Config``) and then tyro overrides ``--section.key value``; activation
-checkpointing is a tyro subcommand (``activation-checkpoint:none|selective|full``).
+checkpointing is a tyro subcommand (``activation-checkpoint:none|selective|full``); its
+``selective`` is per-operator checkpointing (``SelectiveAC``: every second matrix product and
+the element-wise operators re-run), our ``selective-op``, not the attention core that our
+(Megatron-LM's) ``selective`` re-runs.
 The export is those arguments, one per line, for ``torchrun ... -m torchtitan.train
 $(cat torchtitan.args)``; ``parse`` reads them back.
 
@@ -69,7 +72,9 @@ RULES = TargetRules(
     virtual_stages=True,
     context_parallel=True,
     sequence_parallel=True,
-    recompute=frozenset({"none", "selective", "full"}),
+    # distributed/activation_checkpoint.py: the subcommands none, full and selective
+    # (SelectiveAC, per operator: our selective-op); no attention-core granularity
+    recompute=frozenset({"none", "selective-op", "full"}),
     # FSDP2 fully_shard over data_parallel_shard_degree: reshard after forward = ZeRO-3;
     # no reshard after forward keeps parameters unsharded through backward, the ZeRO-2
     # memory (torch fully_shard docs, reshard_after_forward).  "none" replicates
@@ -86,6 +91,9 @@ RULES = TargetRules(
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )
+
+# our recompute modes -> torchtitan's activation-checkpoint subcommands
+AC_SUBCOMMANDS = {"none": "none", "selective-op": "selective", "full": "full"}
 
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "tied_embeddings")
 
@@ -186,7 +194,7 @@ def _args(cfg: TargetConfig, flavor: Flavor) -> list[tuple[str, ...]]:
         # parallelism yet. Set --training.disable_cuda_graphs."
         add("--training.disable_cuda_graphs")
     # tyro subcommand, last: its options would otherwise bind to the subparser.
-    add(f"activation-checkpoint:{cfg.recompute}")
+    add(f"activation-checkpoint:{AC_SUBCOMMANDS[cfg.recompute]}")
     return out
 
 

@@ -1,0 +1,189 @@
+"""recompute: selective-op, torchtitan's per-operator selective checkpointing (``SelectiveAC``):
+a block keeps its input, the attention kernel's outputs and every other matrix product's
+output, and re-runs the rest.  The cost model's count is checked by hand, and against torch
+running the same rule on the run engine's block; torchtitan is the only target that takes it,
+and the only one whose ``selective`` it is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import CLUSTERS, SPECS
+from solver_planner.cli import app
+from solver_planner.errors import SpecError
+from solver_planner.spec.layers import TrainingSpec, TransformerSpec
+from solver_planner.spec.model import ModelSpec
+from solver_planner.stages.layers import _op_reruns, layer_model, transformer_layers
+from solver_planner.stages.memory import saved_per_sample, recompute_flops, transient_per_sample
+from solver_planner.targets import deepspeed, megatron, torchtitan
+
+LLAMA3_8B = TransformerSpec(layers=2, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                            sequence=8192, activation="swiglu", position="rotary", norm="rmsnorm", bias=False)
+
+
+def test_every_second_product_of_a_block_is_rerun():
+    # torchtitan 0.3.0's Llama: wqkv (kept), wo (re-run), w1 (kept), w3 (re-run), w2 (kept)
+    assert _op_reruns(LLAMA3_8B) == {"qkv": 0.0, "projection": 1.0, "mlp-in": 0.5, "mlp-out": 0.0}
+    # three QKV products (torchtitan before 0.3): wq kept, wk re-run, wv kept; wo is the 4th
+    three = _op_reruns(LLAMA3_8B.model_copy(update={"fused_qkv": False}))
+    assert three["qkv"] == pytest.approx(1024 / (4096 + 2 * 1024)) and three["projection"] == 1.0
+    # GELU: wqkv, wo, the up product (kept), the down product (re-run)
+    gelu = _op_reruns(TransformerSpec(layers=2, hidden=64, heads=4, sequence=16, vocab=256))
+    assert gelu == {"qkv": 0.0, "projection": 1.0, "mlp-in": 0.0, "mlp-out": 1.0}
+
+
+def test_what_a_llama_block_keeps_and_reruns_by_hand():
+    s, h, a, kv, f, e = 8192, 4096, 32, 1024, 14336, 2
+    block = transformer_layers(LLAMA3_8B, "bfloat16")[1]
+    # split over t: the QKV output, FlashAttention's output and fp32 log-sum-exp, w1's output
+    split = s * (h + 2 * kv) * e + s * h * e + 4 * a * s + s * f * e
+    # replicated: the block's input and w2's output (whole before its reduction)
+    replicated = 2 * s * h * e
+    for t, sp in ((1, False), (2, False), (2, True)):
+        repl = 1 / t if sp else 1
+        assert saved_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(split / t + replicated * repl)
+        none = saved_per_sample([block], "none", t, sp)[0]
+        assert transient_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(
+            none - split / t - replicated * repl)
+    # re-run: wo (2 s h^2) and w3 (2 s h f)
+    assert recompute_flops([block], "selective-op")[0] == pytest.approx(2 * s * h * h + 2 * s * h * f)
+    # torchtitan checkpoints the blocks only: the embedding and the logits keep what they keep
+    embed, logits = transformer_layers(LLAMA3_8B, "bfloat16")[0], transformer_layers(LLAMA3_8B, "bfloat16")[-1]
+    for layer in (embed, logits):
+        assert saved_per_sample([layer], "selective-op", 1, False)[0] == saved_per_sample([layer], "none", 1, False)[0]
+        assert recompute_flops([layer], "selective-op")[0] == 0
+
+
+def _spec(recompute: str, **transformer) -> ModelSpec:
+    t = LLAMA3_8B.model_copy(update=transformer)
+    return ModelSpec(name="llama", transformer=t, training=TrainingSpec(global_batch=64, recompute=recompute,
+                                                                          optimizer_sharding="zero-3"))
+
+
+def test_selective_op_lies_between_none_and_full_in_time_and_memory():
+    from solver_planner.cost import CostModel
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables
+    from solver_planner.stages.meshes import MeshShape
+    from solver_planner.stages.layers import LayerModel
+    from solver_planner.stages.memory import MemoryOptions
+    from solver_planner.topology import Topology
+
+    topo = Topology(load_cluster_spec(CLUSTERS / "dgx-a100-8x8.yaml"))
+    shape = MeshShape(1, 8)
+    for sp in (False, True):
+        opts = MemoryOptions(("none", "selective-op", "full"), "none", sequence_parallel=sp)
+        model = LayerModel("llama", transformer_layers(LLAMA3_8B.model_copy(update={"sequence": 2048})), 64, None,
+                           options=opts)
+        c = StageCosts(model, topo, shape, 8, cost_tables(topo, CostModel(topo), shape))
+        for t in (1, 2, 8):
+            none, op, full = (c[StageConfig(t, r)] for r in ("none", "selective-op", "full"))
+            k, i = 0, model.num_layers - 1
+            assert full.activation[k, i] < op.activation[k, i] < none.activation[k, i]
+            assert none.backward_act[k, i] < op.backward_act[k, i] < full.backward_act[k, i]
+            assert none.transient[k, i] == 0 < op.transient[k, i]
+            assert op.forward[k, i] == none.forward[k, i]
+
+
+def test_torch_reruns_what_the_cost_model_prices():
+    """Differential: the run engine's transformer block under torch's selective checkpointing
+    with the rule (``run.stage._every_second_product``) re-runs, in backward, exactly the
+    matrix-product FLOPs ``recompute_flops`` prices for that block (three QKV products, GELU)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from solver_planner.run.model import ModelShape
+    from solver_planner.run.stage import stage_module
+
+    class Products(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            aten = torch.ops.aten
+            if func is aten.mm.default:
+                (m, k), n = args[0].shape, args[1].shape[1]
+                self.flops += 2 * m * k * n
+            elif func is aten.addmm.default:
+                (m, k), n = args[1].shape, args[2].shape[1]
+                self.flops += 2 * m * k * n
+            return func(*args, **(kwargs or {}))
+
+    spec = TransformerSpec(layers=3, hidden=64, heads=4, sequence=16, vocab=256, fused_qkv=False)
+    shape = ModelShape("gpt", spec.layers + 2, spec.hidden, spec.heads, spec.sequence, spec.vocab)
+    batch = 3
+
+    def backward_flops(recompute: str) -> int:
+        torch.manual_seed(0)
+        # layer 1 of the run engine's stage module: a block, wrapped as `run` wraps it
+        module = stage_module(shape, 1, 1, None, 1, recompute, False, False, seed=0)
+        x = torch.randn(batch, spec.sequence, spec.hidden, requires_grad=True)
+        loss = module(x).square().sum()
+        with Products() as count:
+            loss.backward()
+        return count.flops
+
+    plain, op = backward_flops("none"), backward_flops("selective-op")
+    block = transformer_layers(spec, "float32")[1]
+    assert op - plain == pytest.approx(batch * recompute_flops([block], "selective-op")[0])
+    # the same rule on torchtitan's own product order (one QKV product): half the re-run products
+    assert recompute_flops([transformer_layers(spec.model_copy(update={"fused_qkv": True}), "float32")[1]],
+                           "selective-op")[0] < recompute_flops([block], "selective-op")[0]
+
+
+def test_only_torchtitan_takes_it_and_names_it_for_our_selective():
+    base = dict(target="torchtitan", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, sequence=8192,
+                vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64, micro_batch_size=1,
+                dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8, layers_per_chunk=(4,) * 8,
+                optimizer_sharding="zero-3")
+    from solver_planner.targets.base import TargetConfig
+
+    tt = TargetConfig(**base, recompute="selective-op")
+    assert torchtitan.allows(tt) is None
+    assert "activation-checkpoint:selective" in torchtitan.export(tt).splitlines()
+    why = torchtitan.allows(dataclasses.replace(tt, recompute="selective"))
+    assert "no selective recompute" in why and "recompute: selective-op" in why
+    for mod, target in ((megatron, "megatron"), (deepspeed, "deepspeed")):
+        cfg = dataclasses.replace(tt, target=target, optimizer_sharding="none")
+        assert "selective-op" in (mod.allows(dataclasses.replace(cfg, recompute="selective-op")) or "")
+
+
+def test_auto_searches_the_modes_the_target_runs():
+    assert layer_model(_spec("auto")).options.recompute == ("none", "selective", "full")
+    assert layer_model(_spec("auto"), "megatron").options.recompute == ("none", "selective", "full")
+    assert layer_model(_spec("auto"), "torchtitan").options.recompute == ("none", "full", "selective-op")
+    assert layer_model(_spec("auto"), "deepspeed").options.recompute == ("none", "full")
+
+
+def test_a_layers_list_is_refused_with_its_line(tmp_path):
+    from solver_planner.spec import load_model_spec
+
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nlayers:\n  - {name: l, repeat: 4, flops: 1 GFLOP, params: 1 MiB, activations: 1 MiB}\n"
+                    "training:\n  global_batch: 8\n  recompute: selective-op\n")
+    with pytest.raises(SpecError) as err:
+        layer_model(load_model_spec(path))
+    assert "m.yaml:6" in str(err.value) and "transformer" in str(err.value)
+
+
+def test_plan_target_torchtitan_exports_selective_op_and_check_passes(tmp_path):
+    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
+    model = tmp_path / "llama.yaml"
+    model.write_text(src.replace("hf_config: llama-3-8b.json",
+                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
+                     .replace("recompute: selective,", "recompute: selective-op,")
+                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"))
+    cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
+    plan, out = tmp_path / "p.yaml", tmp_path / "tt.args"
+    res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan),
+                                   "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    assert torchtitan.parse(out.read_text())["activation-checkpoint"] == "selective"
+    assert CliRunner().invoke(app, ["check", cluster, str(model), str(plan)]).exit_code == 0
+    # the attention-core granularity is refused for torchtitan, with the mode to use instead
+    model.write_text(model.read_text().replace("recompute: selective-op,", "recompute: selective,"))
+    res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan)])
+    assert res.exit_code == 1 and "recompute: selective-op" in res.output
