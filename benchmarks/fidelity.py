@@ -12,7 +12,8 @@ counts half), and the median measured / predicted.
 
 * **torchtitan's published runs** (``benchmarks/torchtitan_runs.py``): Llama 2 and 3 with
   FSDP2 on 64 A100s, tokens per second per GPU, the rows whose activation checkpointing we
-  price exactly (no recomputation or full), each configuration fixed; nothing fitted;
+  price exactly (none, full, and per-operator selective as ``selective-op``), each
+  configuration fixed; nothing fitted;
 
 * **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
   2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
@@ -95,7 +96,7 @@ def torchtitan(say) -> list[dict]:
     ranged = [r for r in rows if not r["exact"]]
     return [summary("torchtitan, Llama FSDP2 on 64 A100s: tokens/s per GPU", [r["predicted_wps"] for r in exact],
                     [r["measured_wps"] for r in exact],
-                    note=f"rows priced exactly; the {len(ranged)} selective-checkpointing rows lie between our full and"
+                    note=f"rows priced exactly; the {len(ranged)} 'selective layer' rows lie between our full and"
                          f" no recomputation in {sum(bool(r['within']) for r in ranged)}")]
 
 

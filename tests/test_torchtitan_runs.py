@@ -5,6 +5,7 @@ Meta publishes, and the README's fidelity row against what the benchmark prints.
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 
 import pytest
@@ -42,10 +43,14 @@ def test_the_readme_row_is_what_the_benchmark_prints():
     topo = runs.cluster()
     rows = [runs.predict(r, topo) for r in runs.load_runs()]
     summ = runs.summary(rows)
-    row = re.search(r"^  \| torchtitan, Llama with FSDP2 on 64 A100s.*?\| 3 \| ([\d.]+)% \| ([\d.]+)% \|", README, re.M)
+    row = re.search(r"^  \| torchtitan, Llama with FSDP2 on 64 A100s.*?\| (\d) \| ([\d.]+)% \| ([\d.]+)% \|"
+                    r" ([\d.]+) \| \d+% \| ([\d.]+) \|", README, re.M)
     assert row is not None
-    assert (f"{100 * summ['median_error']:.1f}", f"{100 * summ['worst_error']:.1f}") == row.groups()
-    ranged = re.search(r"selective checkpointing: (\d) of (\d) measured between", README)
+    exact = [r for r in rows if r["exact"]]
+    ratio = statistics.median(r["measured_wps"] / r["predicted_wps"] for r in exact)
+    assert (str(summ["exact_rows"]), f"{100 * summ['median_error']:.1f}", f"{100 * summ['worst_error']:.1f}",
+            f"{summ['spearman']:.3f}", f"{ratio:.2f}") == row.groups()
+    ranged = re.search(r"counterpart here: (\d) of (\d) such rows measured between", README)
     assert ranged is not None and (str(summ["measured_within_range"]), str(summ["ranged_rows"])) == ranged.groups()
 
 
@@ -53,8 +58,8 @@ def test_the_printed_table_says_what_the_readme_says(capsys):
     # `python benchmarks/torchtitan_runs.py`, as the README runs it: the exact rows' errors
     assert runs.main([]) == 0
     out = capsys.readouterr().out
-    figures = re.findall(r"([+-][\d.]+%) \(Llama [23] \d+B,", README)
-    assert len(figures) == 3
+    figures = re.findall(r"([+-][\d.]+%)\s+\(Llama [23] \d+B[,)]", README)
+    assert len(figures) == 6
     for figure in figures:
         assert f" {figure}\n" in out, figure
-    assert "rows priced exactly: 3" in out and "4 of 5" in out
+    assert "rows priced exactly: 6" in out and "2 of 2" in out
