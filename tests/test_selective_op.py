@@ -187,3 +187,15 @@ def test_plan_target_torchtitan_exports_selective_op_and_check_passes(tmp_path):
     model.write_text(model.read_text().replace("recompute: selective-op,", "recompute: selective,"))
     res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan)])
     assert res.exit_code == 1 and "recompute: selective-op" in res.output
+
+
+def test_show_says_how_the_qkv_projections_run(tmp_path):
+    src = (SPECS / "models" / "gpt3-2.6b.yaml").read_text()
+    assert "fused_qkv" not in src
+    res = CliRunner().invoke(app, ["show", str(SPECS / "models" / "gpt3-2.6b.yaml")])
+    assert res.exit_code == 0 and "one fused product" in res.output
+    path = tmp_path / "m.yaml"
+    path.write_text(src.replace("transformer: {", "transformer: {fused_qkv: false, ", 1) if "transformer: {" in src
+                    else src.replace("transformer:\n", "transformer:\n  fused_qkv: false\n", 1))
+    res = CliRunner().invoke(app, ["show", str(path)])
+    assert res.exit_code == 0 and "three products" in res.output, res.output

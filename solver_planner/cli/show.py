@@ -71,6 +71,7 @@ def _show_model(path: Path, as_json: bool) -> None:
                  ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
                  ("positions, norm", f"{info['position']}, {info['norm']}"),
                  ("biases", bias),
+                 ("query, key, value", "one fused product" if info["fused_qkv"] else "three products"),
                  ("parameters / block", f"{info['parameters_per_block']:,}")]
     else:
         rows += [("layers", f"{info['layers']} (parameters from bytes at {info['dtype_bytes']} bytes each)")]

@@ -111,7 +111,7 @@ def model_counts(spec) -> dict:
             "kind": "transformer", "parameters": c.parameters, "flops_per_sample": c.flops_per_sample,
             "layers": t.layers, "hidden": t.hidden, "heads": t.heads, "kv_heads": t.kv, "ffn_hidden": t.ffn,
             "vocab": t.vocab, "sequence": t.sequence, "tied_embeddings": tied, "activation": t.activation,
-            "position": t.position, "norm": t.norm, "bias": t.bias,
+            "position": t.position, "norm": t.norm, "bias": t.bias, "fused_qkv": t.fused_qkv,
             "parameters_per_block": c.block, "embedding_parameters": c.embedding,
             "flops_per_token": c.flops_per_sample / t.sequence,
         })
