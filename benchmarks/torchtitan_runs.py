@@ -21,9 +21,10 @@ block checkpointed, a mode torchtitan 0.3.0 no longer has) has no counterpart he
 those rows the prediction is the range between no and full recomputation, and the summary
 (median and worst error, Spearman) is over the rows priced exactly.
 
-Not priced: torchtitan reduces gradients in fp32 (FSDP2's reduce dtype), twice the bytes
-of our bf16 reduce-scatter.  Data loading and logging get the default per-iteration host
-overhead, as in the Megatron-LM comparison (`benchmarks/published_runs.py`).
+Gradients are reduced in fp32 (``gradient_reduce_dtype: float32``: torchtitan's FSDP2 mixed
+precision reduces in float32), twice the bytes of a bf16 reduce-scatter.  Data loading and
+logging get the default per-iteration host overhead, as in the Megatron-LM comparison
+(`benchmarks/published_runs.py`).
 
     python benchmarks/torchtitan_runs.py            # all eight rows (a few seconds)
     python benchmarks/torchtitan_runs.py --json
@@ -99,6 +100,7 @@ def model(run: Run, recompute: str) -> ModelSpec:
                         fused_qkv=False)
     training = TrainingSpec(global_batch=run.local_batch * GPUS, microbatches=1, dtype="bfloat16", optimizer="adam",
                             optimizer_sharding="zero-3", recompute=recompute, attention="flash",
+                            gradient_reduce_dtype="float32",
                             tied_embeddings=False, gradient_overlap=True)
     return ModelSpec(name=run.model, transformer=t, training=training)
 

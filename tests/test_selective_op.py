@@ -138,7 +138,7 @@ def test_only_torchtitan_takes_it_and_names_it_for_our_selective():
     base = dict(target="torchtitan", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, sequence=8192,
                 vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64, micro_batch_size=1,
                 dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8, layers_per_chunk=(4,) * 8,
-                optimizer_sharding="zero-3")
+                optimizer_sharding="zero-3", gradient_reduce_dtype="float32")
     from solver_planner.targets.base import TargetConfig
 
     tt = TargetConfig(**base, recompute="selective-op")
@@ -147,7 +147,7 @@ def test_only_torchtitan_takes_it_and_names_it_for_our_selective():
     why = torchtitan.allows(dataclasses.replace(tt, recompute="selective"))
     assert "no selective recompute" in why and "recompute: selective-op" in why
     for mod, target in ((megatron, "megatron"), (deepspeed, "deepspeed")):
-        cfg = dataclasses.replace(tt, target=target, optimizer_sharding="none")
+        cfg = dataclasses.replace(tt, target=target, optimizer_sharding="none", gradient_reduce_dtype="")
         assert "selective-op" in (mod.allows(dataclasses.replace(cfg, recompute="selective-op")) or "")
 
 

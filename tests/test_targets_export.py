@@ -45,6 +45,8 @@ SHAPES = {
 
 def _config(shape: str, target: str, **kw) -> TargetConfig:
     base = dict(target=target, micro_batch_size=1, dtype="bfloat16", optimizer="adam", **SHAPES[shape])
+    if target == "torchtitan":
+        base["gradient_reduce_dtype"] = "float32"      # as a --target torchtitan plan records it
     base.update(kw)
     return TargetConfig(**base)
 

@@ -201,6 +201,9 @@ class TrainingSpec(SpecModel):
         " autograd, DDP, FSDP, torchtitan, DeepSpeed, DistIR and Megatron-LM without fusion do) or fused (no"
         " pass of their own: Megatron-LM's gradient accumulation fusion, where the weight-gradient product"
         " accumulates in place)")
+    gradient_reduce_dtype: Literal[tuple(FLOAT_DTYPES)] | None = Field(  # type: ignore[valid-type]
+        default=None, description="the type gradients are reduced in across data-parallel replicas (default: the "
+        "training dtype; under --target torchtitan float32, as torchtitan's FSDP2 mixed precision always reduces)")
     host_overhead: Duration = Field(
         default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
         " (data loading, logging); default 5 ms")

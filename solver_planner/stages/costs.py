@@ -53,6 +53,7 @@ from functools import cached_property
 import numpy as np
 
 from ..cost import CostModel
+from ..spec.layers import FLOAT_DTYPES
 from ..placement.matrix import ParallelismMatrix
 from ..reduction.dsl import format_program
 from ..reduction.hierarchy import Lowering
@@ -475,9 +476,11 @@ class StageCosts:
         d = self.shape.size // t
         fwd, act_grad, weight = self.layer_times(c)
         # gradient buckets: each layer's gradients (per tensor shard) cut into buckets of at
-        # most gradient_bucket bytes, reduced one after another
-        grads = m.column("params") / t
-        copy = m.column("tied_params") / t
+        # most gradient_bucket bytes, reduced one after another, in the reduction's own type
+        # (FSDP2 under torchtitan casts bf16 gradients to fp32 before its reduce-scatter)
+        scale = FLOAT_DTYPES[opts.gradient_reduce_dtype or m.dtype] / FLOAT_DTYPES[m.dtype]
+        grads = m.column("params") / t * scale
+        copy = m.column("tied_params") / t * scale
         reduces = self.comm and d > 1
 
         def bucket_time(x):

@@ -399,6 +399,10 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
         options = replace(options, gradient_accumulation="fused")
+    if target == "torchtitan" and t.gradient_reduce_dtype is None:
+        # torchtitan 0.3.0: training.mixed_precision_reduce is Literal["float32"], FSDP2's
+        # MixedPrecisionPolicy(reduce_dtype=float32) (models/llama3/parallelize.py)
+        options = replace(options, gradient_reduce_dtype="float32")
     if t.recompute == "auto" and target != "native":
         # a framework searches the granularities it runs: torchtitan's selective
         # checkpointing is per operator, not the attention core

@@ -65,6 +65,7 @@ class MemoryOptions:
     host_overhead: float = 0.0          # seconds per iteration on the host (the spec's default: TrainingSpec)
     gradient_clipping: bool = False     # the optimizer step reads the gradients once more for their norm
     gradient_accumulation: str = "add"  # each micro-batch's weight gradients added into the buffer, or "fused"
+    gradient_reduce_dtype: str | None = None   # the dtype of the data-parallel reduction (None: the training dtype)
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -79,7 +80,7 @@ class MemoryOptions:
         modes = AUTO_MODES if training.recompute == "auto" else (training.recompute,)
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
                    training.gradient_bucket, training.host_overhead, training.gradient_clipping,
-                   training.gradient_accumulation)
+                   training.gradient_accumulation, training.gradient_reduce_dtype)
 
 
 def _column(layers, key: str) -> np.ndarray:

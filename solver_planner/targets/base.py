@@ -64,6 +64,7 @@ class TargetConfig:
     optimizer_sharding: str = "none"
     gradient_overlap: bool = True
     gradient_accumulation: str = "add"     # "add" | "fused" (training.gradient_accumulation)
+    gradient_reduce_dtype: str = ""        # the data-parallel reduction's type ("": the training dtype)
 
     @property
     def devices(self) -> int:

@@ -67,7 +67,8 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         # the training options as the plan was priced with them (the layer model's: under the
         # Megatron-LM target the accumulation is fused unless the spec says otherwise)
         sequence_parallel=opts.sequence_parallel, recompute=cfg.recompute, optimizer_sharding=opts.sharding,
-        gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation)
+        gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation,
+        gradient_reduce_dtype=opts.gradient_reduce_dtype or "")
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:

@@ -88,6 +88,8 @@ RULES = TargetRules(
                  "pipeline_parallel_layers_per_stage and first/last_stage_less_layers)"),
     microbatch_rule=("local_batch_size % pipeline_parallel_microbatch_size == 0; global batch "
                      "% (local batch x data) == 0"),
+    # config/configs.py: mixed_precision_reduce: Literal["float32"] = "float32", FSDP2's reduce_dtype
+    gradient_reduce="float32",
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )

@@ -1,0 +1,96 @@
+"""training.gradient_reduce_dtype: the type gradients cross the data-parallel replicas in.
+torchtitan's FSDP2 always reduces in float32, so a --target torchtitan plan is priced that way
+unless the spec says otherwise; targets whose export cannot set the type refuse another one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import CLUSTERS, SPECS
+from solver_planner.cli import app
+from solver_planner.cost import CostModel
+from solver_planner.spec import load_cluster_spec
+from solver_planner.spec.layers import TrainingSpec, TransformerSpec
+from solver_planner.spec.model import ModelSpec
+from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables
+from solver_planner.stages.layers import layer_model
+from solver_planner.stages.meshes import MeshShape
+from solver_planner.targets import deepspeed, megatron, torchtitan
+from solver_planner.targets.base import TargetConfig
+from solver_planner.topology import Topology
+
+LLAMA = TransformerSpec(layers=4, hidden=1024, heads=8, kv_heads=8, ffn_hidden=4096, vocab=32000, sequence=1024,
+                        activation="swiglu", position="rotary", norm="rmsnorm", bias=False)
+
+
+def _spec(**training) -> ModelSpec:
+    return ModelSpec(name="m", transformer=LLAMA,
+                     training=TrainingSpec(global_batch=64, optimizer_sharding="zero-3", **training))
+
+
+def _costs(lm):
+    topo = Topology(load_cluster_spec(CLUSTERS / "dgx-a100-8x8.yaml"))
+    shape = MeshShape(8, 8)          # one stage: 64-way data parallelism over the hosts
+    return StageCosts(lm, topo, shape, 4, cost_tables(topo, CostModel(topo), shape))[StageConfig(1, "none")]
+
+
+def test_a_float32_reduction_moves_twice_the_bytes_and_takes_longer():
+    bf16, fp32 = _costs(layer_model(_spec())), _costs(layer_model(_spec(gradient_reduce_dtype="float32")))
+    n = len(bf16.layer_reduction) - 1
+    assert float(fp32.grad_bytes[0, n]) == pytest.approx(2 * float(bf16.grad_bytes[0, n]))
+    assert np.all(fp32.layer_reduction >= bf16.layer_reduction) and fp32.reduction_all[0, n] > bf16.reduction_all[0, n]
+    # the bytes kept are the training dtype's: memory does not change
+    assert fp32.static[0, n] == bf16.static[0, n] and fp32.activation[0, n] == bf16.activation[0, n]
+    # the same type as training is the default
+    same = _costs(layer_model(_spec(gradient_reduce_dtype="bfloat16")))
+    assert same.reduction_all[0, n] == bf16.reduction_all[0, n]
+
+
+def test_torchtitan_plans_reduce_in_float32_unless_the_spec_says():
+    assert layer_model(_spec()).options.gradient_reduce_dtype is None
+    assert layer_model(_spec(), "megatron").options.gradient_reduce_dtype is None
+    assert layer_model(_spec(), "torchtitan").options.gradient_reduce_dtype == "float32"
+    assert layer_model(_spec(gradient_reduce_dtype="bfloat16"), "torchtitan").options.gradient_reduce_dtype == "bfloat16"
+
+
+def test_targets_refuse_a_type_their_framework_does_not_reduce_in():
+    base = TargetConfig(target="megatron", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                        sequence=8192, vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64,
+                        micro_batch_size=1, dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8,
+                        layers_per_chunk=(4,) * 8)
+    assert megatron.allows(base) is None
+    why = megatron.allows(dataclasses.replace(base, gradient_reduce_dtype="float32"))
+    assert why == "megatron reduces gradients in bfloat16 (the training dtype; its export cannot change that);" \
+                  " the plan reduces them in float32"
+    assert "reduces gradients in bfloat16" in deepspeed.allows(dataclasses.replace(
+        base, target="deepspeed", gradient_reduce_dtype="float32"))
+    tt = dataclasses.replace(base, target="torchtitan", optimizer_sharding="zero-3")
+    assert "torchtitan reduces gradients in float32 (always); the plan reduces them in bfloat16" == torchtitan.allows(tt)
+    assert torchtitan.allows(dataclasses.replace(tt, gradient_reduce_dtype="float32")) is None
+    # one replica reduces nothing
+    assert torchtitan.allows(dataclasses.replace(tt, data=1, pipeline=8, global_batch=8)) is None
+
+
+def test_plan_target_torchtitan_records_the_float32_reduction_and_check_reads_it(tmp_path):
+    import yaml
+
+    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
+    model = tmp_path / "llama.yaml"
+    model.write_text(src.replace("hf_config: llama-3-8b.json",
+                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
+                     .replace("recompute: selective,", "recompute: full,")
+                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"))
+    cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
+    plan = tmp_path / "p.yaml"
+    assert CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan)]).exit_code == 0
+    doc = yaml.safe_load(plan.read_text())
+    assert doc["target"]["config"]["gradient_reduce_dtype"] == "float32"
+    assert CliRunner().invoke(app, ["check", cluster, str(model), str(plan)]).exit_code == 0
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(plan.read_text().replace("gradient_reduce_dtype: float32", "gradient_reduce_dtype: bfloat16"))
+    res = CliRunner().invoke(app, ["check", cluster, str(model), str(edited)])
+    assert res.exit_code == 1 and "gradient_reduce_dtype" in res.output
