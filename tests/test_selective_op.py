@@ -32,8 +32,14 @@ def test_every_second_product_of_a_block_is_rerun():
     three = _op_reruns(LLAMA3_8B.model_copy(update={"fused_qkv": False}))
     assert three["qkv"] == pytest.approx(1024 / (4096 + 2 * 1024)) and three["projection"] == 1.0
     # GELU: wqkv, wo, the up product (kept), the down product (re-run)
-    gelu = _op_reruns(TransformerSpec(layers=2, hidden=64, heads=4, sequence=16, vocab=256))
-    assert gelu == {"qkv": 0.0, "projection": 1.0, "mlp-in": 0.0, "mlp-out": 1.0}
+    gpt = TransformerSpec(layers=2, hidden=64, heads=4, sequence=16, vocab=256)
+    assert _op_reruns(gpt.model_copy(update={"bias": False})) == {"qkv": 0.0, "projection": 1.0, "mlp-in": 0.0,
+                                                                 "mlp-out": 1.0}
+    # a biased product runs as addmm: kept and not counted (GPT's biases: every product kept)
+    assert set(_op_reruns(gpt).values()) == {0.0}
+    # biases on QKV only (Qwen2): wo is the first product counted (kept), w1 kept, w3 and w2 re-run
+    assert _op_reruns(LLAMA3_8B.model_copy(update={"bias": "qkv"})) == {"qkv": 0.0, "projection": 0.0,
+                                                                        "mlp-in": 0.5, "mlp-out": 1.0}
 
 
 def test_what_a_llama_block_keeps_and_reruns_by_hand():
@@ -41,14 +47,17 @@ def test_what_a_llama_block_keeps_and_reruns_by_hand():
     block = transformer_layers(LLAMA3_8B, "bfloat16")[1]
     # split over t: the QKV output, FlashAttention's output and fp32 log-sum-exp, w1's output
     split = s * (h + 2 * kv) * e + s * h * e + 4 * a * s + s * f * e
-    # replicated: the block's input and w2's output (whole before its reduction)
-    replicated = 2 * s * h * e
-    for t, sp in ((1, False), (2, False), (2, True)):
-        repl = 1 / t if sp else 1
-        assert saved_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(split / t + replicated * repl)
+    # the block's input: split only under sequence parallelism
+    replicated = s * h * e
+    # w2's output: the partial sums over the whole sequence on every tensor device
+    whole = s * h * e
+    # under sequence parallelism the reduce-scatters after wo and w2 are kept: 1/t of the sequence each
+    scattered = 2 * s * h * e
+    for t, sp in ((1, False), (2, False), (2, True), (8, True)):
+        kept = split / t + (replicated / t + scattered / t if sp else replicated) + whole
+        assert saved_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(kept)
         none = saved_per_sample([block], "none", t, sp)[0]
-        assert transient_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(
-            none - split / t - replicated * repl)
+        assert transient_per_sample([block], "selective-op", t, sp)[0] == pytest.approx(max(none - kept, 0))
     # re-run: wo (2 s h^2) and w3 (2 s h f)
     assert recompute_flops([block], "selective-op")[0] == pytest.approx(2 * s * h * h + 2 * s * h * f)
     # torchtitan checkpoints the blocks only: the embedding and the logits keep what they keep
@@ -89,49 +98,107 @@ def test_selective_op_lies_between_none_and_full_in_time_and_memory():
             assert op.forward[k, i] == none.forward[k, i]
 
 
-def test_torch_reruns_what_the_cost_model_prices():
-    """Differential: the run engine's transformer block under torch's selective checkpointing
-    with the rule (``run.stage._every_second_product``) re-runs, in backward, exactly the
-    matrix-product FLOPs ``recompute_flops`` prices for that block (three QKV products, GELU)."""
-    torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
+def _torch_block(spec: TransformerSpec):
+    """A pre-norm block as torchtitan's Llama writes it, in the shape ``spec`` describes (no
+    biases; one fused QKV product or three; GELU or SwiGLU; PyTorch's SDPA)."""
+    import torch
+    import torch.nn.functional as F
 
-    from solver_planner.run.model import ModelShape
-    from solver_planner.run.stage import stage_module
+    h, f, heads = spec.hidden, spec.ffn, spec.heads
+    kv = spec.kv * h // heads
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+            if spec.fused_qkv:
+                self.wqkv = torch.nn.Linear(h, h + 2 * kv, bias=False)
+            else:
+                self.wq, self.wk, self.wv = (torch.nn.Linear(h, w, bias=False) for w in (h, kv, kv))
+            self.wo = torch.nn.Linear(h, h, bias=False)
+            self.w1 = torch.nn.Linear(h, f, bias=False)
+            self.w3 = torch.nn.Linear(h, f, bias=False) if spec.activation == "swiglu" else None
+            self.w2 = torch.nn.Linear(f, h, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            y = self.norm1(x)
+            q, k, v = (self.wqkv(y).split([h, kv, kv], -1) if spec.fused_qkv
+                       else (self.wq(y), self.wk(y), self.wv(y)))
+            q, k, v = (z.view(b, s, -1, h // heads).transpose(1, 2) for z in (q, k, v))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+            x = x + self.wo(att.transpose(1, 2).reshape(b, s, h))
+            y = self.norm2(x)
+            inner = F.silu(self.w1(y)) * self.w3(y) if self.w3 is not None else F.gelu(self.w1(y))
+            return x + self.w2(inner)
+
+    return Block()
+
+
+def _measure(block, batch: int, spec: TransformerSpec) -> tuple[int, int]:
+    """(matrix-product FLOPs ``block`` runs in its backward, bytes its selective-checkpoint
+    cache holds after the forward) on ``batch`` samples."""
+    import torch
+    import torch.utils.checkpoint as tuc
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Products(TorchDispatchMode):
         flops = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            aten = torch.ops.aten
-            if func is aten.mm.default:
+            if func is torch.ops.aten.mm.default:
                 (m, k), n = args[0].shape, args[1].shape[1]
-                self.flops += 2 * m * k * n
-            elif func is aten.addmm.default:
-                (m, k), n = args[1].shape, args[2].shape[1]
                 self.flops += 2 * m * k * n
             return func(*args, **(kwargs or {}))
 
-    spec = TransformerSpec(layers=3, hidden=64, heads=4, sequence=16, vocab=256, fused_qkv=False)
-    shape = ModelShape("gpt", spec.layers + 2, spec.hidden, spec.heads, spec.sequence, spec.vocab)
-    batch = 3
+    stores, original = [], tuc.create_selective_checkpoint_contexts
 
-    def backward_flops(recompute: str) -> int:
+    def spy(policy, *a, **kw):
+        forward, recompute = original(policy, *a, **kw)
+        stores.append(forward.storage)
+        return forward, recompute
+
+    tuc.create_selective_checkpoint_contexts = spy
+    try:
         torch.manual_seed(0)
-        # layer 1 of the run engine's stage module: a block, wrapped as `run` wraps it
-        module = stage_module(shape, 1, 1, None, 1, recompute, False, False, seed=0)
         x = torch.randn(batch, spec.sequence, spec.hidden, requires_grad=True)
-        loss = module(x).square().sum()
-        with Products() as count:
-            loss.backward()
-        return count.flops
+        loss = block(x).square().sum()
+    finally:
+        tuc.create_selective_checkpoint_contexts = original
+    kept = 0
+    for store in stores:
+        for outputs in store.values():
+            for value in outputs.values():
+                leaves = torch.utils._pytree.tree_leaves(value)
+                kept += sum(t.numel() * t.element_size() for t in (getattr(v, "val", v) for v in leaves)
+                            if isinstance(t, torch.Tensor))
+    with Products() as count:
+        loss.backward()
+    return count.flops, kept
 
-    plain, op = backward_flops("none"), backward_flops("selective-op")
-    block = transformer_layers(spec, "float32")[1]
-    assert op - plain == pytest.approx(batch * recompute_flops([block], "selective-op")[0])
-    # the same rule on torchtitan's own product order (one QKV product): half the re-run products
-    assert recompute_flops([transformer_layers(spec.model_copy(update={"fused_qkv": True}), "float32")[1]],
-                           "selective-op")[0] < recompute_flops([block], "selective-op")[0]
+
+@pytest.mark.parametrize("fused, activation", [(True, "swiglu"), (False, "swiglu"), (False, "gelu"), (True, "gelu")])
+def test_torch_reruns_and_keeps_what_the_cost_model_prices(fused, activation):
+    """Differential: a bias-free block under torch's selective checkpointing with the run
+    engine's rule (``run.stage.checkpointed``) re-runs, in backward, exactly the matrix-product
+    FLOPs ``recompute_flops`` prices, and its cache holds exactly the bytes ``saved_per_sample``
+    prices besides the block's input (fp32, one device); and torchtitan's own ``SelectiveAC``
+    makes the same product decisions."""
+    pytest.importorskip("torch")
+    from solver_planner.run.stage import checkpointed
+
+    spec = TransformerSpec(layers=1, hidden=64, heads=4, kv_heads=2, ffn_hidden=96, sequence=16, vocab=256,
+                           activation=activation, position="rotary", norm="rmsnorm", bias=False, fused_qkv=fused)
+    batch = 3
+    plain, _ = _measure(_torch_block(spec), batch, spec)
+    op, kept = _measure(checkpointed(_torch_block(spec), "selective-op"), batch, spec)
+    layer = transformer_layers(spec, "float32")[1]
+    assert op - plain == pytest.approx(batch * recompute_flops([layer], "selective-op")[0])
+    block_input = spec.sequence * spec.hidden * 4
+    assert kept == pytest.approx(batch * (saved_per_sample([layer], "selective-op", 1, False)[0] - block_input))
+    tt = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
+    theirs = tt.SelectiveAC(tt.SelectiveAC.Config(force_recompute_mm_shapes_by_fqns=[]))._wrap_block(_torch_block(spec))
+    assert _measure(theirs, batch, spec)[0] == op
 
 
 def test_only_torchtitan_takes_it_and_names_it_for_our_selective():
@@ -199,3 +266,48 @@ def test_show_says_how_the_qkv_projections_run(tmp_path):
                     else src.replace("transformer:\n", "transformer:\n  fused_qkv: false\n", 1))
     res = CliRunner().invoke(app, ["show", str(path)])
     assert res.exit_code == 0 and "three products" in res.output, res.output
+
+
+def test_torchtitan_refuses_what_would_make_selective_op_count_other_products():
+    from solver_planner.targets.base import TargetConfig
+
+    cfg = TargetConfig(target="torchtitan", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                       sequence=8192, vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64,
+                       micro_batch_size=1, dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8,
+                       layers_per_chunk=(4,) * 8, optimizer_sharding="zero-3", gradient_reduce_dtype="float32",
+                       recompute="selective-op")
+    assert torchtitan.allows(cfg) is None
+    assert "no linear biases" in torchtitan.allows(dataclasses.replace(cfg, bias="qkv"))
+    assert "fused_qkv: false" in torchtitan.allows(dataclasses.replace(cfg, fused_qkv=False))
+    # three QKV products change nothing torchtitan runs without selective-op
+    assert torchtitan.allows(dataclasses.replace(cfg, fused_qkv=False, recompute="full")) is None
+    big = dataclasses.replace(cfg, layers=126, hidden=16384, heads=128, ffn_hidden=53248, tensor=8,
+                              layers_per_chunk=(126 // 7,) * 7, pipeline=7)
+    assert torchtitan.allows(dataclasses.replace(big, recompute="full")) is None
+    assert "Float8" in torchtitan.allows(big)
+
+
+def test_selective_op_reruns_the_tensor_parallel_communication_it_does_not_keep():
+    """Full re-runs every tensor-parallel all-reduce; selective-op too without sequence
+    parallelism, and under it only the all-gathers (torchtitan keeps the reduce-scatters'
+    outputs): half the volume."""
+    from solver_planner.cost import CostModel
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.stages.costs import StageConfig, StageCosts, cost_tables
+    from solver_planner.stages.layers import LayerModel
+    from solver_planner.stages.memory import MemoryOptions
+    from solver_planner.stages.meshes import MeshShape
+    from solver_planner.topology import Topology
+
+    topo = Topology(load_cluster_spec(CLUSTERS / "dgx-a100-8x8.yaml"))
+    shape, t = MeshShape(1, 8), 4
+    for sp, share in ((False, 1.0), (True, 0.5)):
+        opts = MemoryOptions(("none", "selective-op"), "none", sequence_parallel=sp)
+        model = LayerModel("llama", transformer_layers(LLAMA3_8B.model_copy(update={"sequence": 2048})), 64, None,
+                           options=opts)
+        c = StageCosts(model, topo, shape, 8, cost_tables(topo, CostModel(topo), shape))
+        with_comm = [np.asarray(c.layer_times(StageConfig(t, r))[1]) for r in ("none", "selective-op")]
+        compute = [np.asarray(c.compute_times(StageConfig(t, r))[1]) for r in ("none", "selective-op")]
+        a, b = c.tables[t].tensor_allreduce
+        ar = model.column("allreduces") * (a + b * model.column("activations") * c.samples(t))
+        assert (with_comm[1] - compute[1]) - (with_comm[0] - compute[0]) == pytest.approx(share * ar)

@@ -39,7 +39,7 @@ class StageJob:
     first: int
     last: int
     grid: list[list[int]]                   # ranks: grid[data][tensor]
-    recompute: str                          # none | selective | full
+    recompute: str                          # none | selective | full | selective-op
     program: dict[str, Any] | None          # lowered gradient program in global ranks (calls by rank), or None
     program_text: str = "none"
 

@@ -75,17 +75,23 @@ class _Stage(StageModule):
 
 
 def _every_second_product():
-    """Selective checkpointing contexts for one layer call (``torch.utils.checkpoint``): keep
-    the outputs of the attention kernels, batched products and every other matrix product,
-    counted in forward order, and re-run the rest, as torchtitan's ``SelectiveAC`` does (the
-    cost model's ``selective-op``, :mod:`solver_planner.stages.operators`)."""
+    """Selective checkpointing contexts for one layer call (``torch.utils.checkpoint``) under
+    torchtitan's ``SelectiveAC`` rule, the cost model's ``selective-op``: count the layer's
+    ``mm`` and ``linear`` calls in forward order and re-run every second one; keep the outputs
+    of the other compute-intensive operators (torch's own list, which torchtitan starts from:
+    a biased product's ``addmm``, batched products, the attention kernels), of the
+    reduce-scatters and all-to-alls, and re-run the rest.  On CPU the attention kernel is
+    ``_scaled_dot_product_flash_attention_for_cpu``, kept as its GPU counterparts are."""
+    from torch._functorch.partitioners import get_default_op_list
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     aten = torch.ops.aten
-    products = {aten.mm.default, aten.addmm.default, aten.linear.default}
-    kept = products | {aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
-                       aten._scaled_dot_product_efficient_attention.default,
-                       aten._scaled_dot_product_flash_attention_for_cpu.default}
+    products = {aten.mm.default, aten.linear.default}
+    kept = {op.default for op in get_default_op_list().compute_intensive_ops} | products | {
+        aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_attention_math.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default, aten.max.default, aten.topk.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        torch.ops._c10d_functional.all_to_all_single.default}
     count = {"forward": 0, "recompute": 0}
 
     def policy(ctx, func, *args, **kwargs):
@@ -97,6 +103,15 @@ def _every_second_product():
         return CheckpointPolicy.MUST_SAVE if func in kept else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
+
+
+def checkpointed(layer: torch.nn.Module, recompute: str) -> torch.nn.Module:
+    """``layer`` wrapped for ``recompute`` (not ``none``): torch's checkpoint wrapper, with
+    :func:`_every_second_product`'s selective contexts under ``selective-op``."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    extra = {"context_fn": _every_second_product, "early_stop": False} if recompute == "selective-op" else {}
+    return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
 
 
 def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, recompute: str, sharded: bool,
@@ -111,17 +126,13 @@ def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, re
         if plan:
             parallelize_module(module, mesh["tp"], plan)
     if recompute != "none":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
         # whole layers are recomputed ('selective' recomputes attention only in the cost
         # model; run recomputes the whole layer: the numbers are the same, only time differs);
         # 'selective-op' runs torch's selective checkpointing with torchtitan's rule, and as
         # torchtitan 0.3.0 (early_stop=False) re-runs the whole layer's forward, the products
         # after the last tensor backward reads included
         for i in layers:
-            extra = {"context_fn": _every_second_product, "early_stop": False} if recompute == "selective-op" else {}
-            module.layers[str(i)] = checkpoint_wrapper(module.layers[str(i)],
-                                                       checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
+            module.layers[str(i)] = checkpointed(module.layers[str(i)], recompute)
     if sharded:
         from torch.distributed.fsdp import fully_shard
 

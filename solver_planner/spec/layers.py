@@ -174,7 +174,7 @@ class TrainingSpec(SpecModel):
         "al. 2022), full (each layer's input only), selective-op (torchtitan's per-operator selective "
         "checkpointing: every second matrix product and the element-wise operators; transformer models), or "
         "auto (each stage chooses among none, selective and full; under --target torchtitan among none, "
-        "selective-op and full)")
+        "selective-op and full; under --target deepspeed between none and full)")
     optimizer_sharding: Literal[OPTIMIZER_SHARDING] = Field(  # type: ignore[valid-type]
         default="none", description="ZeRO stage over each stage's data-parallel replicas (Rajbhandari et al. "
         "2020): zero-1 optimizer state, zero-2 and gradients, zero-3 and parameters; distributed = Megatron's "

@@ -44,7 +44,9 @@ class Layer:
     under full recomputation (default: the output); ``selective_saved`` / ``selective_flops``
     what selective recomputation keeps (split by the tensor degree) and recomputes;
     ``op_saved`` / ``op_saved_replicated`` / ``op_flops`` the same under ``selective-op``
-    (torchtitan's per-operator checkpointing; default: what no recomputation keeps);
+    (torchtitan's per-operator checkpointing; default: what no recomputation keeps), with
+    ``op_saved_whole`` kept whole on every tensor device and ``op_saved_sequence`` kept only
+    under sequence parallelism, split over the tensor degree;
     ``tied_to`` an earlier layer whose ``tied_params`` / ``tied_optimizer`` bytes this one
     shares (a copy when the two sit on different stages); ``kernels`` the matrix-multiply
     kernels of its forward pass (each backward part runs as many).
@@ -66,6 +68,8 @@ class Layer:
     selective_flops: float = 0.0
     op_saved: float | None = None
     op_saved_replicated: float | None = None
+    op_saved_whole: float = 0.0
+    op_saved_sequence: float = 0.0
     op_flops: float = 0.0
     tied_to: int | None = None
     tied_params: float = 0.0
@@ -163,55 +167,76 @@ def transformer_operators(spec: TransformerSpec, dtype: str = "bfloat16", attent
     return {"embed": tuple(embed), "block": tuple(block), "logits": logits}
 
 
-def _op_products(spec: TransformerSpec) -> list[tuple[str, list[int]]]:
+def _op_products(spec: TransformerSpec) -> list[tuple[str, list[int], bool]]:
     """A block's matrix products with weights in forward order, as torchtitan's Llama runs
     them: per operator of :func:`transformer_operators`, the output width of each product it
-    holds (QKV as one product when ``fused_qkv``, as torchtitan 0.3.0 does, else the query,
-    key and value ones; the output projection; SwiGLU's ``w1`` and ``w3``; ``w2``).  Products
-    in one operator read the same input, so their FLOPs are in proportion to these widths."""
+    holds and whether it has a bias (QKV as one product when ``fused_qkv``, as torchtitan 0.3.0
+    does, else the query, key and value ones; the output projection; SwiGLU's ``w1`` and
+    ``w3``; ``w2``).  Products in one operator read the same input, so their FLOPs are in
+    proportion to these widths."""
     kv_width = spec.kv * spec.hidden // spec.heads
     qkv = [spec.hidden + 2 * kv_width] if spec.fused_qkv else [spec.hidden, kv_width, kv_width]
     mlp_in = [spec.ffn, spec.ffn] if spec.activation == "swiglu" else [spec.ffn]
-    return [("qkv", qkv), ("projection", [spec.hidden]), ("mlp-in", mlp_in), ("mlp-out", [spec.hidden])]
+    biased = spec.bias is True
+    return [("qkv", qkv, biased or spec.bias == "qkv"), ("projection", [spec.hidden], biased),
+            ("mlp-in", mlp_in, biased), ("mlp-out", [spec.hidden], biased)]
+
+
+def _op_rule(spec: TransformerSpec):
+    """Each product of :func:`_op_products` as (operator, output width, re-run), by
+    torchtitan's ``SelectiveAC`` rule: it counts a block's ``mm`` (and ``linear``) calls in
+    forward order and re-runs every second one (``meta[mm_count_key] % 2 == 0``), keeping the
+    others; a product with a bias runs as ``addmm``, which its save list keeps and which is
+    not counted."""
+    n = 0
+    for name, widths, bias in _op_products(spec):
+        for width in widths:
+            if bias:
+                yield name, width, False
+                continue
+            n += 1
+            yield name, width, n % 2 == 0
 
 
 def _op_reruns(spec: TransformerSpec) -> dict[str, float]:
-    """Per matrix-product operator, the share of its forward selective-op re-runs: torchtitan's
-    ``SelectiveAC`` counts a block's products in forward order and recomputes every second
-    one (``meta[mm_count_key] % 2 == 0``), keeping the others."""
-    out, n = {}, 0
-    for name, widths in _op_products(spec):
-        again = sum(w for j, w in enumerate(widths, start=n + 1) if j % 2 == 0)
-        out[name], n = again / sum(widths), n + len(widths)
-    return out
+    """Per matrix-product operator, the share of its forward selective-op re-runs
+    (:func:`_op_rule`)."""
+    again: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for name, width, rerun in _op_rule(spec):
+        total[name] = total.get(name, 0.0) + width
+        again[name] = again.get(name, 0.0) + (width if rerun else 0.0)
+    return {name: again[name] / total[name] for name in total}
 
 
-def _op_keeps(spec: TransformerSpec, e: float, attention: str) -> tuple[float, float, float]:
-    """Bytes per sample a block keeps under selective-op, split over the tensor degree and
-    replicated (split only under sequence parallelism), and the FLOPs it re-runs.
+def _op_keeps(spec: TransformerSpec, e: float, attention: str) -> tuple[float, float, float, float, float]:
+    """Bytes per sample a block keeps under selective-op and the FLOPs it re-runs: (split over
+    the tensor degree; replicated, split only under sequence parallelism; whole on every tensor
+    device; kept only under sequence parallelism, split over the tensor degree; FLOPs).
 
     ``SelectiveAC`` keeps the block's input (the checkpoint), the attention kernel's outputs
     (FlashAttention: the output and the fp32 log-sum-exp of each row; materialized: the
-    scores and the context, its two batched products) and the outputs of the products it
-    does not re-run (:func:`_op_reruns`); the element-wise passes are re-run.  A row-parallel
-    product's output is whole on every tensor device (the partial sums before their
-    reduction), counted as replicated."""
+    scores and the context, its two batched products), the outputs of the products it does
+    not re-run (:func:`_op_rule`) and of the reduce-scatters (its save list), and re-runs the
+    rest, the element-wise passes included.  A row-parallel product's output is the partial
+    sum over the whole sequence on every tensor device (whole); under sequence parallelism
+    its reduce-scatter's output, a ``1/t`` share of the sequence, is kept too."""
     s, h, a = spec.sequence, spec.hidden, spec.heads
     inputs = {"qkv": h, "projection": h, "mlp-in": h, "mlp-out": spec.ffn}
     row_parallel = {"projection", "mlp-out"}
     split = (s * h * e + 4.0 * a * s) if attention == "flash" else (float(a) * s * s + s * h) * e
     replicated = float(s * h * e)                              # the block's input
-    again, n = 0.0, 0
-    for name, widths in _op_products(spec):
-        for j, width in enumerate(widths, start=n + 1):
-            if j % 2 == 0:
-                again += 2.0 * s * inputs[name] * width
-            elif name in row_parallel:
-                replicated += float(s * width) * e
-            else:
-                split += float(s * width) * e
-        n += len(widths)
-    return split, replicated, again
+    whole = 0.0
+    sequence = len(row_parallel) * float(s * h * e)           # the reduce-scatters' outputs
+    again = 0.0
+    for name, width, rerun in _op_rule(spec):
+        if rerun:
+            again += 2.0 * s * inputs[name] * width
+        elif name in row_parallel:
+            whole += float(s * width) * e
+        else:
+            split += float(s * width) * e
+    return split, replicated, whole, sequence, again
 
 
 def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer: str = "adam",
@@ -277,11 +302,12 @@ def transformer_layers(spec: TransformerSpec, dtype: str = "bfloat16", optimizer
     # (the log-sum-exp, fp32: 4 a s bytes; Dao et al. 2022, FlashAttention §3.1, backward from
     # the output and these statistics)
     core = 4.0 * a * s if attention == "flash" else 5.0 * a * s * s * scale
-    op_split, op_replicated, op_flops = _op_keeps(spec, e, attention)
+    op_split, op_replicated, op_whole, op_sequence, op_flops = _op_keeps(spec, e, attention)
     block = Layer("block", block_fwd, 2 * block_fwd, block_params * e, block_params * opt, out,
                   split * scale + core, 10.0 * s * h * scale, 2,
                   weight=weight, checkpoint=out, selective_saved=split * scale,
                   selective_flops=4.0 * s * s * h, op_saved=op_split, op_saved_replicated=op_replicated,
+                  op_saved_whole=op_whole, op_saved_sequence=op_sequence,
                   op_flops=op_flops, kernels=6.0, ops=ops["block"])
     layers += [block] * spec.layers
     logits = counts.logits_flops
@@ -408,7 +434,7 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
         # checkpointing is per operator, not the attention core
         from ..targets.search import target_module
 
-        runs = target_module(target).RULES.recompute
+        runs = target_module(target).RULES.recompute - ({"selective-op"} if model.transformer is None else set())
         options = replace(options, recompute=tuple(m for m in RECOMPUTE_MODES if m in runs))
     if t.recompute == "auto" and not _selective_differs(layers):
         # selective recomputation keeps and re-runs what no layer of this model has: it is

@@ -96,8 +96,10 @@ def saved_per_sample(layers, mode: str, t: int, sequence_parallel: bool) -> np.n
         split = np.asarray([x.saved if x.selective_saved is None else x.selective_saved for x in layers])
     elif mode == "selective-op":
         split = np.asarray([x.saved if x.op_saved is None else x.op_saved for x in layers])
-        return split / t + np.asarray([x.saved_replicated if x.op_saved_replicated is None else x.op_saved_replicated
-                                       for x in layers]) * repl
+        replicated = np.asarray([x.saved_replicated if x.op_saved_replicated is None else x.op_saved_replicated
+                                 for x in layers])
+        out = split / t + replicated * repl + _column(layers, "op_saved_whole")
+        return out + _column(layers, "op_saved_sequence") / t if sequence_parallel else out
     else:
         split = _column(layers, "saved")
     return split / t + _column(layers, "saved_replicated") * repl

@@ -149,6 +149,16 @@ def allows(cfg: TargetConfig) -> str | None:
     if flavor is None:
         return ("torchtitan 0.3.0 takes model dimensions only from its config registry "
                 f"(model_spec is not a command-line option); {how}")
+    if cfg.bias is not False:
+        return "torchtitan's Llama has no linear biases; the plan's model has them (transformer.bias)"
+    if cfg.recompute == "selective-op":
+        # SelectiveAC counts mm/linear calls: how many products a block runs decides which it re-runs
+        if not cfg.fused_qkv:
+            return ("torchtitan 0.3.0's Llama runs query, key and value as one product (fuse_qkv), which"
+                    " selective-op counts once; the plan priced three (transformer.fused_qkv: false)")
+        if flavor.config == "llama3_405b":
+            return ("llama3_405b's registry config runs Float8 linears (_scaled_mm), which SelectiveAC keeps"
+                    " without counting: selective-op would be priced wrong; use none or full")
     if cfg.sequence > flavor.max_sequence:
         return f"sequence {cfg.sequence} exceeds the RoPE cache of {flavor.max_sequence}"
     if cfg.schedule == "zb-h1" and cfg.virtual_stages < 2:
