@@ -1,6 +1,7 @@
 """training.gradient_reduce_dtype: the type gradients cross the data-parallel replicas in.
-torchtitan's FSDP2 always reduces in float32, so a --target torchtitan plan is priced that way
-unless the spec says otherwise; targets whose export cannot set the type refuse another one."""
+torchtitan's FSDP2 always reduces bf16 gradients in float32, and Megatron-LM does unless told
+--grad-reduce-in-bf16, so --target torchtitan and --target megatron plans of bf16 models are
+priced that way unless the spec says otherwise; a target refuses a type it cannot run."""
 
 from __future__ import annotations
 
@@ -50,11 +51,14 @@ def test_a_float32_reduction_moves_twice_the_bytes_and_takes_longer():
     assert same.reduction_all[0, n] == bf16.reduction_all[0, n]
 
 
-def test_torchtitan_plans_reduce_in_float32_unless_the_spec_says():
+def test_framework_plans_of_bf16_models_reduce_in_float32_unless_the_spec_says():
     assert layer_model(_spec()).options.gradient_reduce_dtype is None
-    assert layer_model(_spec(), "megatron").options.gradient_reduce_dtype is None
-    assert layer_model(_spec(), "torchtitan").options.gradient_reduce_dtype == "float32"
-    assert layer_model(_spec(gradient_reduce_dtype="bfloat16"), "torchtitan").options.gradient_reduce_dtype == "bfloat16"
+    assert layer_model(_spec(), "deepspeed").options.gradient_reduce_dtype is None
+    for target in ("megatron", "torchtitan"):
+        assert layer_model(_spec(), target).options.gradient_reduce_dtype == "float32"
+        assert layer_model(_spec(gradient_reduce_dtype="bfloat16"), target).options.gradient_reduce_dtype == "bfloat16"
+        # fp16 (Megatron-LM reduces fp16 gradients in fp16) and fp32 models: the training dtype
+        assert layer_model(_spec(dtype="float16"), target).options.gradient_reduce_dtype is None
 
 
 def test_targets_refuse_a_type_their_framework_does_not_reduce_in():
@@ -62,14 +66,17 @@ def test_targets_refuse_a_type_their_framework_does_not_reduce_in():
                         sequence=8192, vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64,
                         micro_batch_size=1, dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8,
                         layers_per_chunk=(4,) * 8)
-    assert megatron.allows(base) is None
-    why = megatron.allows(dataclasses.replace(base, gradient_reduce_dtype="float32"))
-    assert why == "megatron reduces gradients in bfloat16 (the training dtype; its export cannot change that);" \
-                  " the plan reduces them in float32"
-    assert "reduces gradients in bfloat16" in deepspeed.allows(dataclasses.replace(
-        base, target="deepspeed", gradient_reduce_dtype="float32"))
+    # Megatron-LM runs bf16 gradients reduced in fp32 (its default) or bf16 (--grad-reduce-in-bf16)
+    for reduce in ("", "float32"):
+        assert megatron.allows(dataclasses.replace(base, gradient_reduce_dtype=reduce)) is None
+    assert megatron.allows(dataclasses.replace(base, gradient_reduce_dtype="float16")) == \
+        "megatron reduces bfloat16 gradients in bfloat16 or float32; the plan reduces them in float16"
+    assert megatron.allows(dataclasses.replace(base, dtype="float16", gradient_reduce_dtype="float32")) is None
+    assert deepspeed.allows(dataclasses.replace(base, target="deepspeed", gradient_reduce_dtype="float32")) == (
+        "deepspeed reduces bfloat16 gradients in bfloat16 (the training dtype; its export cannot change that);"
+        " the plan reduces them in float32")
     tt = dataclasses.replace(base, target="torchtitan", optimizer_sharding="zero-3")
-    assert "torchtitan reduces gradients in float32 (always); the plan reduces them in bfloat16" == torchtitan.allows(tt)
+    assert torchtitan.allows(tt) == "torchtitan reduces bfloat16 gradients in float32; the plan reduces them in bfloat16"
     assert torchtitan.allows(dataclasses.replace(tt, gradient_reduce_dtype="float32")) is None
     # one replica reduces nothing
     assert torchtitan.allows(dataclasses.replace(tt, data=1, pipeline=8, global_batch=8)) is None
@@ -94,3 +101,16 @@ def test_plan_target_torchtitan_records_the_float32_reduction_and_check_reads_it
     edited.write_text(plan.read_text().replace("gradient_reduce_dtype: float32", "gradient_reduce_dtype: bfloat16"))
     res = CliRunner().invoke(app, ["check", cluster, str(model), str(edited)])
     assert res.exit_code == 1 and "gradient_reduce_dtype" in res.output
+
+
+def test_the_megatron_export_sets_the_reduction_type_the_plan_priced():
+    base = TargetConfig(target="megatron", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                        sequence=8192, vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=64,
+                        micro_batch_size=1, dtype="bfloat16", optimizer="adam", data=8, tensor=1, pipeline=8,
+                        layers_per_chunk=(4,) * 8)
+    flags = lambda cfg: megatron.parse(megatron.export(cfg))                       # noqa: E731
+    assert "--grad-reduce-in-bf16" not in flags(dataclasses.replace(base, gradient_reduce_dtype="float32"))
+    assert flags(base)["--grad-reduce-in-bf16"] is True
+    fp16 = dataclasses.replace(base, dtype="float16")
+    assert "--accumulate-allreduce-grads-in-fp32" not in flags(fp16)
+    assert flags(dataclasses.replace(fp16, gradient_reduce_dtype="float32"))["--accumulate-allreduce-grads-in-fp32"]

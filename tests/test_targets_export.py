@@ -210,6 +210,9 @@ def _megatron_objects(flags: dict):
                          params_dtype=dtype,
                          use_distributed_optimizer=bool(flags.get("--use-distributed-optimizer")))
     ddp = DistributedDataParallelConfig(
+        # arguments.py: bf16 turns accumulate_allreduce_grads_in_fp32 on unless --grad-reduce-in-bf16
+        grad_reduce_in_fp32=bool(flags.get("--accumulate-allreduce-grads-in-fp32"))
+        or (bool(flags.get("--bf16")) and not flags.get("--grad-reduce-in-bf16")),
         overlap_grad_reduce=bool(flags.get("--overlap-grad-reduce")),
         overlap_param_gather=bool(flags.get("--overlap-param-gather")),
         use_distributed_optimizer=bool(flags.get("--use-distributed-optimizer")))
@@ -321,7 +324,8 @@ def _small_megatron(draw):
         virtual_stages=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
         layers_per_chunk=tuple(split), sequence_parallel=t > 1 and draw(st.booleans()),
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
-        optimizer_sharding=draw(st.sampled_from(["none", "distributed"])))
+        optimizer_sharding=draw(st.sampled_from(["none", "distributed"])),
+        gradient_reduce_dtype=draw(st.sampled_from(["", "float32", "bfloat16", "float16"])))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -333,8 +337,11 @@ def test_megatron_allowed_configs_build_in_megatron_core(cfg):
     if mg_target.allows(cfg) is not None:
         return
     flags = mg_target.parse(mg_target.export(cfg))
-    tc, _, _ = _megatron_objects(flags)
+    tc, _, ddp = _megatron_objects(flags)
     assert _megatron_layers(tc, cfg) == list(cfg.layers_per_chunk)
+    # the gradients are reduced in the type the plan priced
+    if cfg.data > 1:
+        assert ddp.grad_reduce_in_fp32 == ((cfg.gradient_reduce_dtype or cfg.dtype) == "float32")
 
 
 # ---------------------------------------------------------------------------- torchtitan

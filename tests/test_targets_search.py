@@ -54,7 +54,7 @@ def test_a_schedule_the_target_does_not_run_is_refused():
     assert res.exit_code == 2 and "megatron does not run zb-v" in res.output
 
 
-def test_the_readmes_megatron_answer_is_what_the_command_prints():
+def test_the_readmes_megatron_answer_is_what_the_command_prints(tmp_path):
     """The README's GPT-3 175B / 1 024 A100s answer, rerun: the same five configurations."""
     import re
     import shlex
@@ -83,7 +83,20 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints():
         native = json.loads(res.output)
         got = ",".join(str(native["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
         assert got == config and f"{config} " in after and f"{native['iteration_time']:.3g} s" in after
-    assert "64,4,4,24" == listed[0]
+        if schedule == "interleaved-1f1b":     # its first stage's bf16 reduction by P²'s program
+            assert f"{1e3 * native['stages'][0]['gradient_reduction']:.0f} ms" in after
+    assert "32,4,8,48" == listed[0] and "64,4,4,24" == listed[4]
+    # Megatron-LM's fp32 reduction of that configuration's first stage, and its best with bf16
+    first = data["top"][4]["stages"][0]
+    assert f"{1e3 * first['gradient_reduction']:.0f} ms for a first stage's {first['gradient_bytes'] / 1e9:.1f} GB" in after
+    bf16 = tmp_path / "bf16.yaml"
+    bf16.write_text((ROOT / argv[2]).read_text().replace("  dtype: bfloat16\n",
+                                                         "  dtype: bfloat16\n  gradient_reduce_dtype: bfloat16\n"))
+    res = CliRunner().invoke(app, ["stages", str(ROOT / argv[1]), str(bf16), "--target", "megatron", "--json",
+                                   "--no-baselines"])
+    best = json.loads(res.output)
+    got = ",".join(str(best["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
+    assert f"its best is {got} again, at {best['iteration_time']:.3g} s" in after
 
 
 @pytest.mark.slow

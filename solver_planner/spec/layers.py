@@ -203,7 +203,8 @@ class TrainingSpec(SpecModel):
         " accumulates in place)")
     gradient_reduce_dtype: Literal[tuple(FLOAT_DTYPES)] | None = Field(  # type: ignore[valid-type]
         default=None, description="the type gradients are reduced in across data-parallel replicas (default: the "
-        "training dtype; under --target torchtitan float32, as torchtitan's FSDP2 mixed precision always reduces)")
+        "training dtype; for bfloat16 models under --target torchtitan or megatron float32, as those frameworks "
+        "reduce by default)")
     host_overhead: Duration = Field(
         default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
         " (data loading, logging); default 5 ms")

@@ -425,9 +425,10 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
         options = replace(options, gradient_accumulation="fused")
-    if target == "torchtitan" and t.gradient_reduce_dtype is None:
-        # torchtitan 0.3.0: training.mixed_precision_reduce is Literal["float32"], FSDP2's
-        # MixedPrecisionPolicy(reduce_dtype=float32) (models/llama3/parallelize.py)
+    if t.gradient_reduce_dtype is None and t.dtype == "bfloat16" and target in ("torchtitan", "megatron"):
+        # bf16 gradients are reduced in fp32 by default: torchtitan 0.3.0's FSDP2 mixed precision
+        # (training.mixed_precision_reduce is Literal["float32"]), and Megatron-LM, whose
+        # arguments.py turns accumulate_allreduce_grads_in_fp32 on for bf16
         options = replace(options, gradient_reduce_dtype="float32")
     if t.recompute == "auto" and target != "native":
         # a framework searches the granularities it runs: torchtitan's selective

@@ -48,6 +48,10 @@ RULES = TargetRules(
                  "--pipeline-model-parallel-layout"),
     microbatch_rule=("global batch % (micro batch x data) == 0; interleaved: micro-batches "
                      "a multiple of pipeline (microbatch_group_size_per_vp_stage = pipeline)"),
+    # arguments.py: bf16 reduces in fp32 (accumulate_allreduce_grads_in_fp32 is set for it)
+    # unless --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32
+    gradient_reduce=frozenset({("bfloat16", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"),
+                               ("float16", "float32"), ("float32", "float32")}),
     source="Megatron-LM megatron/training/arguments.py (main); megatron-core 0.16.1",
 )
 
@@ -90,6 +94,8 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     "--overlap-param-gather": ("flag", _ARGS),
     # arguments.py: store_false into gradient_accumulation_fusion (on by default)
     "--no-gradient-accumulation-fusion": ("flag", _ARGS),
+    "--grad-reduce-in-bf16": ("flag", _ARGS),
+    "--accumulate-allreduce-grads-in-fp32": ("flag", _ARGS),
 }
 
 _ARRAY = "MEGATRON_ARGS"
@@ -227,6 +233,11 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
         # the plan priced an element-wise add of each micro-batch's weight gradients (the
         # spec's gradient_accumulation: add); Megatron-LM fuses it into the product by default
         add("--no-gradient-accumulation-fusion", why="gradient accumulation as planned (training.gradient_accumulation: add)")
+    reduce = cfg.gradient_reduce_dtype or cfg.dtype
+    if cfg.data > 1 and cfg.dtype == "bfloat16" and reduce == "bfloat16":
+        add("--grad-reduce-in-bf16", why="gradients reduced in bf16 as planned (Megatron-LM's default for bf16: fp32)")
+    if cfg.data > 1 and cfg.dtype == "float16" and reduce == "float32":
+        add("--accumulate-allreduce-grads-in-fp32", why="gradients reduced in fp32 as planned")
     if cfg.gradient_overlap and cfg.data > 1:
         add("--overlap-grad-reduce", why="overlap gradient reduction with backward")
         if cfg.optimizer_sharding == "distributed":

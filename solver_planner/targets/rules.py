@@ -38,9 +38,9 @@ class TargetRules:
     layer_split: str
     microbatch_rule: str
     source: str                     # where the rules were read (framework version / file)
-    # the type the framework reduces gradients in: "training" (the training dtype, which its
-    # export does not change) or one fixed type (torchtitan's FSDP2: float32)
-    gradient_reduce: str = "training"
+    # (training dtype, reduction dtype) pairs the framework runs (its export sets the choice);
+    # empty: only the training dtype itself, which the export does not change
+    gradient_reduce: frozenset[tuple[str, str]] = frozenset()
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)
@@ -117,11 +117,12 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
         hint = ("; its selective checkpointing is per operator: recompute: selective-op"
                 if cfg.recompute == "selective" and "selective-op" in rules.recompute else "")
         return f"{t} has no {cfg.recompute} recompute (it has {', '.join(sorted(rules.recompute))}){hint}"
-    reduce = cfg.dtype if rules.gradient_reduce == "training" else rules.gradient_reduce
     planned = cfg.gradient_reduce_dtype or cfg.dtype
-    if cfg.data > 1 and planned != reduce:
-        why = "the training dtype; its export cannot change that" if rules.gradient_reduce == "training" else "always"
-        return f"{t} reduces gradients in {reduce} ({why}); the plan reduces them in {planned}"
+    runs = sorted(r for d, r in rules.gradient_reduce if d == cfg.dtype) or [cfg.dtype]
+    if cfg.data > 1 and planned not in runs:
+        how = " or ".join(runs) + (" (the training dtype; its export cannot change that)"
+                                   if not rules.gradient_reduce else "")
+        return f"{t} reduces {cfg.dtype} gradients in {how}; the plan reduces them in {planned}"
     if cfg.optimizer_sharding not in rules.optimizer_sharding:
         return (f"{t} has no optimizer sharding {cfg.optimizer_sharding!r} (it has "
                 f"{', '.join(sorted(rules.optimizer_sharding))})")

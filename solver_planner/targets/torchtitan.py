@@ -89,7 +89,7 @@ RULES = TargetRules(
     microbatch_rule=("local_batch_size % pipeline_parallel_microbatch_size == 0; global batch "
                      "% (local batch x data) == 0"),
     # config/configs.py: mixed_precision_reduce: Literal["float32"] = "float32", FSDP2's reduce_dtype
-    gradient_reduce="float32",
+    gradient_reduce=frozenset({("bfloat16", "float32"), ("float32", "float32")}),
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )
