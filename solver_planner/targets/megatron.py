@@ -95,6 +95,9 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     # arguments.py: store_false into gradient_accumulation_fusion (on by default)
     "--no-gradient-accumulation-fusion": ("flag", _ARGS),
     "--grad-reduce-in-bf16": ("flag", _ARGS),
+    # arguments.py: store_false into add_bias_linear; store_true into add_qkv_bias
+    "--disable-bias-linear": ("flag", _ARGS),
+    "--add-qkv-bias": ("flag", _ARGS),
     "--accumulate-allreduce-grads-in-fp32": ("flag", _ARGS),
 }
 
@@ -187,6 +190,11 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
         add("--num-query-groups", cfg.kv_heads)
     if cfg.activation == "swiglu":
         add("--swiglu")  # GELU is Megatron's default activation
+    if cfg.bias is not True:
+        # linear layers have biases by default (add_bias_linear); Qwen2-style QKV biases only
+        add("--disable-bias-linear")
+        if cfg.bias == "qkv":
+            add("--add-qkv-bias")
     add("--seq-length", cfg.sequence)
     add("--max-position-embeddings", cfg.sequence)
     if not cfg.tied_embeddings:
