@@ -344,7 +344,8 @@ def test_megatron_allowed_configs_build_in_megatron_core(cfg):
     # the model's biases, and the gradients reduced in the type the plan priced
     assert (tc.add_bias_linear, tc.add_qkv_bias) == (cfg.bias is True, cfg.bias == "qkv")
     if cfg.data > 1:
-        assert ddp.grad_reduce_in_fp32 == ((cfg.gradient_reduce_dtype or cfg.dtype) == "float32")
+        reduced = "float32" if ddp.grad_reduce_in_fp32 else cfg.dtype     # DDP reduces its grad buffer's type
+        assert reduced == (cfg.gradient_reduce_dtype or cfg.dtype)
 
 
 # ---------------------------------------------------------------------------- torchtitan
