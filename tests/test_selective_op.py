@@ -278,6 +278,9 @@ def test_torchtitan_refuses_what_would_make_selective_op_count_other_products():
                        recompute="selective-op")
     assert torchtitan.allows(cfg) is None
     assert "no linear biases" in torchtitan.allows(dataclasses.replace(cfg, bias="qkv"))
+    # its Llama's positions and norm, which the export cannot change either
+    assert "rotary positions and RMSNorm" in torchtitan.allows(dataclasses.replace(cfg, norm="layernorm"))
+    assert "learned positions" in torchtitan.allows(dataclasses.replace(cfg, position="learned"))
     assert "fused_qkv: false" in torchtitan.allows(dataclasses.replace(cfg, fused_qkv=False))
     # three QKV products change nothing torchtitan runs without selective-op
     assert torchtitan.allows(dataclasses.replace(cfg, fused_qkv=False, recompute="full")) is None

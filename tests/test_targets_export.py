@@ -36,7 +36,7 @@ MODULES = {"megatron": mg_target, "torchtitan": tt_target, "deepspeed": ds_targe
 SHAPES = {
     "gpt3_175b": dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, sequence=2048,
                       vocab=51200, tied_embeddings=True, activation="gelu", global_batch=1536, data=8, tensor=8,
-                      pipeline=16, bias=True),
+                      pipeline=16, bias=True, position="learned", norm="layernorm"),
     "llama3_8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, sequence=8192,
                       vocab=128256, tied_embeddings=False, activation="swiglu", global_batch=512, data=8, tensor=4,
                       pipeline=4),
@@ -206,6 +206,7 @@ def _megatron_objects(flags: dict):
         bf16=bool(flags.get("--bf16")), fp16=bool(flags.get("--fp16")),
         params_dtype=dtype, pipeline_dtype=dtype,
         add_bias_linear=not flags.get("--disable-bias-linear"), add_qkv_bias=bool(flags.get("--add-qkv-bias")),
+        normalization=flags.get("--normalization", "LayerNorm"),
     )
     oc = OptimizerConfig(optimizer=flags["--optimizer"], bf16=tc.bf16, fp16=tc.fp16,
                          params_dtype=dtype,
@@ -327,7 +328,8 @@ def _small_megatron(draw):
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         optimizer_sharding=draw(st.sampled_from(["none", "distributed"])),
         gradient_reduce_dtype=draw(st.sampled_from(["", "float32", "bfloat16", "float16"])),
-        bias=draw(st.sampled_from([True, False, "qkv"])))
+        bias=draw(st.sampled_from([True, False, "qkv"])), position=draw(st.sampled_from(["learned", "rotary"])),
+        norm=draw(st.sampled_from(["layernorm", "rmsnorm"])))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -343,6 +345,9 @@ def test_megatron_allowed_configs_build_in_megatron_core(cfg):
     assert _megatron_layers(tc, cfg) == list(cfg.layers_per_chunk)
     # the model's biases, and the gradients reduced in the type the plan priced
     assert (tc.add_bias_linear, tc.add_qkv_bias) == (cfg.bias is True, cfg.bias == "qkv")
+    assert tc.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[cfg.norm]
+    assert flags.get("--position-embedding-type", "learned_absolute") == \
+        {"learned": "learned_absolute", "rotary": "rope"}[cfg.position]
     if cfg.data > 1:
         reduced = "float32" if ddp.grad_reduce_in_fp32 else cfg.dtype     # DDP reduces its grad buffer's type
         assert reduced == (cfg.gradient_reduce_dtype or cfg.dtype)

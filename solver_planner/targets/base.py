@@ -68,6 +68,8 @@ class TargetConfig:
     # model, as far as a framework's recomputation reads it
     bias: bool | str = False               # linear biases: True, False or "qkv" (transformer.bias)
     fused_qkv: bool = True                 # one QKV product (transformer.fused_qkv)
+    position: str = "rotary"               # "rotary" | "learned" (transformer.position)
+    norm: str = "rmsnorm"                  # "rmsnorm" | "layernorm" (transformer.norm)
 
     @property
     def devices(self) -> int:

@@ -98,6 +98,8 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     # arguments.py: store_false into add_bias_linear; store_true into add_qkv_bias
     "--disable-bias-linear": ("flag", _ARGS),
     "--add-qkv-bias": ("flag", _ARGS),
+    "--position-embedding-type": ("str", _ARGS),
+    "--normalization": ("str", _TC),
     "--accumulate-allreduce-grads-in-fp32": ("flag", _ARGS),
 }
 
@@ -195,6 +197,11 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
         add("--disable-bias-linear")
         if cfg.bias == "qkv":
             add("--add-qkv-bias")
+    # learned absolute positions and LayerNorm are Megatron-LM's defaults
+    if cfg.position == "rotary":
+        add("--position-embedding-type", "rope")
+    if cfg.norm == "rmsnorm":
+        add("--normalization", "RMSNorm")
     add("--seq-length", cfg.sequence)
     add("--max-position-embeddings", cfg.sequence)
     if not cfg.tied_embeddings:

@@ -41,7 +41,8 @@ def _dims(model) -> dict:
         raise OptionError("a framework target needs a transformer model (a 'transformer:' section or a Hugging Face"
                           " config.json); a 'layers:' list has no shape a framework can be told")
     return dict(layers=t.layers, hidden=t.hidden, heads=t.heads, kv_heads=t.kv, ffn_hidden=t.ffn,
-                sequence=t.sequence, vocab=t.vocab, activation=t.activation, bias=t.bias, fused_qkv=t.fused_qkv)
+                sequence=t.sequence, vocab=t.vocab, activation=t.activation, bias=t.bias, fused_qkv=t.fused_qkv,
+                position=t.position, norm=t.norm)
 
 
 def target_config(plan: Partition, schedule: Schedule, model, target: str) -> TargetConfig:

@@ -151,6 +151,9 @@ def allows(cfg: TargetConfig) -> str | None:
                 f"(model_spec is not a command-line option); {how}")
     if cfg.bias is not False:
         return "torchtitan's Llama has no linear biases; the plan's model has them (transformer.bias)"
+    if (cfg.position, cfg.norm) != ("rotary", "rmsnorm"):
+        return (f"torchtitan's Llama has rotary positions and RMSNorm; the plan's model has {cfg.position}"
+                f" positions and {cfg.norm} (transformer.position, transformer.norm)")
     if cfg.recompute == "selective-op":
         # SelectiveAC counts mm/linear calls: how many products a block runs decides which it re-runs
         if not cfg.fused_qkv:
