@@ -44,6 +44,23 @@ def run_cli(*args, cwd=ROOT, env=None):
                           capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 
+def llama_training(folder: Path, **training: str) -> Path:
+    """The shipped Llama-3-8B job (examples/hf/llama-3-8b-training.yaml) copied into
+    ``folder`` with its training settings replaced (``recompute="full"`` and so on): its
+    config.json is named by its absolute path, so the copy loads from anywhere."""
+    import re
+
+    hf = ROOT / "examples" / "hf"
+    text = (hf / "llama-3-8b-training.yaml").read_text().replace(
+        "hf_config: llama-3-8b.json", f"hf_config: {hf / 'llama-3-8b.json'}")
+    for key, value in training.items():
+        text, n = re.subn(rf"\b{key}: [\w-]+", f"{key}: {value}", text)
+        assert n == 1, key
+    path = folder / "llama.yaml"
+    path.write_text(text)
+    return path
+
+
 # Property tests draw the same examples on every CI run (DESIGN.md: determinism).
 from hypothesis import settings  # noqa: E402
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import CLUSTERS, SPECS
+from conftest import CLUSTERS, llama_training
 from solver_planner.cli import app
 from solver_planner.cost import CostModel
 from solver_planner.spec import load_cluster_spec
@@ -85,12 +85,7 @@ def test_targets_refuse_a_type_their_framework_does_not_reduce_in():
 def test_plan_target_torchtitan_records_the_float32_reduction_and_check_reads_it(tmp_path):
     import yaml
 
-    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
-    model = tmp_path / "llama.yaml"
-    model.write_text(src.replace("hf_config: llama-3-8b.json",
-                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
-                     .replace("recompute: selective,", "recompute: full,")
-                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"))
+    model = llama_training(tmp_path, recompute="full", optimizer_sharding="zero-3")
     cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
     plan = tmp_path / "p.yaml"
     assert CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan)]).exit_code == 0

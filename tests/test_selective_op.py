@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import CLUSTERS, SPECS
+from conftest import CLUSTERS, SPECS, llama_training
 from solver_planner.cli import app
 from solver_planner.errors import SpecError
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec
@@ -237,12 +237,7 @@ def test_a_layers_list_is_refused_with_its_line(tmp_path):
 
 
 def test_plan_target_torchtitan_exports_selective_op_and_check_passes(tmp_path):
-    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
-    model = tmp_path / "llama.yaml"
-    model.write_text(src.replace("hf_config: llama-3-8b.json",
-                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
-                     .replace("recompute: selective,", "recompute: selective-op,")
-                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"))
+    model = llama_training(tmp_path, recompute="selective-op", optimizer_sharding="zero-3")
     cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
     plan, out = tmp_path / "p.yaml", tmp_path / "tt.args"
     res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", "torchtitan", "-o", str(plan),

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from solver_planner.cli import app
 from solver_planner.targets.megatron import allows, export, parse
 
-from conftest import CLUSTERS, SPECS
+from conftest import CLUSTERS, SPECS, llama_training
 
 MODELS = SPECS / "models"
 
@@ -217,15 +217,9 @@ def test_a_chunked_target_plan_is_exported_and_checked(tmp_path, target, schedul
 
     from solver_planner.targets.search import target_module
 
-    src = (SPECS.parent / "examples" / "hf" / "llama-3-8b-training.yaml").read_text()
-    model = tmp_path / "llama.yaml"
-    model.write_text(src.replace("hf_config: llama-3-8b.json",
-                                 f"hf_config: {SPECS.parent / 'examples' / 'hf' / 'llama-3-8b.json'}")
-                     .replace("optimizer_sharding: distributed", "optimizer_sharding: zero-3"
-                              if target == "torchtitan" else "optimizer_sharding: distributed")
-                     # torchtitan's selective checkpointing is per operator
-                     .replace("recompute: selective,", "recompute: selective-op,"
-                              if target == "torchtitan" else "recompute: selective,"))
+    # torchtitan shards with FSDP2, and its selective checkpointing is per operator
+    model = (llama_training(tmp_path, optimizer_sharding="zero-3", recompute="selective-op")
+             if target == "torchtitan" else llama_training(tmp_path))
     cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
     plan, out = tmp_path / "p.yaml", tmp_path / "export.txt"
     res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", target, "-s", schedule, "-o", str(plan),
