@@ -425,18 +425,19 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
         options = replace(options, gradient_accumulation="fused")
-    if t.gradient_reduce_dtype is None and t.dtype == "bfloat16" and target in ("torchtitan", "megatron"):
-        # bf16 gradients are reduced in fp32 by default: torchtitan 0.3.0's FSDP2 mixed precision
-        # (training.mixed_precision_reduce is Literal["float32"]), and Megatron-LM, whose
-        # arguments.py turns accumulate_allreduce_grads_in_fp32 on for bf16
-        options = replace(options, gradient_reduce_dtype="float32")
-    if t.recompute == "auto" and target != "native":
-        # a framework searches the granularities it runs: torchtitan's selective
-        # checkpointing is per operator, not the attention core
+    if target != "native":
         from ..targets.search import target_module
 
-        runs = target_module(target).RULES.recompute - ({"selective-op"} if model.transformer is None else set())
-        options = replace(options, recompute=tuple(m for m in RECOMPUTE_MODES if m in runs))
+        rules = target_module(target).RULES
+        if t.gradient_reduce_dtype is None:
+            # the framework's own default type (bf16 gradients: fp32 under torchtitan's FSDP2
+            # and Megatron-LM; targets/*.py RULES.reduce_default)
+            options = replace(options, gradient_reduce_dtype=dict(rules.reduce_default).get(t.dtype))
+        if t.recompute == "auto":
+            # a framework searches the granularities it runs: torchtitan's selective
+            # checkpointing is per operator, not the attention core
+            runs = rules.recompute - ({"selective-op"} if model.transformer is None else set())
+            options = replace(options, recompute=tuple(m for m in RECOMPUTE_MODES if m in runs))
     if t.recompute == "auto" and not _selective_differs(layers):
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage

@@ -52,6 +52,7 @@ RULES = TargetRules(
     # unless --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32
     gradient_reduce=frozenset({("bfloat16", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"),
                                ("float16", "float32"), ("float32", "float32")}),
+    reduce_default=frozenset({("bfloat16", "float32")}),
     source="Megatron-LM megatron/training/arguments.py (main); megatron-core 0.16.1",
 )
 

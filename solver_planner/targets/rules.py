@@ -41,11 +41,16 @@ class TargetRules:
     # (training dtype, reduction dtype) pairs the framework runs (its export sets the choice);
     # empty: only the training dtype itself, which the export does not change
     gradient_reduce: frozenset[tuple[str, str]] = frozenset()
+    # (training dtype, reduction dtype) where the framework's default is not the training
+    # dtype: a plan of such a model is priced that way unless the spec says otherwise
+    reduce_default: frozenset[tuple[str, str]] = frozenset()
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)
         if unknown:
             raise ValueError(f"{self.target}: unknown schedule names {sorted(unknown)}")
+        if not self.reduce_default <= self.gradient_reduce:
+            raise ValueError(f"{self.target}: a default reduction type it does not run")
 
 
 def chunk_order(cfg: TargetConfig) -> list[tuple[int, int]]:

@@ -90,6 +90,7 @@ RULES = TargetRules(
                      "% (local batch x data) == 0"),
     # config/configs.py: mixed_precision_reduce: Literal["float32"] = "float32", FSDP2's reduce_dtype
     gradient_reduce=frozenset({("bfloat16", "float32"), ("float32", "float32")}),
+    reduce_default=frozenset({("bfloat16", "float32")}),
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )
