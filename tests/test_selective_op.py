@@ -121,13 +121,13 @@ def _torch_block(spec: TransformerSpec):
             self.w2 = torch.nn.Linear(f, h, bias=False)
 
         def forward(self, x):
-            b, s, _ = x.shape
             y = self.norm1(x)
             q, k, v = (self.wqkv(y).split([h, kv, kv], -1) if spec.fused_qkv
                        else (self.wq(y), self.wk(y), self.wv(y)))
+            b, s = q.shape[:2]           # the whole sequence, also when x holds a part of it
             q, k, v = (z.view(b, s, -1, h // heads).transpose(1, 2) for z in (q, k, v))
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
-            x = x + self.wo(att.transpose(1, 2).reshape(b, s, h))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+            x = x + self.wo(att.transpose(1, 2).reshape(b, s, -1))
             y = self.norm2(x)
             inner = F.silu(self.w1(y)) * self.w3(y) if self.w3 is not None else F.gelu(self.w1(y))
             return x + self.w2(inner)
@@ -135,9 +135,10 @@ def _torch_block(spec: TransformerSpec):
     return Block()
 
 
-def _measure(block, batch: int, spec: TransformerSpec) -> tuple[int, int]:
+def _measure(block, batch: int, spec: TransformerSpec, part: int = 1) -> tuple[int, int]:
     """(matrix-product FLOPs ``block`` runs in its backward, bytes its selective-checkpoint
-    cache holds after the forward) on ``batch`` samples."""
+    cache holds after the forward) on ``batch`` samples, of which each of ``part`` devices
+    holds a share of the sequence (sequence parallelism)."""
     import torch
     import torch.utils.checkpoint as tuc
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -161,7 +162,7 @@ def _measure(block, batch: int, spec: TransformerSpec) -> tuple[int, int]:
     tuc.create_selective_checkpoint_contexts = spy
     try:
         torch.manual_seed(0)
-        x = torch.randn(batch, spec.sequence, spec.hidden, requires_grad=True)
+        x = torch.randn(batch, spec.sequence // part, spec.hidden, requires_grad=True)
         loss = block(x).square().sum()
     finally:
         tuc.create_selective_checkpoint_contexts = original
@@ -170,8 +171,10 @@ def _measure(block, batch: int, spec: TransformerSpec) -> tuple[int, int]:
         for outputs in store.values():
             for value in outputs.values():
                 leaves = torch.utils._pytree.tree_leaves(value)
-                kept += sum(t.numel() * t.element_size() for t in (getattr(v, "val", v) for v in leaves)
-                            if isinstance(t, torch.Tensor))
+                for t in (getattr(v, "val", v) for v in leaves):
+                    t = getattr(t, "_local_tensor", t)          # a DTensor: this device's part
+                    if isinstance(t, torch.Tensor):
+                        kept += t.numel() * t.element_size()
     with Products() as count:
         loss.backward()
     return count.flops, kept
@@ -309,3 +312,47 @@ def test_selective_op_reruns_the_tensor_parallel_communication_it_does_not_keep(
         a, b = c.tables[t].tensor_allreduce
         ar = model.column("allreduces") * (a + b * model.column("activations") * c.samples(t))
         assert (with_comm[1] - compute[1]) - (with_comm[0] - compute[0]) == pytest.approx(share * ar)
+
+
+_TP_SPEC = TransformerSpec(layers=1, hidden=64, heads=4, kv_heads=2, ffn_hidden=96, sequence=16, vocab=256,
+                           activation="swiglu", position="rotary", norm="rmsnorm", bias=False, fused_qkv=False)
+
+
+def _sequence_parallel_rank(rank: int, init: str, results) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    from solver_planner.run.stage import checkpointed
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        block = _torch_block(_TP_SPEC)
+        gathered = ColwiseParallel(input_layouts=Shard(1))
+        parallelize_module(block, init_device_mesh("cpu", (2,)), {
+            "norm1": SequenceParallel(), "norm2": SequenceParallel(), "wq": gathered, "wk": gathered,
+            "wv": gathered, "w1": gathered, "w3": gathered, "wo": RowwiseParallel(output_layouts=Shard(1)),
+            "w2": RowwiseParallel(output_layouts=Shard(1))})
+        results[rank] = _measure(checkpointed(block, "selective-op"), 3, _TP_SPEC, part=2)[1]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_torch_keeps_what_the_cost_model_prices_under_tensor_and_sequence_parallelism(tmp_path):
+    """Differential, on 2 gloo processes with torch's tensor and sequence parallelism: each
+    device's selective-checkpoint cache holds the bytes ``saved_per_sample`` prices at t = 2
+    with sequence parallelism, besides its share of the block's input: the row-parallel
+    products' outputs whole, the reduce-scatters' outputs and the column-parallel ones split."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_sequence_parallel_rank, args=(f"file://{tmp_path / 'store'}", results), nprocs=2)
+    layer = transformer_layers(_TP_SPEC, "float32")[1]
+    block_input = _TP_SPEC.sequence * _TP_SPEC.hidden * 4 / 2
+    want = 3 * (saved_per_sample([layer], "selective-op", 2, True)[0] - block_input)
+    assert dict(results) == {0: pytest.approx(want), 1: pytest.approx(want)}
