@@ -147,12 +147,17 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: 
         act = {(p, q): plan.activation_time(p, q) for p, q in chans}
         grad = {(p, q): plan.gradient_time(q, p) for p, q in chans}      # keyed by the forward pair
         tie = [0.0] * S                # a tied copy's all-reduce follows both stages' reductions
-        for a, bb, q in plan.copies:
-            t = c.tie_sync(plan, a, bb)[0]
-            for p in (plan.owner[a], q):
-                tie[p] = max(tie[p], t)
         g = plan.tail_weight if split else plan.tail_full
-        u = [kk[p] * bw[p] + g[p] + tie[p] for p in range(S)]
+        u = [kk[p] * bw[p] + g[p] for p in range(S)]
+        if plan.copies:
+            opt = plan.optimizer
+            for a, bb, q in plan.copies:
+                t = c.tie_sync(plan, a, bb)[0]
+                for p, other in ((plan.owner[a], q), (q, plan.owner[a])):
+                    tie[p] = max(tie[p], t)
+                    # the all-reduce waits for this stage's reductions, and both stages'
+                    # optimizer steps wait for it: the other's may be the longer one
+                    u[p] = max(u[p], kk[p] * bw[p] + g[p] - opt[p] + t + max(opt[p], opt[other]))
         # fill: earliest start of each stage's first forward
         ins = [[] for _ in range(S)]
         outs_of = [[] for _ in range(S)]

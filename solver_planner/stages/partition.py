@@ -141,6 +141,11 @@ class Partition:
         return self._per_stage("tail_full")
 
     @cached_property
+    def optimizer(self) -> list[float]:
+        """Each stage's optimizer step (the last part of :attr:`tail_full` and :attr:`tail_weight`)."""
+        return self._per_stage("optimizer")
+
+    @cached_property
     def tail_weight(self) -> list[float]:
         return self._per_stage("tail_weight")
 

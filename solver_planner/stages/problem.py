@@ -343,6 +343,7 @@ class PairProblem:
                 "F": cc.forward, "C": chain, "B": cc.backward,
                 "u0": apply(np.minimum, gf, cc.backward_weight + gw if self.has_split else np.inf),
                 "G": G,
+                "opt": cc.optimizer,
                 "act": c.model.column("activations") * cc.samples,
             }
         return self._stage[key]
@@ -406,7 +407,7 @@ class PairProblem:
             xg = np.zeros(np.shape(K))
         f, ch, bk = table("F"), table("C"), table("B")
         inc1 = f + ch + xf + xg
-        tie = self._tie_floor(p, t, K, I)
+        tie = self._tie_floor(p, t, K, I, table("opt"))
         if p == 0:
             inc1 = inc1 + table("u0") + tie
             t1 = np.zeros(shape)
@@ -596,7 +597,8 @@ class PairProblem:
         sq = self._square(arr["C"], q)
         if q == 0:
             ks, is_ = self.band(0)
-            sq = sq + self._square(arr["u0"], q) + self._tie_floor(0, self.configs[j].tensor, ks[:, None], is_[None, :])
+            sq = sq + self._square(arr["u0"], q) + self._tie_floor(0, self.configs[j].tensor, ks[:, None], is_[None, :],
+                                                                 self._square(arr["opt"], q))
         else:
             a, b = self.costs.transfer(self.configs[j].tensor, q, q - 1)
             sq = sq + (a + b * arr["act"][self.band(q)[0] - 1])[:, None]
@@ -929,11 +931,15 @@ class PairProblem:
             out[ia[ok]] = True
         return out
 
-    def _tie_floor(self, p: int, t: int, k: np.ndarray, i: np.ndarray) -> np.ndarray | float:
+    def _tie_floor(self, p: int, t: int, k: np.ndarray, i: np.ndarray, opt) -> np.ndarray | float:
         """On stage p's cells of layers k..i (broadcast index arrays): the least all-reduce of
-        a tied layer such a stage waits for (tensor degree ``t``).  Both stages of a tie wait, after their own
-        reductions and before their optimizer steps, for the all-reduce of the copy's
-        gradient (objective.py's ``u``: the drain of the stage and cycle bounds):
+        a tied layer such a stage waits for (tensor degree ``t``), and what the other stage's
+        optimizer step adds after it to the cell's own step ``opt`` (its time on those cells).
+        Both stages of a tie wait, after their own reductions, for the all-reduce of the
+        copy's gradient, and both optimizer steps wait for it (objective.py's ``u``: the drain
+        of the stage and cycle bounds).  The other stage holds the other layer of the tie, so
+        its step takes at least that layer's alone, in the configuration where it is least
+        (a step's time grows with the layers it updates):
 
         * a stage holding the copy b without the layer a it shares: a's stage is one of
           0..min(p - 1, a) (every stage holds a layer), so the least over them is a lower
@@ -957,13 +963,23 @@ class PairProblem:
             holds_copy = (a < k) & (k <= b) & (b <= i)
             if p > 0 and holds_copy.any():
                 least = min(self.costs.tie_between(b, sa, p, t)[0] for sa in range(min(p - 1, a) + 1))
-                out = np.maximum(out, np.where(holds_copy, least, 0.0))
+                after = np.maximum(0.0, self._least_step(a) - opt)
+                out = np.maximum(out, np.where(holds_copy, least + after, 0.0))
             holds_original = (k <= a) & (a <= i) & (i < b)
             copies = range(max(p + 1, S - L + b), min(S - 1, b) + 1)
             if len(copies) and holds_original.any():
                 least = min(self.costs.tie_between(b, p, sb, tb)[0] for sb in copies for tb in degrees)
-                out = np.maximum(out, np.where(holds_original, least, 0.0))
+                after = np.maximum(0.0, self._least_step(b) - opt)
+                out = np.maximum(out, np.where(holds_original, least + after, 0.0))
         return out
+
+    def _least_step(self, layer: int) -> float:
+        """The least optimizer step of a stage holding ``layer``: that layer's alone (with the
+        tied copy's bytes it holds there), in the configuration where it is least."""
+        key = ("least step", layer)
+        if key not in self._stage:
+            self._stage[key] = min(float(self._config_arrays(j)["opt"][layer, layer]) for j in range(len(self.configs)))
+        return self._stage[key]
 
     def stage_arrays(self, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(T1, T2, INC1) of stage p (the arrays of R1 and of CP-SAT; not for large pairs)."""
