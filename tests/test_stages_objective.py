@@ -282,6 +282,21 @@ def test_every_bound_is_below_the_simulated_time(case):
 
 
 @SETTINGS
+@given(instances(), st.randoms(use_true_random=False))
+def test_bounds_shared_across_a_family_are_each_member_s_own(case, rnd):
+    """The search prices a family's members with one memo (what depends on the schedule
+    only through a few of its traits is computed once): each member's bounds equal those
+    priced alone, whatever the order.  A memo keyed by the two linked stages' orders once
+    carried the backlog of earlier stages, whose orders it does not name, to another member."""
+    if case is None:
+        return
+    plan, schedules = case
+    memo: dict = {}
+    for s in rnd.sample(schedules, len(schedules)):
+        assert bounds(plan, s, memo=memo) == bounds(plan, s)
+
+
+@SETTINGS
 @given(instances())
 def test_a_plan_priced_against_a_level_is_simulated_with_its_full_bounds(case):
     """The search prices a plan without its port bound when another bound reaches the

@@ -40,7 +40,7 @@ from typing import Callable
 
 from .schedule import Schedule, stage_order, warmup
 
-__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "LINK_MICROBATCHES"]
+__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "backlog_counts", "LINK_MICROBATCHES"]
 
 # The bound plays out about 4B steps per link; past this many micro-batches it is left out
 # (still a lower bound without it): the small plans where a link paces the pipeline have
@@ -115,14 +115,15 @@ def _steps(schedule: Schedule, stages: int, p: int, B: int, delay_p: bool,
 
 
 def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, delay_p: bool = False,
-                 delay_q: bool = False, uses: int = 1) -> Callable[..., tuple]:
+                 delay_q: bool = False, uses: int = 1, ends: bool = False) -> Callable[..., tuple]:
     """:func:`link_time` of :func:`link_steps` on Python numbers, as one straight-line
     function of ``(fp, cp, wp, fq, cq, wq, xa, xg, rq)``: a plan's objective asks for it
     once per paced link and schedule, and R5 once per pair of cells, and the loop's dispatch
     took six sevenths of its time (50 us against 7.5 us on 64 micro-batches).  Compiled
     once per :func:`link_key` that is asked for often (``uses``: the runs the caller will
-    make); tested equal to :func:`link_time`."""
-    key = link_key(schedule, stages, p, microbatches, delay_p, delay_q)
+    make); tested equal to :func:`link_time`.  With ``ends``, a fifth value: the end of each
+    of p's chain ops, by micro-batch (the backlog of :mod:`.objective`'s link bound)."""
+    key = link_key(schedule, stages, p, microbatches, delay_p, delay_q) + (("ends",) if ends else ())
     hit = _NUMBERS.get(key)
     if hit is not None:
         return hit
@@ -132,7 +133,7 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
     # only on up to COMPILE_MICROBATCHES (the code takes about 2.4 KB per micro-batch)
     _ASKED[key] = _ASKED.get(key, 0) + uses
     if _ASKED[key] < COMPILE_AFTER or B > COMPILE_MICROBATCHES:
-        return functools.partial(link_time, steps, B)
+        return functools.partial(link_time, steps, B, ends=ends)
     lines = ["def run(fp, cp, wp, fq, cq, wq, xa, xg, rq):", "    tp = tq = la = lg = 0.0",
              "    sp = sq = -inf"]
     for code, m in steps:
@@ -140,6 +141,8 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
             lines += ["    tp += fp", f"    a{m} = la = (tp if tp > la else la) + xa"]
         elif code == PC:
             lines += [f"    s = tp if tp > g{m} else g{m}", "    tp = s + cp"] + (["    sp = s"] if m == B - 1 else [])
+            if ends:
+                lines.append(f"    e{m} = tp")
         elif code == PW:
             lines.append("    tp += wp")
         elif code == QF:
@@ -149,7 +152,8 @@ def link_numbers(schedule: Schedule, stages: int, p: int, microbatches: int, del
                       f"    g{m} = lg = (tq if tq > lg else lg) + xg"] + (["    sq = s"] if m == B - 1 else [])
         else:
             lines.append("    tq += wq")
-    lines.append("    return sp + cp, sq + cq, tp, tq")
+    lines.append("    return sp + cp, sq + cq, tp, tq" + (", (" + "".join(f"e{m}, " for m in range(B)) + ")"
+                                                            if ends else ""))
     scope: dict = {"inf": math.inf}
     exec(compile("\n".join(lines), "<link steps>", "exec"), scope)      # noqa: S102 (our own text)
     if len(_NUMBERS) >= 128:              # up to about 300 KB of code each
@@ -172,13 +176,14 @@ def paced(xa, xg, fp, cq):
 
 
 def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq, xa, xg, rq,
-              mx: Callable = max) -> tuple:
+              mx: Callable = max, ends: bool = False) -> tuple:
     """The two stages played out (module docstring), from ``F_p(0)``'s start, for durations
     ``fp, cp, wp`` (p's forward, chain op and weight part), the same for q, the transfers
     ``xa`` and ``xg`` and q's round trip ``rq``: (end of p's last chain op, end of q's last
     chain op, end of p's last op, end of q's last op).  ``LK_p - H_p`` is the larger of the
     first two, each with its stage's drain.  Numbers with ``mx = max``, arrays with
-    ``np.maximum``."""
+    ``np.maximum``.  With ``ends``, a fifth value: the end of each of p's chain ops, by
+    micro-batch."""
     tp = tq = last_a = last_g = 0.0
     # each time is read once, by the step that waits for it, and then let go: on arrays of
     # cells, only the micro-batches in flight between the two stages are held
@@ -186,6 +191,7 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
     g_end: list = [None] * B
     fq_end: list = [None] * B
     sp = sq = -math.inf
+    chain_end: list = [None] * B
     for code, m in steps:
         if code == PF:
             tp = tp + fp
@@ -193,7 +199,7 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
         elif code == PC:
             s = mx(tp, g_end[m])
             g_end[m] = None
-            tp = s + cp
+            tp = chain_end[m] = s + cp
             if m == B - 1:
                 sp = s
         elif code == PW:
@@ -210,4 +216,28 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
                 sq = s
         else:
             tq = tq + wq
+    if ends:
+        return sp + cp, sq + cq, tp, tq, tuple(chain_end)
     return sp + cp, sq + cq, tp, tq
+
+
+@functools.lru_cache(maxsize=1024)
+def backlog_counts(schedule: Schedule, stages: int, r: int, microbatches: int,
+                   delay: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """Per micro-batch ``m``: the forwards, chain ops and weight parts stage ``r`` runs from
+    its chain op of ``m`` to its last chain op, both included (its backlog once ``m``'s
+    gradient has come, :mod:`.objective`'s link bound)."""
+    order = stage_order(schedule, stages, r, microbatches, delay)
+    last = max(i for i, (op, _) in enumerate(order) if op in ("B", "BA"))
+    out: list = [None] * microbatches
+    nf = nc = nw = 0
+    for i in range(last, -1, -1):
+        op, m = order[i]
+        if op == "F":
+            nf += 1
+        elif op == "BW":
+            nw += 1
+        else:
+            nc += 1
+            out[m] = (nf, nc, nw)
+    return tuple(out)

@@ -77,7 +77,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .link import LINK_MICROBATCHES, link_key, link_numbers, paced
+from .link import LINK_MICROBATCHES, backlog_counts, link_key, link_numbers, paced
 from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
@@ -247,17 +247,45 @@ def _link_bound(plan: Partition, schedule: Schedule, key: tuple, memo: dict | No
             continue
         if delays is None:           # read only when some link paces (it scans every channel)
             delays = _delays(plan, schedule, memo)
+        # the two stages' orders are all the playout reads of the schedule (link_key)
         at = (key, "link", p, link_key(schedule, S, p, B, delays[p], delays[q]))
         if memo is not None and at in memo:
-            v = memo[at]
+            out = memo[at]
         else:
-            run = link_numbers(schedule, S, p, B, delays[p], delays[q])
-            mine, theirs, _, _ = run(f[p], ch[p], bw[p] if split else 0.0, f[q], ch[q], bw[q] if split else 0.0,
-                                     act[p, q], grad[p, q], R[q])
-            v = H[p] + max(mine + D[p], theirs + D[q])
+            run = link_numbers(schedule, S, p, B, delays[p], delays[q], ends=p > 0)
+            out = run(f[p], ch[p], bw[p] if split else 0.0, f[q], ch[q], bw[q] if split else 0.0,
+                      act[p, q], grad[p, q], R[q])
             if memo is not None:
-                memo[at] = v
-        best = max(best, v)
+                memo[at] = out
+        best = max(best, H[p] + max(out[0] + D[p], out[1] + D[q]))
+        if p > 0:
+            # the backlog also reads the earlier stages' orders: not shared through the key
+            best = max(best, _backlog(schedule, S, p, B, [H[p] + e for e in out[4]], f, ch,
+                                      bw if split else [0.0] * S, act, grad, D, delays))
+    return best
+
+
+def _backlog(schedule: Schedule, S: int, p: int, B: int, ends: list[float], f, ch, bw, act, grad, D,
+             delays) -> float:
+    """The link bound's backlog: ``ends[m]``, when stage p's chain op of micro-batch m ends at
+    the earliest (the link played out), is followed by m's gradient going back through each
+    earlier stage r joined to the next; r then still has every op from its chain op of m to
+    its last chain op (:func:`.link.backlog_counts`), and its drain ``D_r``.  Where the link
+    has held the activations back, the gradients come late and an earlier stage slower than
+    the link has all of its backward passes still to run (GPT-like blocks on two hosts
+    joined by 10 Gbps: the critical path of such plans, 6-7% above the bounds before)."""
+    best = -math.inf
+    arrive = list(ends)
+    for r in range(p - 1, -1, -1):
+        if (r, r + 1) not in act:
+            break
+        x, fr, cr, wr = grad[r, r + 1], f[r], ch[r], bw[r]
+        counts = backlog_counts(schedule, S, r, B, delays[r])
+        for m in range(B):
+            nf, nc, nw = counts[m]
+            a = arrive[m] + x
+            best = max(best, a + nf * fr + nc * cr + nw * wr + D[r])
+            arrive[m] = a + cr
     return best
 
 
