@@ -109,3 +109,39 @@ def test_the_megatron_export_sets_the_reduction_type_the_plan_priced():
     fp16 = dataclasses.replace(base, dtype="float16")
     assert "--accumulate-allreduce-grads-in-fp32" not in flags(fp16)
     assert flags(dataclasses.replace(fp16, gradient_reduce_dtype="float32"))["--accumulate-allreduce-grads-in-fp32"]
+
+
+# Megatron-Core's distributed-optimizer guide: bytes a parameter, without and with the
+# distributed optimizer over d replicas, Adam, by (parameter type, gradient type)
+MEGATRON_BYTES = {("float16", "float16"): (20, lambda d: 4 + 16 / d),
+                  ("bfloat16", "bfloat16"): (20, lambda d: 4 + 16 / d),
+                  ("bfloat16", "float32"): (18, lambda d: 6 + 12 / d),
+                  ("float16", "float32"): (18, lambda d: 6 + 12 / d),
+                  ("float32", "float32"): (16, lambda d: 8 + 8 / d)}
+
+
+@pytest.mark.parametrize("dtype,reduce", sorted(MEGATRON_BYTES))
+@pytest.mark.parametrize("sharding", ["none", "distributed"])
+def test_megatron_keeps_gradients_as_its_guide_counts_them(dtype, reduce, sharding):
+    """Megatron-Core's DDP allocates its gradient buffer in the reduction's type, and its
+    mixed-precision optimizers keep fp32 main gradients beside a 16-bit one: the static bytes
+    of a --target megatron plan are the guide's, per parameter.  Natively and under
+    torchtitan, gradients stay in the training type (ZeRO's 2 + 2 + 12)."""
+    from solver_planner.spec.layers import FLOAT_DTYPES
+
+    spec = ModelSpec(name="m", transformer=LLAMA,
+                     training=TrainingSpec(global_batch=64, dtype=dtype, optimizer_sharding=sharding,
+                                           gradient_reduce_dtype=reduce))
+    lm = layer_model(spec, "megatron")
+    topo = Topology(load_cluster_spec(CLUSTERS / "dgx-a100-8x8.yaml"))
+    shape = MeshShape(1, 8)                  # one host: 8 replicas
+    costs = StageCosts(lm, topo, shape, 4, cost_tables(topo, CostModel(topo), shape))
+    n = lm.num_layers - 1
+    params = sum(x.params for x in lm.layers) / FLOAT_DTYPES[dtype]
+    per_param = float(costs[StageConfig(1, "none")].static[0, n]) / params
+    plain, distributed = MEGATRON_BYTES[dtype, reduce]
+    assert per_param == pytest.approx(plain if sharding == "none" else distributed(8), rel=1e-9)
+    if dtype == "bfloat16":
+        native = StageCosts(layer_model(spec), topo, shape, 4, cost_tables(topo, CostModel(topo), shape))
+        kept = float(native[StageConfig(1, "none")].static[0, n]) / params
+        assert kept == pytest.approx(16 if sharding == "none" else 4 + 12 / 8, rel=1e-9)

@@ -461,11 +461,11 @@ class StageCosts:
             return Const(m.num_layers, 0.0)
         d = self.shape.size // t
         clip = opts.gradient_clipping
-        per_layer = optimizer_traffic(m.column("params"), m.column("optimizer"), t, d, opts.sharding, clip)
+        per_layer = optimizer_traffic(*self._param_columns(), t, d, opts.sharding, clip, opts.gradient_bytes)
         traffic = Sums(per_layer)
         if m.ties():
             traffic = traffic + self._copy_bytes(
-                optimizer_traffic(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding, clip))
+                optimizer_traffic(*self._param_columns(True), t, d, opts.sharding, clip, opts.gradient_bytes))
         kernels = Sums((m.column("params") + m.column("tied_params") > 0).astype(float))
         host = opts.host_overhead
         return apply(lambda x, k: comp.time(0.0, x, k) + host, traffic, kernels)
@@ -545,9 +545,9 @@ class StageCosts:
         # square, when asked) for every recomputation mode
         static = self._transfers.get(("static", t))
         if static is None:
-            static = Sums(static_bytes(m.column("params"), m.column("optimizer"), t, d, opts.sharding))
+            static = Sums(static_bytes(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes))
             if self.model.ties():
-                copy = static_bytes(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
+                copy = static_bytes(*self._param_columns(True), t, d, opts.sharding, opts.gradient_bytes)
                 static = static + self._copy_bytes(copy)
             self._transfers["static", t] = static
         gathered, recomputed = self.transient_parts(c)
@@ -572,19 +572,28 @@ class StageCosts:
         :func:`.coarse.fine_bound`."""
         m, opts, t = self.model, self.model.options, c.tensor
         d = self.shape.size // t
-        static = Sums(static_bytes(m.column("params"), m.column("optimizer"), t, d, opts.sharding))
+        static = Sums(static_bytes(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes))
         _, activation, transient = self.memory_parts(c)
         return static, live * activation, transient
+
+    def _param_columns(self, tied: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer (or per tied copy): parameter bytes, and optimizer-state bytes with the
+        fp32 main gradients a framework keeps there (:mod:`.memory`)."""
+        m = self.model
+        P, O = (m.column("tied_params"), m.column("tied_optimizer")) if tied else (m.column("params"),
+                                                                                 m.column("optimizer"))
+        main = m.options.main_gradient_bytes
+        return P, (O + main * P if main else O)
 
     def static_split(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``memory_parts``' static bytes ``[k, i]`` as (weights, gradients, optimizer state),
         tied copies included (:func:`.memory.static_split`)."""
         m, opts, t = self.model, self.model.options, c.tensor
         d = self.shape.size // t
-        own = static_split(m.column("params"), m.column("optimizer"), t, d, opts.sharding)
+        own = static_split(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes)
         out = [Sums(x) for x in own]
         if self.model.ties():
-            copy = static_split(m.column("tied_params"), m.column("tied_optimizer"), t, d, opts.sharding)
+            copy = static_split(*self._param_columns(True), t, d, opts.sharding, opts.gradient_bytes)
             out = [a + self._copy_bytes(b) for a, b in zip(out, copy)]
         return out[0], out[1], out[2]
 

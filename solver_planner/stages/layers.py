@@ -433,6 +433,13 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
             # the framework's own default type (bf16 gradients: fp32 under torchtitan's FSDP2
             # and Megatron-LM; targets/*.py RULES.reduce_default)
             options = replace(options, gradient_reduce_dtype=dict(rules.reduce_default).get(t.dtype))
+        if rules.buffer_in_reduce_type:
+            # gradients kept in the reduction's type, and fp32 main gradients beside a 16-bit
+            # buffer under mixed precision (stages/memory.py)
+            kept = FLOAT_DTYPES[options.gradient_reduce_dtype or t.dtype]
+            train = FLOAT_DTYPES[t.dtype]
+            options = replace(options, gradient_bytes=kept / train,
+                              main_gradient_bytes=4.0 / train if kept < 4 and train < 4 else 0.0)
         if t.recompute == "auto":
             # a framework searches the granularities it runs: torchtitan's selective
             # checkpointing is per operator, not the attention core

@@ -11,7 +11,12 @@ Per device of a stage with tensor degree ``t`` and data degree ``d``, for its la
       zero-2               P / t + (G + O) / (t d)        (P_os+g)
       zero-3               (P + G + O) / (t d)            (P_os+g+p), plus one layer's gathered P / t
 
-  with ``G = P`` (gradients in the training dtype).
+  with ``G = P`` (gradients in the training dtype), or ``G = gradient_bytes x P`` where the
+  framework keeps its gradient buffer in another type: Megatron-Core's DDP allocates it in
+  the reduction's type (fp32 for bf16 training by default), and its mixed-precision
+  optimizers keep fp32 main gradients as optimizer state when that buffer is 16-bit
+  (``main_gradient_bytes``; Megatron-Core's distributed-optimizer guide: ``4 + 16/d`` bytes
+  per parameter for 16-bit gradients, ``6 + 12/d`` for bf16 parameters with fp32 ones).
 * **Activations kept for backward**, per sample (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models"): ``saved / t + replicated`` (§4.1:
   tensor parallelism leaves ``10 s h`` of a block's ``34 s h + 5 a s^2`` replicated; under
@@ -66,6 +71,8 @@ class MemoryOptions:
     gradient_clipping: bool = False     # the optimizer step reads the gradients once more for their norm
     gradient_accumulation: str = "add"  # each micro-batch's weight gradients added into the buffer, or "fused"
     gradient_reduce_dtype: str | None = None   # the dtype of the data-parallel reduction (None: the training dtype)
+    gradient_bytes: float = 1.0         # bytes of a kept gradient per byte of its parameter (module docstring)
+    main_gradient_bytes: float = 0.0    # optimizer-state bytes per parameter byte for fp32 main gradients
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -129,29 +136,33 @@ def recompute_flops(layers, mode: str) -> np.ndarray:
     return np.zeros(len(layers))
 
 
-def static_bytes(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:
-    """Parameters + gradients + optimizer state per device (ZeRO §5.1; see the module docstring)."""
+def static_bytes(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str,
+                 grad: float = 1.0) -> np.ndarray:
+    """Parameters + gradients + optimizer state per device (ZeRO §5.1; see the module
+    docstring), gradients ``grad`` bytes per byte of parameter."""
+    G = params if grad == 1.0 else grad * params
     if sharding in ("zero-1", "distributed"):
-        return 2 * params / t + optimizer / (t * d)
+        return (params + G) / t + optimizer / (t * d)
     if sharding == "zero-2":
-        return params / t + (params + optimizer) / (t * d)
+        return params / t + (G + optimizer) / (t * d)
     if sharding == "zero-3":
-        return (2 * params + optimizer) / (t * d)
-    return (2 * params + optimizer) / t
+        return (params + G + optimizer) / (t * d)
+    return (params + G + optimizer) / t
 
 
-def static_split(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str
+def static_split(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str, grad: float = 1.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`static_bytes` as (weights, gradients, optimizer state) per device: what ZeRO
     shards at each stage (§5.1: P_os, P_os+g, P_os+g+p); the three add up to it."""
     P, O = np.asarray(params, dtype=float), np.asarray(optimizer, dtype=float)
+    G = grad * P
     if sharding in ("zero-1", "distributed"):
-        return P / t, P / t, O / (t * d)
+        return P / t, G / t, O / (t * d)
     if sharding == "zero-2":
-        return P / t, P / (t * d), O / (t * d)
+        return P / t, G / (t * d), O / (t * d)
     if sharding == "zero-3":
-        return P / (t * d), P / (t * d), O / (t * d)
-    return P / t, P / t, O / t
+        return P / (t * d), G / (t * d), O / (t * d)
+    return P / t, G / t, O / t
 
 
 def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
@@ -171,14 +182,14 @@ def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
 
 
 def optimizer_traffic(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, sharding: str,
-                      clipping: bool = False) -> np.ndarray:
+                      clipping: bool = False, grad: float = 1.0) -> np.ndarray:
     """Bytes per device the optimizer step moves through memory: it reads and writes the
     parameters and optimizer state it updates and reads their gradients, ``2 (P + O) + G``
     with ``G = P`` (:mod:`solver_planner.compute`); gradient clipping (Megatron-LM clips at
     norm 1 by default) first reads the gradients for their norm, ``+ G``; with a sharded
-    optimizer each replica updates its 1/d."""
+    optimizer each replica updates its 1/d.  ``G = grad x P`` (module docstring)."""
     share = t * d if sharding != "none" else t
-    return ((4 if clipping else 3) * params + 2 * optimizer) / share
+    return ((2 + (2 if clipping else 1) * grad) * params + 2 * optimizer) / share
 
 
 def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndarray:

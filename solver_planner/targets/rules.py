@@ -44,6 +44,10 @@ class TargetRules:
     # (training dtype, reduction dtype) where the framework's default is not the training
     # dtype: a plan of such a model is priced that way unless the spec says otherwise
     reduce_default: frozenset[tuple[str, str]] = frozenset()
+    # the gradient buffer is kept in the reduction's type, and a 16-bit one beside fp32 main
+    # gradients in the optimizer state (Megatron-Core's DDP and mixed-precision optimizers;
+    # stages/memory.py): False keeps gradients in the training type
+    buffer_in_reduce_type: bool = False
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)
