@@ -172,3 +172,19 @@ def test_same_answer_whatever_the_hash_seed(args):
         assert r.returncode == 0, r.stderr
         answers.add(_answer(r.stdout))
     assert len(answers) == 1
+
+
+def test_run_without_torch_says_so_in_one_line(tmp_path):
+    """`run` imported torch before saying anything, so a machine without it got a traceback
+    (exit 1); it now says what to install and exits 2, as `execute` and `calibrate` do."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"          # import torch -> ImportError
+            "from solver_planner.cli import app\n"
+            f"app(['run', {str(CLUSTERS / 'aws-p3.8xlarge-2.yaml')!r}, {str(SPECS / 'models' / 'gpt3-2.6b.yaml')!r},"
+            f" {str(tmp_path / 'plan.yaml')!r}])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "torch.distributed, which is not installed" in out.stderr and len(out.stderr.strip().splitlines()) == 1

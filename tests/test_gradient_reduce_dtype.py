@@ -56,7 +56,9 @@ def test_framework_plans_of_bf16_models_reduce_in_float32_unless_the_spec_says()
     assert layer_model(_spec(), "deepspeed").options.gradient_reduce_dtype is None
     for target in ("megatron", "torchtitan"):
         assert layer_model(_spec(), target).options.gradient_reduce_dtype == "float32"
-        assert layer_model(_spec(gradient_reduce_dtype="bfloat16"), target).options.gradient_reduce_dtype == "bfloat16"
+        if target == "megatron":           # --grad-reduce-in-bf16 (torchtitan refuses it: below)
+            assert layer_model(_spec(gradient_reduce_dtype="bfloat16"), target).options.gradient_reduce_dtype \
+                == "bfloat16"
         # fp16 (Megatron-LM reduces fp16 gradients in fp16) and fp32 models: the training dtype
         assert layer_model(_spec(dtype="float16"), target).options.gradient_reduce_dtype is None
 
@@ -80,6 +82,24 @@ def test_targets_refuse_a_type_their_framework_does_not_reduce_in():
     assert torchtitan.allows(dataclasses.replace(tt, gradient_reduce_dtype="float32")) is None
     # one replica reduces nothing
     assert torchtitan.allows(dataclasses.replace(tt, data=1, pipeline=8, global_batch=8)) is None
+
+
+def test_a_spec_asking_for_a_type_its_target_cannot_reduce_in_is_refused_up_front(tmp_path):
+    """Only plans without data parallelism would qualify: the search used to return one of
+    those, silently slower; now the command says why, at the spec's line, and exits 1."""
+    import json
+
+    spec = llama_training(tmp_path, optimizer_sharding="zero-3", recompute="selective-op")
+    spec.write_text(spec.read_text().replace("dtype: bfloat16,", "dtype: bfloat16,\n           gradient_reduce_dtype: bfloat16,"))
+    cluster = str(CLUSTERS / "dgx-a100-8x8.yaml")
+    res = CliRunner().invoke(app, ["stages", cluster, str(spec), "--target", "torchtitan", "--json"])
+    assert res.exit_code == 1, res.output
+    message = json.loads(res.stdout)["error"]["message"]
+    line = next(i for i, x in enumerate(spec.read_text().splitlines(), 1) if "gradient_reduce_dtype" in x)
+    assert f"{spec}:{line}: training.gradient_reduce_dtype: torchtitan reduces bfloat16 gradients in float32;" \
+           " the spec asks for bfloat16" in message
+    # the framework's own type, or native planning, plans as before
+    assert CliRunner().invoke(app, ["stages", cluster, str(spec), "--json", "--no-baselines"]).exit_code == 0
 
 
 def test_plan_target_torchtitan_records_the_float32_reduction_and_check_reads_it(tmp_path):

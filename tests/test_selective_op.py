@@ -237,6 +237,9 @@ def test_a_layers_list_is_refused_with_its_line(tmp_path):
     with pytest.raises(SpecError) as err:
         layer_model(load_model_spec(path))
     assert "m.yaml:6" in str(err.value) and "transformer" in str(err.value)
+    # when the file is read, so `validate` says so too (it accepted the file before)
+    res = CliRunner().invoke(app, ["validate", str(path)])
+    assert res.exit_code == 2 and "m.yaml:6: training.recompute: selective-op" in res.output
 
 
 def test_plan_target_torchtitan_exports_selective_op_and_check_passes(tmp_path):

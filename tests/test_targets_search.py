@@ -161,6 +161,10 @@ def test_plan_target_export_is_written_recorded_and_checked(tmp_path):
         edited.write_text(yaml.safe_dump(bad, sort_keys=False))
         res = CliRunner().invoke(app, ["check", cluster, model, str(edited)])
         assert res.exit_code == 1, (path, res.output)
+        if path == ("target", "export"):
+            # the message shows the line that differs, not the export's first 80 characters
+            line = next(i for i, x in enumerate(doc["target"]["export"].split("\n"), 1) if "--micro-batch-size" in x)
+            assert f"line {line}: recorded" in res.output and "--mbs" in res.output, res.output
 
 
 def test_export_needs_a_target(tmp_path):

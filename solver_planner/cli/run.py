@@ -42,6 +42,9 @@ def run(
     2 bad spec or plan file, a model or plan that run cannot build, or more processes than
     this machine hosts.
     """
+    from ..distributed.launch import require_torch
+
+    require_torch()              # before anything imports it: one line and exit 2 without it
     from ..run.job import run_job
     from ..run.launch import process_limit, run_plan
     from .plan import _where, checked_plan

@@ -142,4 +142,28 @@ def differences(got: Any, want: Any, path: Path = ()) -> Iterator[tuple[Path, st
     if type(got) is not type(want):
         yield path, f"expected {kind_of(want)}, got {kind_of(got)}"
     elif got != want:
-        yield path, f"recorded {show(got)}, derived {show(want)}"
+        if isinstance(got, str) and (len(got) > 80 or len(want) > 80 or "\n" in got + want):
+            yield path, _text_difference(got, want)
+        else:
+            yield path, f"recorded {show(got)}, derived {show(want)}"
+
+
+def _text_difference(got: str, want: str) -> str:
+    """Where two long texts (an export, a command) first differ: the line, and on one line
+    the place, so that a message cut at 80 characters still shows the change."""
+    a, b = got.split("\n"), want.split("\n")
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    x = a[i] if i < len(a) else None
+    y = b[i] if i < len(b) else None
+    where = f"line {i + 1}: " if len(a) > 1 or len(b) > 1 else ""
+    if x is None or y is None:
+        return (f"{where}recorded {'nothing (the text ends)' if x is None else show(x)},"
+                f" derived {'nothing (the text ends)' if y is None else show(y)}")
+    k = next((j for j, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
+    start = max(0, k - 30)
+
+    def cut(t: str) -> str:
+        piece = json.dumps(t[start:start + 70], ensure_ascii=False)[1:-1]
+        return ("..." if start else "") + piece + ("..." if len(t) > start + 70 else "")
+
+    return f'{where}recorded "{cut(x)}", derived "{cut(y)}"' + (f" (from character {k + 1})" if start else "")

@@ -165,6 +165,11 @@ def _check(spec: ModelSpec, source: Source) -> None:
         raise SpecError(first_issues(issues))
 
 
+SELECTIVE_OP_NEEDS = ("selective-op (torchtitan's per-operator checkpointing) counts a transformer block's matrix"
+                      " products; it needs a 'transformer:' model, a 'layers:' list names none (use none,"
+                      " selective or full)")
+
+
 def _layer_issues(spec: ModelSpec, source: Source) -> list:
     issues = []
     if spec.layers and spec.transformer is not None:
@@ -174,6 +179,8 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
     if spec.transformer is not None:
         for key, what in spec.transformer.shape_issues():
             issues.append(source.issue(("transformer", key), what))
+    if spec.layers and spec.training is not None and spec.training.recompute == "selective-op":
+        issues.append(source.issue(("training", "recompute"), SELECTIVE_OP_NEEDS))
     total = sum(layer.repeat for layer in spec.layers)
     if total > MAX_LAYERS:
         issues.append(source.issue(("layers",), f"{total:,} layers after 'repeat'; at most {MAX_LAYERS:,} are handled"

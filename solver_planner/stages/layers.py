@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import PlannerError
+from ..errors import InfeasibleError, PlannerError
 from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
-from ..spec.model import ModelSpec
+from ..spec.model import SELECTIVE_OP_NEEDS, ModelSpec
 from .memory import RECOMPUTE_MODES, MemoryOptions, recompute_flops, saved_per_sample
 from .operators import Operator
 
@@ -418,17 +418,24 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     else:
         layers = _from_specs(model.layers, t)
     if t.recompute == "selective-op" and model.transformer is None:
-        raise model.source.error(("training", "recompute"), "selective-op (torchtitan's per-operator checkpointing)"
-                                 " counts a transformer block's matrix products; it needs a 'transformer:' model,"
-                                 " a 'layers:' list names none (use none, selective or full)")
+        # specs loaded from files are refused when loaded (spec/model.py); built in code, here
+        raise model.source.error(("training", "recompute"), SELECTIVE_OP_NEEDS)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:
         options = replace(options, gradient_accumulation="fused")
     if target != "native":
+        from ..targets.rules import reduce_refusal
         from ..targets.search import target_module
 
         rules = target_module(target).RULES
+        why = t.gradient_reduce_dtype and reduce_refusal(rules, t.dtype, t.gradient_reduce_dtype)
+        if why:
+            # said before the search: otherwise only plans without data parallelism qualify,
+            # silently slower than what the user asked for
+            where = model.source.error(("training", "gradient_reduce_dtype"),
+                                       f"{why}; the spec asks for {t.gradient_reduce_dtype}")
+            raise InfeasibleError(f"{target} runs no plan of this spec with data parallelism: {where}")
         if t.gradient_reduce_dtype is None:
             # the framework's own default type (bf16 gradients: fp32 under torchtitan's FSDP2
             # and Megatron-LM; targets/*.py RULES.reduce_default)

@@ -126,12 +126,9 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
         hint = ("; its selective checkpointing is per operator: recompute: selective-op"
                 if cfg.recompute == "selective" and "selective-op" in rules.recompute else "")
         return f"{t} has no {cfg.recompute} recompute (it has {', '.join(sorted(rules.recompute))}){hint}"
-    planned = cfg.gradient_reduce_dtype or cfg.dtype
-    runs = sorted(r for d, r in rules.gradient_reduce if d == cfg.dtype) or [cfg.dtype]
-    if cfg.data > 1 and planned not in runs:
-        how = " or ".join(runs) + (" (the training dtype; its export cannot change that)"
-                                   if not rules.gradient_reduce else "")
-        return f"{t} reduces {cfg.dtype} gradients in {how}; the plan reduces them in {planned}"
+    why = reduce_refusal(rules, cfg.dtype, cfg.gradient_reduce_dtype or cfg.dtype)
+    if cfg.data > 1 and why:
+        return f"{why}; the plan reduces them in {cfg.gradient_reduce_dtype or cfg.dtype}"
     if cfg.optimizer_sharding not in rules.optimizer_sharding:
         return (f"{t} has no optimizer sharding {cfg.optimizer_sharding!r} (it has "
                 f"{', '.join(sorted(rules.optimizer_sharding))})")
@@ -148,6 +145,16 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
                 f"{cfg.micro_batch_size} x data {cfg.data}")
     _, why = chunk_layers(cfg)
     return why
+
+
+def reduce_refusal(rules: TargetRules, dtype: str, reduce: str) -> str | None:
+    """Why the framework cannot reduce ``dtype`` gradients in ``reduce`` (None: it can)."""
+    runs = sorted(r for d, r in rules.gradient_reduce if d == dtype) or [dtype]
+    if reduce in runs:
+        return None
+    how = " or ".join(runs) + (" (the training dtype; its export cannot change that)" if not rules.gradient_reduce
+                               else "")
+    return f"{rules.target} reduces {dtype} gradients in {how}"
 
 
 def tensor_splits(cfg: TargetConfig) -> str | None:
