@@ -262,3 +262,23 @@ def test_a_chunked_target_plan_is_exported_and_checked(tmp_path, target, schedul
         assert flags["--parallelism.pipeline_parallel_microbatch_size"] == cfg["micro_batch_size"]
         assert flags["activation-checkpoint"] == "selective" and cfg["recompute"] == "selective-op"
     assert CliRunner().invoke(app, ["check", cluster, str(model), str(plan)]).exit_code == 0
+
+
+def test_a_space_the_target_runs_none_of_names_every_reason(tmp_path):
+    """The shipped Llama-3-8B job under torchtitan: every plan breaks a rule, several rules in
+    all; the message named the most common and counted the rest ('and 2 other reason(s)'):
+    each is named now, with the plans it refused, most common first."""
+    import json
+    import re
+
+    from conftest import ROOT
+
+    res = CliRunner().invoke(app, ["stages", str(CLUSTERS / "dgx-h100-4x8.yaml"),
+                                   str(ROOT / "examples" / "hf" / "llama-3-8b-training.yaml"), "--target",
+                                   "torchtitan", "--json"])
+    assert res.exit_code == 1, res.output
+    message = json.loads(res.stdout)["error"]["message"]
+    total = int(re.search(r"runs none of the (\d+) uniform plans; the first rule each breaks: ", message).group(1))
+    counts = [int(n) for n in re.findall(r"\((\d+) plans\)", message)]
+    assert len(counts) >= 2 and sum(counts) == total and counts == sorted(counts, reverse=True)
+    assert "torchtitan has no selective recompute" in message and "other reason" not in message

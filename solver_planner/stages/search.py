@@ -667,10 +667,14 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
                                          splits=search.splits, allows=search.allows, refused=refused, least=least)
     if not priced and refused:
         # every plan of the space breaks a rule of the framework: say which, most common first
+        # (each plan counted under the first rule it breaks, so fixing one reason may show
+        # another: all are named, most common first)
         why = sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))
-        more = f" (and {len(why) - 1} other reason(s))" if len(why) > 1 else ""
-        raise InfeasibleError(f"{search.space} runs none of the {sum(refused.values())} uniform plans: "
-                              f"{why[0][0]}{more}")
+        total = sum(refused.values())
+        if len(why) == 1:
+            raise InfeasibleError(f"{search.space} runs none of the {total} uniform plans: {why[0][0]}")
+        raise InfeasibleError(f"{search.space} runs none of the {total} uniform plans; the first rule each breaks: "
+                              + "; ".join(f"{reason} ({n} plans)" for reason, n in why))
     if not priced:
         raise InfeasibleError(f"no plan of the {search.space} space on these meshes: {why_none(pairs, search.uniform)}")
     if empty and not board.ranked() and least:
