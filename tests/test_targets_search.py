@@ -1,6 +1,7 @@
 """--target megatron: the search lists only what Megatron-LM runs, and says why it refuses."""
 
 import json
+import math
 
 import pytest
 
@@ -282,3 +283,35 @@ def test_a_space_the_target_runs_none_of_names_every_reason(tmp_path):
     counts = [int(n) for n in re.findall(r"\((\d+) plans\)", message)]
     assert len(counts) >= 2 and sum(counts) == total and counts == sorted(counts, reverse=True)
     assert "torchtitan has no selective recompute" in message and "other reason" not in message
+
+
+def test_the_readmes_torchtitan_launch_is_what_plan_writes(tmp_path):
+    """The README's torchtitan example, run: the shipped torchtitan copy of the Llama job
+    plans under --target torchtitan, the export holds one argument per line for
+    `torchrun ... -m torchtitan.train $(cat torchtitan.args)` (torchtitan's own parser reads
+    it where torchtitan is installed), its degrees cover the cluster, and check accepts it."""
+    import shlex
+
+    from conftest import ROOT
+    from solver_planner.targets import torchtitan as tt
+
+    text = (ROOT / "README.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("$ solver-planner plan") and "--target torchtitan" in x)
+    assert "$ torchrun --nnodes 4 --nproc-per-node 8 ... -m torchtitan.train $(cat torchtitan.args)" in text
+    argv = shlex.split(line[2:])[1:]
+    plan, args = tmp_path / "plan.yaml", tmp_path / "torchtitan.args"
+    argv = [str(plan) if a == "plan.yaml" else str(args) if a == "torchtitan.args" else
+            str(ROOT / a) if a.startswith(("specs/", "examples/")) else a for a in argv]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    flags = tt.parse(args.read_text())
+    degrees = [int(flags[f"--parallelism.{k}_degree"]) for k in ("data_parallel_shard", "data_parallel_replicate",
+                                                                  "tensor_parallel", "pipeline_parallel")]
+    assert math.prod(degrees) == 32
+    assert flags["activation-checkpoint"] == "selective"
+    assert CliRunner().invoke(app, ["check", argv[1], argv[2], str(plan)]).exit_code == 0
+    try:
+        from torchtitan.config import ConfigManager
+    except Exception:                         # torchtitan is not installed (CI installs it)
+        return
+    ConfigManager().parse_args(tt.argv(args.read_text()))
