@@ -335,3 +335,18 @@ def test_a_one_token_context_gets_the_largest_accepted_batch(tmp_path):
     path.write_text(json.dumps(data))
     spec = load_model_spec(path)
     assert spec.training.global_batch == 2**20
+
+
+def test_the_readmes_show_transcript_is_what_show_prints():
+    """Each line of the README's `show MODEL` transcript (but the `...` of rows left out) is a
+    line the command prints, in that order; the gradient row says the reduction's type."""
+    from conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("$ solver-planner show examples/hf/llama-3-8b.json"):].split("```")[0]
+    shown = [" ".join(x.split()) for x in block.splitlines()[1:] if x.strip() and x.strip() != "..."]
+    res = run_cli("show", "examples/hf/llama-3-8b.json", env={"COLUMNS": "300"})
+    assert res.returncode == 0, res.stderr
+    printed = [" ".join(x.split()) for x in res.stdout.splitlines()]
+    at = [printed.index(x) for x in shown]
+    assert at == sorted(at) and any("reduced during the backward in bfloat16" in x for x in shown)

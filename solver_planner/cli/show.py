@@ -80,8 +80,12 @@ def _show_model(path: Path, as_json: bool) -> None:
         rows.append(("training", f"global batch {t['global_batch']}, micro-batches {t['microbatches']},"
                                  f" {t['dtype']}, {t['optimizer']}, recompute {t['recompute']}"))
         # what an iteration does with the gradients changes every prediction: say it
-        rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward,"
-                                  f" accumulated by {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))
+        reduce = (f"in {t['gradient_reduce_dtype']}" if t.get("gradient_reduce_dtype")
+                  else f"in {t['dtype']}" + (" (float32 under --target torchtitan or megatron)"
+                                             if t["dtype"] == "bfloat16" else ""))
+        rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward"
+                                  f" {reduce}, accumulated by"
+                                  f" {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))
     table = Table(show_header=False, box=None)
     table.add_column()
     table.add_column()
