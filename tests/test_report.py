@@ -247,6 +247,10 @@ def test_plan_report_draws_each_stages_proven_program_step_by_step(tmp_path):
     page = plan_report(plan, plan_document(plan))
     assert f"gradient program, step by step on its sub-mesh (devices numbered within the stage): {program}" in page
     assert "z3 proof: valid" in page
+    # the links table says what it leaves out (tensor parallelism is t = 2 here), and the
+    # heading counts its stages in words
+    assert "Tensor-parallel collectives and ZeRO-3 parameter gathers are priced inside each layer's time" in page
+    assert "<p>2 stages of " in page
     steps = len(program.split(";"))
     assert all(re.search(rf'id="f\d+-step-{n}-groups', page) for n in range(1, steps + 1))
 

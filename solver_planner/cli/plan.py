@@ -173,7 +173,8 @@ def _print(doc: dict) -> None:
     s = doc["schedule"]
     v = s["virtual"]
     chunks = f" x {v} model chunks" if v > 1 else ""
-    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {len(doc['stages']) // v} stages{chunks} of"
+    n = len(doc["stages"]) // v
+    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {n} stage{'' if n == 1 else 's'}{chunks} of"
               f" {format_meshes(doc['mesh'])} meshes, {doc['microbatches']} micro-batches of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"

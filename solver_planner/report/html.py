@@ -221,7 +221,11 @@ def _links(plan) -> str:
                    [[r["interconnect"], r["ports used"], f"{r['mean']:.1%}", r["busiest port"], f"{r['busiest']:.1%}"]
                     for r in rows], num=(1, 2, 4))
     top = sorted((p for r in rows for p in r["ports"]), reverse=True)[:MAX_PORTS_LISTED]
-    return (table + "<details><summary>the busiest ports</summary>"
+    # the simulator plays only these on ports; a reader would otherwise take the links for idle
+    note = ("<p>What the simulator plays on ports: transfers between stages, gradient reductions and tied"
+            " all-reduces. Tensor-parallel collectives and ZeRO-3 parameter gathers are priced inside each"
+            " layer's time (the breakdown's tensor-parallel term), not here.</p>")
+    return (note + table + "<details><summary>the busiest ports</summary>"
             + _table(["port", "busy share of the iteration"], [[p, f"{u:.1%}"] for u, p in top], num=(1,))
             + "</details>")
 
@@ -236,7 +240,8 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>{e(doc['model'])} on {e(doc['cluster'])}: plan</title><style>{CSS}</style></head><body>",
              f"<h1>{e(doc['model'])} on {e(doc['cluster'])}</h1>",
-             f"<p>{len(doc['stages'])} stages of {format_meshes(doc['mesh'])} meshes, {doc['microbatches']}"
+             f"<p>{len(doc['stages'])} stage{'' if len(doc['stages']) == 1 else 's'} of {format_meshes(doc['mesh'])}"
+             f" meshes, {doc['microbatches']}"
              f" micro-batches of {doc['microbatch_size']}, schedule {e(s['kind'])}; iteration"
              f" <b>{e(units.format_time(doc['iteration_time']))}</b> (simulated), {doc['throughput']:.1f} samples/s,"
              f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}; cross-mesh boundaries {e(doc['cross_mesh'])},"
