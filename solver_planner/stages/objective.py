@@ -14,8 +14,9 @@ waiting for a busy port only delays tasks.
   x(q->p))``; its exec then does ``B w`` of work; after its last chain op (micro-batch
   ``B - 1``, since every schedule runs backwards in micro-batch order) only its last ``BW``
   may remain, and the iteration lasts at least ``D_p = max(u_p, max over earlier stages q
-  it feeds (x(p->q) + c_q + D_q))`` more, ``u_p = (bW if split) + g_p`` (plus a tied copy's
-  all-reduce)::
+  it feeds (x(p->q) + c_q + D_q))`` more, ``u_p = (bW if split) + g_p`` (with a tied copy: its
+  reductions, the copy's all-reduce, then the longer optimizer step of the two stages the
+  tie joins, both of which wait for it)::
 
       LB_p = H_p + B w_p - (b_p - c_p) + D_p
 
@@ -45,7 +46,10 @@ waiting for a busy port only delays tasks.
 * **Link bound** (:mod:`.link`, counted with the cycle bound): a channel's transfers run one
   after another, so where they outlast the stages' ops, two neighbouring stages and the
   channel between them are played out alone, each stage's ops in its order, from the fill
-  ``H_p`` to the last chain op of either stage and its drain.
+  ``H_p`` to the last chain op of either stage and its drain; and the *backlog* behind the
+  link: each micro-batch's gradient, from the end of its chain op in that playout, reaches
+  each earlier stage, which still has its ops from that micro-batch's chain op to its last
+  one and its drain to run.
 
 * **Port bound**.  The tasks holding one port (transfers, gradient reductions, tied
   all-reduces) run one at a time: ``PB_r = earliest start + sum of durations + least tail``.
