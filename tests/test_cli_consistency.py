@@ -188,3 +188,16 @@ def test_run_without_torch_says_so_in_one_line(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert "torch.distributed, which is not installed" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_input_file_is_one_line_and_named_in_the_json(tmp_path):
+    """click's own errors printed its usage block (three lines) and the JSON error object had
+    no file; now one line, as every other error, and the file under --json."""
+    missing = tmp_path / "nope.yaml"
+    r = run_cli("stages", missing, SPECS / "models" / "gpt3-2.6b.yaml")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope.yaml' does not exist" in r.stderr
+    assert "-h'" in r.stderr and "Usage:" not in r.stderr
+    r = run_cli("stages", missing, SPECS / "models" / "gpt3-2.6b.yaml", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["file"] == str(missing)
+    r = run_cli("stages", "--no-such-flag")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "No such option" in r.stderr

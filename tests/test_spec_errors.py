@@ -410,3 +410,14 @@ def test_keys_equal_once_loaded_are_duplicates():
     with pytest.raises(SpecError, match=r"spec.yaml:3: .*duplicate key '0x1' \(first given on line 2\)"):
         load_yaml("spec.yaml", "m:\n  1: a\n  0x1: b\n")
     assert load_yaml("spec.yaml", "m:\n  1: a\n  '0x1': b\n")[0] == {"m": {1: "a", "0x1": "b"}}
+
+
+@pytest.mark.parametrize("value", ["1", "0", "'true'", "'no'"])
+def test_a_switch_is_true_or_false(value):
+    """fused_qkv: 1 and sequence_parallel: "true" planned as true (pydantic's lax booleans):
+    a switch is YAML's true or false (yes and no read as those), anything else is a slip."""
+    text = ("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, vocab: 100, sequence: 16}\n"
+            f"training:\n  global_batch: 8\n  sequence_parallel: {value}\n")
+    err = str(error_of(load_model_spec, text))
+    assert ":5: training.sequence_parallel: expected true or false" in err
+    assert load_model_spec("spec.yaml", text.replace(f"parallel: {value}", "parallel: yes")).training.sequence_parallel

@@ -239,6 +239,7 @@ app.command()(run)
 def main() -> None:
     """The entry point: click's own errors (a bad option value, a missing argument) exit 2
     with one line, and under ``--json`` also print the error object on stdout."""
+    import re
     import sys
 
     try:
@@ -251,9 +252,17 @@ def main() -> None:
         # the click package or carries its own copy: they can show themselves and have a code
         if not (hasattr(exc, "show") and hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
+        message = exc.format_message()
         if "--json" in sys.argv[1:]:
-            print_json(error_object(exc.format_message(), exc.exit_code))
-        exc.show()
+            out = error_object(message, exc.exit_code)
+            missing = re.search(r"'([^']+)' does not exist", message)
+            if missing:                     # an input file that is not there: say which
+                out["error"]["file"] = missing.group(1)
+            print_json(out)
+        # one line, as every other error (click would add its usage block)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} -h')" if ctx is not None and ctx.command_path else ""
+        typer.echo(f"error: {message}{hint}", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -53,6 +53,16 @@ Integer = Annotated[int, BeforeValidator(_not_bool)]
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
+def _only_bool(value: object) -> object:
+    # a switch is true or false (YAML's yes/no read as those too): 1 or "true" is a slip
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+Boolean = Annotated[bool, BeforeValidator(_only_bool)]
+
+
 def _quantity(kind: str):
     def read(value: object) -> float:
         return units.parse(value, kind)

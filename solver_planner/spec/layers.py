@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Bytes, Duration, Flops, Integer,
-                   SpecModel)
+from .base import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Boolean, Bytes, Duration, Flops,
+                   Integer, SpecModel)
 
 __all__ = ["LayerSpec", "TransformerSpec", "TrainingSpec", "FLOAT_DTYPES", "OPTIMIZERS", "RECOMPUTE",
            "OPTIMIZER_SHARDING", "ATTENTION", "HOST_OVERHEAD"]
@@ -117,10 +117,10 @@ class TransformerSpec(SpecModel):
     norm: Literal["layernorm", "rmsnorm"] = Field(
         default="layernorm", description="layernorm: a scale and a bias per norm; rmsnorm: a scale only (Zhang and"
         " Sennrich 2019)")
-    bias: bool | Literal["qkv"] = Field(
+    bias: Boolean | Literal["qkv"] = Field(
         default=True, description="biases of the linear layers: true (GPT), false (Llama), or qkv (only the query,"
         " key and value projections, Qwen2)")
-    fused_qkv: bool = Field(
+    fused_qkv: Boolean = Field(
         default=True, description="the query, key and value projections run as one matrix product (Megatron-LM, "
         "torchtitan 0.3.0); false: as three (torchtitan before 0.3), which recompute: selective-op counts one by one")
 
@@ -179,20 +179,20 @@ class TrainingSpec(SpecModel):
         default="none", description="ZeRO stage over each stage's data-parallel replicas (Rajbhandari et al. "
         "2020): zero-1 optimizer state, zero-2 and gradients, zero-3 and parameters; distributed = Megatron's "
         "distributed optimizer (zero-1's memory)")
-    sequence_parallel: bool = Field(
+    sequence_parallel: Boolean = Field(
         default=False, description="split the activations tensor parallelism leaves replicated (Korthikanti et "
         "al. 2022 section 4.2.2)")
-    tied_embeddings: bool = Field(
+    tied_embeddings: Boolean = Field(
         default=True, description="transformer: the logits layer reuses the token embedding; on another stage it "
         "keeps a copy whose gradient is all-reduced with the first stage's")
-    gradient_overlap: bool = Field(
+    gradient_overlap: Boolean = Field(
         default=True, description="reduce each layer's gradients while backward goes on (DDP buckets); false: "
         "after the stage's last backward")
     attention: Literal[ATTENTION] = Field(  # type: ignore[valid-type]
         default="flash", description="transformer: how attention runs: flash (one fused kernel, Dao et al. 2022;"
         " causal, so about half the score FLOPs run) or materialized (the scores written to memory, softmax and"
         " dropout over them, two batched products: Megatron-LM before FlashAttention)")
-    gradient_clipping: bool = Field(
+    gradient_clipping: Boolean = Field(
         default=True, description="clip gradients by their global norm (Megatron-LM's default, clip 1.0): the"
         " optimizer step first reads every gradient for the norm")
     gradient_accumulation: Literal["add", "fused"] = Field(
