@@ -333,3 +333,21 @@ def test_report_has_a_rank_table_and_link_utilisation(many_microbatches):
     for r in rows:
         assert f"<td>{r['interconnect']}</td>" in page
     assert "white-space: pre-wrap" in page      # the reproduce commands wrap
+
+
+def test_a_target_plan_s_report_shows_the_framework_s_configuration(tmp_path):
+    """The report of a --target torchtitan plan carries what torchtitan is launched with (the
+    plan file's recorded export), and a ZeRO-3 stage's reduce-scatter, not an all-reduce by
+    design, is not coloured as a warning."""
+    import yaml
+
+    from conftest import llama_training
+
+    model = llama_training(tmp_path, recompute="selective-op", optimizer_sharding="zero-3")
+    plan, report = tmp_path / "p.yaml", tmp_path / "r.html"
+    r = run_cli("plan", CLUSTERS / "dgx-h100-4x8.yaml", model, "--target", "torchtitan", "-o", plan, "--report", report)
+    assert r.returncode == 0, r.stderr
+    page = report.read_text()
+    export = yaml.safe_load(plan.read_text())["target"]["export"]
+    assert "<h2>torchtitan configuration</h2><pre>" + export.split("\n")[0] in page
+    assert '<span class="plain">not an all-reduce</span>' in page and '<span class="bad">not an all' not in page

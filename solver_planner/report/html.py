@@ -25,7 +25,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; }
 th { background: #f2f2f2; } td.num { text-align: right; }
-.valid { color: #009E73; font-weight: bold; } .bad { color: #D55E00; font-weight: bold; }
+.valid { color: #009E73; font-weight: bold; } .bad { color: #D55E00; font-weight: bold; } .plain { color: inherit; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
 details { margin: 0.6em 0; } summary { cursor: pointer; }
@@ -253,8 +253,10 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     parts.append("<h2>Stages and proofs</h2>")
     rows = []
     for st in doc["stages"]:
-        ok = st["proof"] in ("valid", "not needed")
-        proof = _Raw(f"<span class=\"{'valid' if ok else 'bad'}\">{e(st['proof'])}</span>"
+        # a reduce-scatter (ZeRO) is no all-reduce by design: said plainly, not as a warning
+        kind = "valid" if st["proof"] in ("valid", "not needed") else "plain" if st["proof"] == "not an all-reduce" \
+            else "bad"
+        proof = _Raw(f"<span class=\"{kind}\">{e(st['proof'])}</span>"
                      + (f" ({e(st['proof_detail'])})" if st.get("proof_detail") else ""))
         rows.append([st["index"], f"{st['layers'][0]}-{st['layers'][1]} ({st['layer_names'][0]}..{st['layer_names'][1]})",
                      f"{st['devices'][0]}-{st['devices'][-1]}", st["data"], st["tensor"],
@@ -287,6 +289,11 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     for n, (caption, svg) in enumerate(_figures(plan)):
         parts.append(f"<figure>{_inline(svg, n) if svg.startswith('<') else svg[4:]}"
                      f"<figcaption>{e(caption)}</figcaption></figure>")
+    target = doc.get("target") or {}
+    if target.get("export"):
+        # what the framework is launched with: the plan file's recorded export (check derives it)
+        parts.append(f"<h2>{e(str(target.get('framework', 'framework')))} configuration</h2><pre>"
+                     + e(target["export"]) + "</pre>")
     if commands:
         parts.append("<h2>Reproduce</h2><pre>" + "\n".join(e(c) for c in commands) + "</pre>")
     parts.append("</body></html>\n")
