@@ -38,9 +38,12 @@ import functools
 import math
 from typing import Callable
 
+import numpy as np
+
 from .schedule import Schedule, stage_order, warmup
 
-__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "backlog_counts", "LINK_MICROBATCHES"]
+__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "backlog_counts", "backlog_arrays",
+           "LINK_MICROBATCHES"]
 
 # The bound plays out about 4B steps per link; past this many micro-batches it is left out
 # (still a lower bound without it): the small plans where a link paces the pipeline have
@@ -221,7 +224,7 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
     return sp + cp, sq + cq, tp, tq
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
 def backlog_counts(schedule: Schedule, stages: int, r: int, microbatches: int,
                    delay: bool = False) -> tuple[tuple[int, int, int], ...]:
     """Per micro-batch ``m``: the forwards, chain ops and weight parts stage ``r`` runs from
@@ -241,3 +244,13 @@ def backlog_counts(schedule: Schedule, stages: int, r: int, microbatches: int,
             nc += 1
             out[m] = (nf, nc, nw)
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)      # int32: 6 KB a stage and schedule at 512 micro-batches
+def backlog_arrays(schedule: Schedule, stages: int, r: int, microbatches: int,
+                   delay: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`backlog_counts` as three arrays (forwards, chain ops, weight parts by
+    micro-batch), for many micro-batches at once."""
+    out = np.asarray(backlog_counts(schedule, stages, r, microbatches, delay), dtype=np.int32).T.copy()
+    out.setflags(write=False)
+    return out[0], out[1], out[2]

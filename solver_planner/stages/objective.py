@@ -81,7 +81,9 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .link import LINK_MICROBATCHES, backlog_counts, link_key, link_numbers, paced
+import numpy as np
+
+from .link import LINK_MICROBATCHES, backlog_arrays, backlog_counts, link_key, link_numbers, paced
 from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
@@ -264,33 +266,50 @@ def _link_bound(plan: Partition, schedule: Schedule, key: tuple, memo: dict | No
         best = max(best, H[p] + max(out[0] + D[p], out[1] + D[q]))
         if p > 0:
             # the backlog also reads the earlier stages' orders: not shared through the key
-            best = max(best, _backlog(schedule, S, p, B, [H[p] + e for e in out[4]], f, ch,
+            best = max(best, _backlog(schedule, S, p, B, H[p] + np.asarray(out[4]), f, ch,
                                       bw if split else [0.0] * S, act, grad, D, delays))
     return best
 
 
-def _backlog(schedule: Schedule, S: int, p: int, B: int, ends: list[float], f, ch, bw, act, grad, D,
+# stages back from a paced link the backlog is followed through (each costs O(B) per plan
+# and schedule); fewer is still a bound, and the critical paths seen end within a few
+BACKLOG_STAGES = 16
+
+
+def _backlog(schedule: Schedule, S: int, p: int, B: int, ends: np.ndarray, f, ch, bw, act, grad, D,
              delays) -> float:
     """The link bound's backlog: ``ends[m]``, when stage p's chain op of micro-batch m ends at
     the earliest (the link played out), is followed by m's gradient going back through each
-    earlier stage r joined to the next; r then still has every op from its chain op of m to
-    its last chain op (:func:`.link.backlog_counts`), and its drain ``D_r``.  Where the link
-    has held the activations back, the gradients come late and an earlier stage slower than
-    the link has all of its backward passes still to run (GPT-like blocks on two hosts
-    joined by 10 Gbps: the critical path of such plans, 6-7% above the bounds before)."""
-    best = -math.inf
-    arrive = list(ends)
-    for r in range(p - 1, -1, -1):
+    earlier stage r joined to the next (up to :data:`BACKLOG_STAGES` of them); r then still
+    has every op from its chain op of m to its last chain op (:func:`.link.backlog_counts`),
+    and its drain ``D_r``.  Where the link has held the activations back, the gradients come
+    late and an earlier stage slower than the link has all of its backward passes still to
+    run (GPT-like blocks on two hosts joined by 10 Gbps: the critical path of such plans,
+    6-7% above the bounds before)."""
+    total = -math.inf
+    few = B <= 64                 # Python floats beat numpy's cost per call on few micro-batches
+    arrive = ends.tolist() if few else ends
+    for r in range(p - 1, max(p - 1 - BACKLOG_STAGES, -1), -1):
         if (r, r + 1) not in act:
             break
         x, fr, cr, wr = grad[r, r + 1], f[r], ch[r], bw[r]
-        counts = backlog_counts(schedule, S, r, B, delays[r])
-        for m in range(B):
-            nf, nc, nw = counts[m]
-            a = arrive[m] + x
-            best = max(best, a + nf * fr + nc * cr + nw * wr + D[r])
-            arrive[m] = a + cr
-    return best
+        if few:
+            most = -math.inf
+            counts = backlog_counts(schedule, S, r, B, delays[r])
+            for m in range(B):
+                nf, nc, nw = counts[m]
+                a = arrive[m] + x
+                v = a + nf * fr + nc * cr + nw * wr
+                if v > most:
+                    most = v
+                arrive[m] = a + cr
+        else:
+            nf, nc, nw = backlog_arrays(schedule, S, r, B, delays[r])
+            arrive = arrive + x
+            most = float((arrive + (nf * fr + nc * cr + nw * wr)).max())
+            arrive = arrive + cr
+        total = max(total, most + D[r])
+    return total
 
 
 @functools.lru_cache(maxsize=4096)
