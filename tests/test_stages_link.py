@@ -130,6 +130,12 @@ def test_the_compiled_steps_are_the_loop(schedule, S, B, dp, dq, values):
         assert all(list(x) == [y, y] for x, y in zip(arrays, want))
         for _ in range(link.COMPILE_AFTER + 1):       # the loop until compiled, then the function
             assert link_numbers(schedule, S, p, B, dp, dq)(*values) == want
+        # with each chain op's end (the objective's backlog): the same four, and the ends
+        # agree with the loop's, compiled or not
+        loop = link_time(steps, B, *values, ends=True)
+        assert loop[:4] == want and len(loop[4]) == B and loop[4][B - 1] == want[0]
+        for _ in range(link.COMPILE_AFTER + 1):
+            assert link_numbers(schedule, S, p, B, dp, dq, ends=True)(*values) == loop
 
 
 def test_r5_plays_cells_alike_one_by_one_as_arrays_and_in_slices(monkeypatch):
