@@ -24,6 +24,7 @@ import re
 from .errors import UnitError
 
 __all__ = [
+    "format_count",
     "parse",
     "unit_pattern",
     "describe",
@@ -203,6 +204,15 @@ def format_flops(n: float) -> str:
 def format_flop_rate(n: float) -> str:
     """``3.12e14`` -> ``'312 TFLOP/s'``."""
     return format_flops(n) + "/s"
+
+
+def format_count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one.
+
+    >>> format_count(1, "stage"), format_count(4, "stage")
+    ('1 stage', '4 stages')
+    """
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def format_rows(rows: tuple[int, ...]) -> str:

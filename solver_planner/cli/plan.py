@@ -174,7 +174,7 @@ def _print(doc: dict) -> None:
     v = s["virtual"]
     chunks = f" x {v} model chunks" if v > 1 else ""
     n = len(doc["stages"]) // v
-    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {n} stage{'' if n == 1 else 's'}{chunks} of"
+    out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {units.format_count(n, 'stage')}{chunks} of"
               f" {format_meshes(doc['mesh'])} meshes, {doc['microbatches']} micro-batches of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"

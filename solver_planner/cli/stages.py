@@ -158,7 +158,7 @@ def stages(
 def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
     c = data["config"]
-    out.print(f"[bold]{model}[/] on {cluster}: {c['pipeline']} stage{'' if c['pipeline'] == 1 else 's'} of {format_meshes(data['mesh'])} meshes,"
+    out.print(f"[bold]{model}[/] on {cluster}: {units.format_count(c['pipeline'], 'stage')} of {format_meshes(data['mesh'])} meshes,"
               f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
     idle = data.get("devices", {})

@@ -240,7 +240,7 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>{e(doc['model'])} on {e(doc['cluster'])}: plan</title><style>{CSS}</style></head><body>",
              f"<h1>{e(doc['model'])} on {e(doc['cluster'])}</h1>",
-             f"<p>{len(doc['stages'])} stage{'' if len(doc['stages']) == 1 else 's'} of {format_meshes(doc['mesh'])}"
+             f"<p>{units.format_count(len(doc['stages']), 'stage')} of {format_meshes(doc['mesh'])}"
              f" meshes, {doc['microbatches']}"
              f" micro-batches of {doc['microbatch_size']}, schedule {e(s['kind'])}; iteration"
              f" <b>{e(units.format_time(doc['iteration_time']))}</b> (simulated), {doc['throughput']:.1f} samples/s,"
