@@ -235,3 +235,17 @@ def test_the_backlog_behind_a_link_bounds_the_plans_it_paces(tmp_path, seed):
         for member in random.Random(seed).sample(members, len(members)):
             assert bounds(plan, member, memo=memo) == bounds(plan, member)
     assert binds
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(SCHEDULES + family("eager-1f1b", 5)), st.integers(2, 5), st.integers(1, 12), st.booleans())
+def test_a_stage_s_backlog_counts_its_ops_from_each_chain_op_to_its_last(schedule, S, B, delay):
+    """link.backlog_counts against a count over the stage's order written out."""
+    for r in range(S):
+        order = stage_order(schedule, S, r, B, delay)
+        chain = [i for i, (op, _) in enumerate(order) if op in ("B", "BA")]
+        nf, nc, nw = link.backlog_counts(schedule, S, r, B, delay)
+        for m in range(B):
+            first = next(i for i in chain if order[i][1] == m)
+            ops = [op for op, _ in order[first:chain[-1] + 1]]
+            assert (nf[m], nc[m], nw[m]) == (ops.count("F"), ops.count("B") + ops.count("BA"), ops.count("BW"))

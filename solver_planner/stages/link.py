@@ -42,7 +42,7 @@ import numpy as np
 
 from .schedule import Schedule, stage_order, warmup
 
-__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "backlog_counts", "backlog_arrays",
+__all__ = ["link_key", "link_steps", "link_time", "link_numbers", "paced", "backlog_counts",
            "LINK_MICROBATCHES"]
 
 # The bound plays out about 4B steps per link; past this many micro-batches it is left out
@@ -224,15 +224,15 @@ def link_time(steps: tuple[tuple[int, int], ...], B: int, fp, cp, wp, fq, cq, wq
     return sp + cp, sq + cq, tp, tq
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)      # int32: 6 KB a stage and schedule at 512 micro-batches
 def backlog_counts(schedule: Schedule, stages: int, r: int, microbatches: int,
-                   delay: bool = False) -> tuple[tuple[int, int, int], ...]:
-    """Per micro-batch ``m``: the forwards, chain ops and weight parts stage ``r`` runs from
-    its chain op of ``m`` to its last chain op, both included (its backlog once ``m``'s
-    gradient has come, :mod:`.objective`'s link bound)."""
+                   delay: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """By micro-batch ``m``: the forwards, chain ops and weight parts stage ``r`` runs from its
+    chain op of ``m`` to its last chain op, both included (its backlog once ``m``'s gradient
+    has come, :mod:`.objective`'s link bound); three arrays of ``microbatches`` counts."""
     order = stage_order(schedule, stages, r, microbatches, delay)
     last = max(i for i, (op, _) in enumerate(order) if op in ("B", "BA"))
-    out: list = [None] * microbatches
+    out = np.zeros((3, microbatches), dtype=np.int32)
     nf = nc = nw = 0
     for i in range(last, -1, -1):
         op, m = order[i]
@@ -242,15 +242,6 @@ def backlog_counts(schedule: Schedule, stages: int, r: int, microbatches: int,
             nw += 1
         else:
             nc += 1
-            out[m] = (nf, nc, nw)
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=4096)      # int32: 6 KB a stage and schedule at 512 micro-batches
-def backlog_arrays(schedule: Schedule, stages: int, r: int, microbatches: int,
-                   delay: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`backlog_counts` as three arrays (forwards, chain ops, weight parts by
-    micro-batch), for many micro-batches at once."""
-    out = np.asarray(backlog_counts(schedule, stages, r, microbatches, delay), dtype=np.int32).T.copy()
+            out[:, m] = (nf, nc, nw)
     out.setflags(write=False)
     return out[0], out[1], out[2]

@@ -83,7 +83,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .link import LINK_MICROBATCHES, backlog_arrays, backlog_counts, link_key, link_numbers, paced
+from .link import LINK_MICROBATCHES, backlog_counts, link_key, link_numbers, paced
 from .neighbor import neighbor_bound, neighbor_path, window_bound
 from .partition import Partition
 from .pipeline import mesh_orders, weight_delays
@@ -287,28 +287,14 @@ def _backlog(schedule: Schedule, S: int, p: int, B: int, ends: np.ndarray, f, ch
     run (GPT-like blocks on two hosts joined by 10 Gbps: the critical path of such plans,
     6-7% above the bounds before)."""
     total = -math.inf
-    few = B <= 64                 # Python floats beat numpy's cost per call on few micro-batches
-    arrive = ends.tolist() if few else ends
+    arrive = ends
     for r in range(p - 1, max(p - 1 - BACKLOG_STAGES, -1), -1):
         if (r, r + 1) not in act:
             break
-        x, fr, cr, wr = grad[r, r + 1], f[r], ch[r], bw[r]
-        if few:
-            most = -math.inf
-            counts = backlog_counts(schedule, S, r, B, delays[r])
-            for m in range(B):
-                nf, nc, nw = counts[m]
-                a = arrive[m] + x
-                v = a + nf * fr + nc * cr + nw * wr
-                if v > most:
-                    most = v
-                arrive[m] = a + cr
-        else:
-            nf, nc, nw = backlog_arrays(schedule, S, r, B, delays[r])
-            arrive = arrive + x
-            most = float((arrive + (nf * fr + nc * cr + nw * wr)).max())
-            arrive = arrive + cr
-        total = max(total, most + D[r])
+        nf, nc, nw = backlog_counts(schedule, S, r, B, delays[r])
+        arrive = arrive + grad[r, r + 1]
+        total = max(total, float((arrive + (nf * f[r] + nc * ch[r] + nw * bw[r])).max()) + D[r])
+        arrive = arrive + ch[r]
     return total
 
 
