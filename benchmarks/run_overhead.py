@@ -49,7 +49,7 @@ def hand_written(rank: int, world: int, job, steps: int, store: str, results) ->
         g = dist.new_group([s.ranks[k] for s in job.stages])
         if stage.ranks[k] == rank:
             lane = g
-    module = stage_module(shape, stage.first, stage.last, meshes[p], stage.tensor, "none", False, False, job.seed)
+    module = stage_module(shape, stage.first, stage.last, meshes[p], stage.tensor, "none", "none", False, job.seed)
     opt = make_optimizer(job.optimizer, module.parameters())
     per = job.microbatch_size // stage.data
     first, last = p == 0, p == S - 1

@@ -87,6 +87,9 @@ CASES = {
     "optimizer sharding (FSDP2) with tensor parallelism": (
         dict(transformer=TINY, optimizer_sharding="zero-3"), ("--schedule", "1f1b", "--config", "2,2,2,4"),
         lambda j: j.sharded),
+    "ZeRO-2 (every micro-batch's gradients reduce-scattered into the shards) with GPipe": (
+        dict(transformer=TINY, optimizer_sharding="zero-2"), ("--schedule", "gpipe", "--config", "2,2,2,4"),
+        lambda j: j.sharding == "zero-2" and j.microbatches == 4),
     "optimizer sharding with eager-1F1B (whole backwards)": (
         dict(transformer=TINY, optimizer_sharding="zero-1"), ("--config", "2,2,2,4"),
         lambda j: j.sharded and j.schedule == "actions" and "weight delay" in j.schedule_name and

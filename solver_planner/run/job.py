@@ -27,10 +27,39 @@ from ..reduction.verify import system_steps
 from ..spec.model import ModelSpec
 from .model import ModelShape, model_shape
 
-__all__ = ["StageJob", "BoundaryJob", "RunJob", "run_job", "ACTION_NAMES"]
+__all__ = ["StageJob", "BoundaryJob", "RunJob", "run_job", "ACTION_NAMES", "FsdpMode", "FSDP_MODES"]
 
 # the stage planner's ops -> torch pipelining's computation types (F, full B, input / weight gradient)
 ACTION_NAMES = {"F": "F", "B": "B", "BA": "I", "BW": "W"}
+
+
+@dataclass(frozen=True)
+class FsdpMode:
+    """How FSDP2 runs one ZeRO stage (ZeRO §5.1; the memory and traffic ``stages/memory.py``
+    prices).  torch's pipelining alone turns FSDP's gradient sync and post-backward resharding
+    off until a stage's last backward: gradients accumulate unsharded and parameters stay
+    gathered (``PipelineStage.backward_maybe_with_nosync``), which is ZeRO-1's memory.  ZeRO-2
+    and ZeRO-3 instead reduce-scatter every micro-batch's gradients into the shards, as DeepSpeed
+    and FSDP2 without pipelining do, and ZeRO-3 frees the gathered parameters after every
+    forward and backward."""
+
+    reshard_after_forward: bool
+    sync_every_backward: bool
+    reshard_after_backward: bool
+    text: str
+
+
+FSDP_MODES = {
+    "zero-1": FsdpMode(False, False, False, "parameters and gradients whole until the stage's last backward, one"
+                       " reduce-scatter per step, optimizer state sharded (ZeRO-1)"),
+    "distributed": FsdpMode(False, False, False, "parameters and gradients whole until the stage's last backward,"
+                            " one reduce-scatter per step, optimizer state sharded (Megatron-LM's distributed"
+                            " optimizer)"),
+    "zero-2": FsdpMode(False, True, False, "parameters whole, every micro-batch's gradients reduce-scattered into"
+                       " the shards (ZeRO-2)"),
+    "zero-3": FsdpMode(True, True, True, "parameters gathered before every forward and backward and freed after,"
+                       " every micro-batch's gradients reduce-scattered into the shards (ZeRO-3)"),
+}
 
 
 @dataclass
@@ -86,13 +115,17 @@ class RunJob:
     orders: dict[int, list[tuple[str, int]]] | None
     schedule_name: str
     optimizer: str                          # adam | sgd
-    sharded: bool                           # optimizer sharding: FSDP2 over each stage's data dimension
+    sharding: str                           # optimizer sharding (none, zero-1/2/3, distributed): FSDP2 over each stage's data dimension
     sequence_parallel: bool
     predicted_iteration_time: float
     lanes: bool = False                     # every boundary is rank k -> rank k, whole tiles: torch's P2P runs it
     steps: int = 3
     seed: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding != "none"
 
     @property
     def global_batch(self) -> int:
@@ -221,11 +254,10 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
                      " slot), since FSDP2 reduces gradients before a delayed weight gradient has run; the numbers"
                      " are the plan's, the weight-gradient timing is not")
     if sharding != "none":
-        notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks (parameters,"
-                     " gradients and optimizer state sharded: ZeRO-3's memory; its reduce-scatter replaces the"
-                     " gradient program)")
+        notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks, {FSDP_MODES[sharding].text};"
+                     " its reduce-scatter replaces the gradient program")
     return RunJob(shape=shape, world=plan.use.used if plan.use is not None else plan.topology.num_devices, stages=stages, boundaries=boundaries,
                   microbatches=part.costs.microbatches, microbatch_size=part.costs.micro_size, schedule=kind,
                   orders=orders, schedule_name=str(sched), optimizer=training.optimizer if training else "adam",
-                  sharded=sharding != "none", sequence_parallel=bool(training and training.sequence_parallel),
+                  sharding=sharding, sequence_parallel=bool(training and training.sequence_parallel),
                   predicted_iteration_time=plan.iteration_time, lanes=lanes, steps=steps, seed=seed, notes=notes)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from .job import FSDP_MODES
 from .model import ModelShape, StageModule, build_layers
 
 __all__ = ["stage_module", "tensor_plan", "ProgramStage", "BroadcastStage", "local_gradients"]
@@ -114,9 +115,11 @@ def checkpointed(layer: torch.nn.Module, recompute: str) -> torch.nn.Module:
     return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
 
 
-def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, recompute: str, sharded: bool,
+def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, recompute: str, sharding: str,
                  sequence_parallel: bool, seed: int) -> torch.nn.Module:
-    """Layers ``first..last`` on ``mesh`` (dims ``dp``, ``tp``)."""
+    """Layers ``first..last`` on ``mesh`` (dims ``dp``, ``tp``); ``sharding`` 'none' or a ZeRO
+    stage, run by FSDP2 as :data:`.job.FSDP_MODES` says (the stage's :class:`ProgramStage`
+    sets the backward half)."""
     module = _Stage(build_layers(shape, first, last, seed))
     layers = list(range(first, last + 1))
     if tensor > 1:
@@ -133,12 +136,13 @@ def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, re
         # after the last tensor backward reads included
         for i in layers:
             module.layers[str(i)] = checkpointed(module.layers[str(i)], recompute)
-    if sharded:
+    if sharding != "none":
         from torch.distributed.fsdp import fully_shard
 
+        after = FSDP_MODES[sharding].reshard_after_forward
         for i in layers:
-            fully_shard(module.layers[str(i)], mesh=mesh["dp"])
-        fully_shard(module, mesh=mesh["dp"])
+            fully_shard(module.layers[str(i)], mesh=mesh["dp"], reshard_after_forward=after)
+        fully_shard(module, mesh=mesh["dp"], reshard_after_forward=after)
         for m in module.modules():
             if hasattr(m, "set_gradient_divide_factor"):
                 # the loss is already each replica's share of the micro-batch mean: sum, not mean;
@@ -166,12 +170,40 @@ def local_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def _ignore(*args, **kwargs) -> None:
+    return None
+
+
 class ProgramStage(PipelineStage):
     """A PipelineStage whose gradient reduction is the plan's program: torch calls
     ``perform_reduce_grad`` once per step right after the stage's last backward, so a late
     stage's reduction overlaps the earlier stages' remaining work, as the plan prices it."""
 
     after_backward: Callable[[], None] | None = None
+    sharding: str = "none"
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        """torch's backward, with FSDP2's flags as the plan's ZeRO stage needs them.  torch
+        sets all three off for every backward, which keeps gradients whole and parameters
+        gathered until :meth:`perform_reduce_grad`: ZeRO-1.  Under ZeRO-2/3 each backward is a
+        last backward, as FSDP2 without pipelining runs it: its gradients are reduce-scattered
+        into the shards (ZeRO-3 also frees the gathered parameters), so the setters torch calls
+        are held off while it runs."""
+        mode = FSDP_MODES.get(self.sharding)
+        mod = self.submod
+        if mode is None or not mode.sync_every_backward or not hasattr(mod, "set_requires_gradient_sync"):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        mod.set_is_last_backward(True)
+        mod.set_requires_gradient_sync(True)
+        mod.set_reshard_after_backward(mode.reshard_after_backward or last_backward)
+        held = ("set_is_last_backward", "set_reshard_after_backward", "set_requires_gradient_sync")
+        for name in held:
+            object.__setattr__(mod, name, _ignore)
+        try:
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        finally:
+            for name in held:
+                object.__delattr__(mod, name)
 
     def perform_reduce_grad(self, grad_scale_factor):
         super().perform_reduce_grad(grad_scale_factor)

@@ -209,7 +209,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
     shape = job.shape
     device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
     module = stage_module(shape, stage.first, stage.last, mesh, stage.tensor, stage.recompute,
-                          job.sharded and stage.data > 1, job.sequence_parallel, job.seed)
+                          job.sharding if stage.data > 1 else "none", job.sequence_parallel, job.seed)
     module.to(device)
     optimizer = make_optimizer(job.optimizer, module.parameters())
     first, last = p == 0, p == S - 1
@@ -244,6 +244,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         _tie(job, stage, module, tied)
 
     pipe.after_backward = after_backward
+    pipe.sharding = job.sharding if stage.data > 1 else "none"
 
     def loss_fn(out, target):
         return loss_sum(shape, out, target, job.microbatch_size)

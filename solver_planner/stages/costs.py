@@ -64,7 +64,7 @@ from .layers import LayerModel
 from . import ranges
 from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
-                     transient_per_sample)
+                     transient_per_sample, zero_run)
 from .operators import layer_pass_times
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "host_parts", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
@@ -351,6 +351,11 @@ class StageCosts:
         self.tables = tables
         self.comm = comm
         self.stages = topology.num_devices // shape.size
+        # bytes of the gradient reduction's type per byte of the training type
+        self.reduce_scale = (FLOAT_DTYPES[model.options.gradient_reduce_dtype or model.dtype]
+                             / FLOAT_DTYPES[model.dtype])
+        # how ZeRO-2/3 run this pipeline's micro-batches: memory, gathers, reductions (.memory)
+        self.zero = zero_run(model.options, self.stages, microbatches, self.reduce_scale)
         self.micro_size = model.global_batch // microbatches
         self.device_memory = topology.device.memory
         self.configs = [StageConfig(t, r) for t in divisors(shape.devices_per_host) if t in tables
@@ -417,11 +422,21 @@ class StageCosts:
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
             fwd = fwd + ar
             act_grad = act_grad + ar * _AGAIN.get((c.recompute, opts.sequence_parallel), 1.0)
-        gathered = gathered_bytes(m.column("params"), t, d, opts.sharding)
-        if self.comm and gathered.any():
+        z = self.zero
+        gathered = gathered_bytes(m.column("params"), t, d, "zero-3")
+        if self.comm and gathered.any() and (z.forward_gathers or z.backward_gathers):
             ag = np.where(gathered > 0, _affine_of(tab.data_allgather, gathered), 0.0)
-            fwd = fwd + ag
-            act_grad = act_grad + ag
+            fwd = fwd + z.forward_gathers * ag
+            act_grad = act_grad + z.backward_gathers * ag
+        K = self.microbatches
+        if self.comm and d > 1 and z.reduce_each and K > 1:
+            # every micro-batch but the last reduce-scatters its gradients into the shards, as
+            # each layer's backward produces them; priced whole in the weight gradients (like
+            # the gathers, as if not overlapped), (K - 1) / K of a reduction per micro-batch;
+            # the last one is the stage's tail (_costs)
+            grads = m.column("params") / t * self.reduce_scale
+            rs = np.where(grads > 0, _affine_of(tab.data_reducescatter, grads), 0.0)
+            weight = weight + rs * (K - 1) / K
         self._transfers[key] = (fwd, act_grad, weight)
         return self._transfers[key]
 
@@ -438,15 +453,16 @@ class StageCosts:
     def accumulation_times(self, c: StageConfig) -> np.ndarray:
         """Per layer, seconds per micro-batch of adding its weight gradients into the
         gradient buffer (``gradient_accumulation: add``).  The buffer holds the layer's whole
-        tensor shard, ``P / t``, under every ZeRO stage: the stage reduces its gradients once,
-        after the last micro-batch, so until then they are not sharded over the replicas
-        (torch's pipelining turns FSDP's gradient sync off until the last backward)."""
+        tensor shard, ``P / t``, where gradients are reduced once a step (ZeRO-1, the
+        distributed optimizer, and FSDP2 under torch's pipelining, in the reduction's type);
+        ZeRO-2 and ZeRO-3 add each micro-batch's reduced shard, ``P / (t d)`` (:mod:`.memory`)."""
         m, opts, t = self.model, self.model.options, c.tensor
         comp = self.tables[t].cost.compute
         K = self.microbatches
         if comp.is_peak or K == 1 or opts.gradient_accumulation != "add":
             return np.zeros(m.num_layers)
-        grads = m.column("params") / t
+        z = self.zero
+        grads = m.column("params") / t * z.gradient_bytes / (self.shape.size // t if z.reduce_each else 1)
         per_pass = comp.time(0.0, 3.0 * grads, (grads > 0).astype(float))
         return per_pass * (K - 1) / K
 
@@ -456,16 +472,17 @@ class StageCosts:
         data loading, logging), which every stage waits for, so the iteration once (0 under
         the peak model, which prices FLOPs only)."""
         m, opts, t = self.model, self.model.options, c.tensor
+        z = self.zero
         comp = self.tables[t].cost.compute
         if comp.is_peak:
             return Const(m.num_layers, 0.0)
         d = self.shape.size // t
         clip = opts.gradient_clipping
-        per_layer = optimizer_traffic(*self._param_columns(), t, d, opts.sharding, clip, opts.gradient_bytes)
+        per_layer = optimizer_traffic(*self._param_columns(), t, d, z.memory, clip, z.gradient_bytes)
         traffic = Sums(per_layer)
         if m.ties():
             traffic = traffic + self._copy_bytes(
-                optimizer_traffic(*self._param_columns(True), t, d, opts.sharding, clip, opts.gradient_bytes))
+                optimizer_traffic(*self._param_columns(True), t, d, z.memory, clip, z.gradient_bytes))
         kernels = Sums((m.column("params") + m.column("tied_params") > 0).astype(float))
         host = opts.host_overhead
         return apply(lambda x, k: comp.time(0.0, x, k) + host, traffic, kernels)
@@ -478,7 +495,7 @@ class StageCosts:
         # gradient buckets: each layer's gradients (per tensor shard) cut into buckets of at
         # most gradient_bucket bytes, reduced one after another, in the reduction's own type
         # (FSDP2 under torchtitan casts bf16 gradients to fp32 before its reduce-scatter)
-        scale = FLOAT_DTYPES[opts.gradient_reduce_dtype or m.dtype] / FLOAT_DTYPES[m.dtype]
+        scale = self.reduce_scale
         grads = m.column("params") / t * scale
         copy = m.column("tied_params") / t * scale
         reduces = self.comm and d > 1
@@ -539,15 +556,16 @@ class StageCosts:
         if key in self._transfers:
             return self._transfers[key]
         m, opts, t = self.model, self.model.options, c.tensor
+        z = self.zero
         d = self.shape.size // t
         smp = self.samples(t)
         # the static bytes depend on the tensor degree alone: one table (and one dense
         # square, when asked) for every recomputation mode
         static = self._transfers.get(("static", t))
         if static is None:
-            static = Sums(static_bytes(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes))
+            static = Sums(static_bytes(*self._param_columns(), t, d, z.memory, z.gradient_bytes))
             if self.model.ties():
-                copy = static_bytes(*self._param_columns(True), t, d, opts.sharding, opts.gradient_bytes)
+                copy = static_bytes(*self._param_columns(True), t, d, z.memory, z.gradient_bytes)
                 static = static + self._copy_bytes(copy)
             self._transfers["static", t] = static
         gathered, recomputed = self.transient_parts(c)
@@ -561,8 +579,9 @@ class StageCosts:
         gathers, and one micro-batch's recomputation (a stage's transient is the largest of
         each over its layers, :mod:`.memory`)."""
         m, opts, t = self.model, self.model.options, c.tensor
+        z = self.zero
         d = self.shape.size // t
-        return (gathered_bytes(m.column("params"), t, d, opts.sharding),
+        return (gathered_bytes(m.column("params"), t, d, z.memory),
                 self.samples(t) * transient_per_sample(m.layers, c.recompute, t, opts.sequence_parallel))
 
     def memory_floor(self, c: StageConfig, live: int) -> tuple[Ranges, Ranges, Ranges]:
@@ -571,8 +590,9 @@ class StageCosts:
         leave a stage that also takes the layer it shares), so a lower bound for
         :func:`.coarse.fine_bound`."""
         m, opts, t = self.model, self.model.options, c.tensor
+        z = self.zero
         d = self.shape.size // t
-        static = Sums(static_bytes(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes))
+        static = Sums(static_bytes(*self._param_columns(), t, d, z.memory, z.gradient_bytes))
         _, activation, transient = self.memory_parts(c)
         return static, live * activation, transient
 
@@ -589,11 +609,12 @@ class StageCosts:
         """``memory_parts``' static bytes ``[k, i]`` as (weights, gradients, optimizer state),
         tied copies included (:func:`.memory.static_split`)."""
         m, opts, t = self.model, self.model.options, c.tensor
+        z = self.zero
         d = self.shape.size // t
-        own = static_split(*self._param_columns(), t, d, opts.sharding, opts.gradient_bytes)
+        own = static_split(*self._param_columns(), t, d, z.memory, z.gradient_bytes)
         out = [Sums(x) for x in own]
         if self.model.ties():
-            copy = static_split(*self._param_columns(True), t, d, opts.sharding, opts.gradient_bytes)
+            copy = static_split(*self._param_columns(True), t, d, z.memory, z.gradient_bytes)
             out = [a + self._copy_bytes(b) for a, b in zip(out, copy)]
         return out[0], out[1], out[2]
 

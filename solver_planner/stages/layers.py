@@ -447,6 +447,8 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
             train = FLOAT_DTYPES[t.dtype]
             options = replace(options, gradient_bytes=kept / train,
                               main_gradient_bytes=4.0 / train if kept < 4 and train < 4 else 0.0)
+        if rules.fsdp2_defaults:
+            options = replace(options, fsdp2_defaults=True)
         if t.recompute == "auto":
             # a framework searches the granularities it runs: torchtitan's selective
             # checkpointing is per operator, not the attention core

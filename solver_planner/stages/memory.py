@@ -37,6 +37,18 @@ Per device of a stage with tensor degree ``t`` and data degree ``d``, for its la
   parameters before its forward and its backward, for every micro-batch (§7.2.2: ``3 Psi``
   per step, here per micro-batch since gradient accumulation re-gathers), and
   reduce-scatters gradients (half an all-reduce).
+
+Across the micro-batches of a step (:func:`zero_run`): ZeRO-2 and ZeRO-3 keep only their
+gradient shard, so every micro-batch's gradients are reduce-scattered into it (DeepSpeed, and
+FSDP2 without pipelining: ``B`` reduce-scatters a step; our ``run`` does the same); ZeRO-1 and
+the distributed optimizer accumulate whole gradients and reduce once.  torch's pipelining
+alone turns FSDP2's gradient sync and post-backward resharding off until a stage's last
+backward (``PipelineStage.backward_maybe_with_nosync``; torchtitan with pipeline > 1): FSDP2
+then accumulates whole gradients in the reduction's type (``to_accumulated_grad_if_needed``)
+and keeps the parameters gathered from a layer's backward to its next forward, which is
+ZeRO-1's memory with ``G`` in the reduction's type, one reduce-scatter a step, and ``B + 1``
+gathers a step under ZeRO-3 (each forward's, and the first backward's).  A differential test
+counts these collectives on gloo processes (``tests/test_fsdp_modes.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ import numpy as np
 
 from ..spec.layers import OPTIMIZER_SHARDING, RECOMPUTE
 
-__all__ = ["RECOMPUTE_MODES", "AUTO_MODES", "SHARDINGS", "MemoryOptions", "saved_per_sample", "static_split", "stage_memory", "transient_per_sample",
+__all__ = ["RECOMPUTE_MODES", "AUTO_MODES", "SHARDINGS", "MemoryOptions", "ZeroRun", "zero_run", "saved_per_sample", "static_split", "stage_memory", "transient_per_sample",
            "recompute_flops", "static_bytes", "gathered_bytes"]
 
 RECOMPUTE_MODES = tuple(m for m in RECOMPUTE if m != "auto")
@@ -73,6 +85,9 @@ class MemoryOptions:
     gradient_reduce_dtype: str | None = None   # the dtype of the data-parallel reduction (None: the training dtype)
     gradient_bytes: float = 1.0         # bytes of a kept gradient per byte of its parameter (module docstring)
     main_gradient_bytes: float = 0.0    # optimizer-state bytes per parameter byte for fp32 main gradients
+    # ZeRO-2/3 run by FSDP2 as torch leaves it (torchtitan): pipelines accumulate whole
+    # gradients, and ZeRO-2 re-gathers after every backward (zero_run)
+    fsdp2_defaults: bool = False
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -88,6 +103,36 @@ class MemoryOptions:
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
                    training.gradient_bucket, training.host_overhead, training.gradient_clipping,
                    training.gradient_accumulation, training.gradient_reduce_dtype)
+
+
+@dataclass(frozen=True)
+class ZeroRun:
+    """How a ZeRO stage runs the micro-batches of one step (module docstring)."""
+
+    memory: str                 # the sharding whose static bytes hold (zero-1 when gradients stay whole)
+    gradient_bytes: float       # bytes of a kept gradient per byte of its parameter
+    forward_gathers: float      # parameter all-gathers of each layer per micro-batch, in forward
+    backward_gathers: float     # and in backward
+    reduce_each: bool           # every micro-batch's gradients reduce-scattered (else once a step)
+
+
+def zero_run(options: MemoryOptions, stages: int, microbatches: int, reduce_scale: float = 1.0) -> ZeroRun:
+    """:class:`ZeroRun` of ``options.sharding`` in a pipeline of ``stages`` with
+    ``microbatches`` a step; ``reduce_scale``: bytes of the reduction's type per byte of the
+    training type (FSDP2 accumulates whole gradients in it)."""
+    sharding, K = options.sharding, microbatches
+    if sharding not in ("zero-2", "zero-3"):
+        return ZeroRun(sharding, options.gradient_bytes, 0.0, 0.0, False)
+    if options.fsdp2_defaults and stages > 1:
+        # torch's PipelineStage: no sync and no post-backward reshard until the last backward
+        gathers = (1.0, 1.0 / K) if sharding == "zero-3" else (0.0, 0.0)
+        return ZeroRun("zero-1", reduce_scale, *gathers, False)
+    if sharding == "zero-3":
+        return ZeroRun(sharding, options.gradient_bytes, 1.0, 1.0, True)
+    # ZeRO-2 keeps its parameters whole through the step (one gather, with the reduction);
+    # FSDP2's default reshards them after every backward, so each later forward re-gathers
+    again = (K - 1) / K if options.fsdp2_defaults else 0.0
+    return ZeroRun(sharding, options.gradient_bytes, again, 0.0, True)
 
 
 def _column(layers, key: str) -> np.ndarray:

@@ -48,6 +48,10 @@ class TargetRules:
     # gradients in the optimizer state (Megatron-Core's DDP and mixed-precision optimizers;
     # stages/memory.py): False keeps gradients in the training type
     buffer_in_reduce_type: bool = False
+    # ZeRO-2/3 are FSDP2 as torch runs it: under torch's pipelining, gradients accumulate whole
+    # until the last backward and parameters stay gathered after a backward; without it,
+    # parameters are resharded after every backward (stages/memory.py zero_run)
+    fsdp2_defaults: bool = False
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)

@@ -91,6 +91,9 @@ RULES = TargetRules(
     # config/configs.py: mixed_precision_reduce: Literal["float32"] = "float32", FSDP2's reduce_dtype
     gradient_reduce=frozenset({("bfloat16", "float32"), ("float32", "float32")}),
     reduce_default=frozenset({("bfloat16", "float32")}),
+    # torchtitan leaves FSDP2's backward flags as torch's PipelineStage sets them (trainer.py
+    # runs each micro-batch's backward with gradient sync on; pipelining turns it off)
+    fsdp2_defaults=True,
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )

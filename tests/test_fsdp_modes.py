@@ -1,0 +1,169 @@
+"""How FSDP2 runs each ZeRO stage, counted on gloo processes, against the cost model's
+:func:`~solver_planner.stages.memory.zero_run`: the parameter all-gathers and gradient
+reduce-scatters of a step, and what a stage keeps between micro-batches.
+
+Three runtimes: ours (``run``: :class:`~solver_planner.run.stage.ProgramStage` with the plan's
+ZeRO stage), torch's pipelining as torchtitan leaves it (pipeline > 1), and FSDP2 without
+pipelining (torchtitan with pipeline 1: one backward per micro-batch).  Each is a stage of
+three layers on two data-parallel ranks, three micro-batches a step."""
+
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from solver_planner.stages.memory import MemoryOptions, zero_run  # noqa: E402
+
+K = 3          # micro-batches a step
+LAYERS = 3
+WIDTH = 16
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fsdp_states(module):
+    """(sharded states of the parameters, types of their whole accumulated gradients)."""
+    states, acc = set(), set()
+    for m in module.modules():
+        get = getattr(m, "_get_fsdp_state", None)
+        group = get()._fsdp_param_group if get is not None else None
+        for p in (group.fsdp_params if group is not None else ()):
+            states.add(p.sharded_state.name)
+            if p.unsharded_accumulated_grad is not None:
+                acc.add(str(p.unsharded_accumulated_grad.dtype).replace("torch.", ""))
+    return states, acc
+
+
+def _case(rank, world, runtime, sharding, mixed):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import Schedule1F1B
+
+    from solver_planner.run.job import FSDP_MODES
+    from solver_planner.run.stage import ProgramStage
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
+        MixedPrecisionPolicy()
+    after = FSDP_MODES[sharding].reshard_after_forward
+    for layer in module:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=after, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=after, mp_policy=policy)
+    counts = {"gathers": 0, "reductions": 0}
+    gather, reduce = dist.all_gather_single, dist.reduce_scatter_single
+
+    def counted_gather(*a, **k):
+        counts["gathers"] += 1
+        return gather(*a, **k)
+
+    def counted_reduce(*a, **k):
+        counts["reductions"] += 1
+        return reduce(*a, **k)
+
+    after_backward = []
+    dist.all_gather_single, dist.reduce_scatter_single = counted_gather, counted_reduce
+    try:
+        x = torch.randn(2 * K, WIDTH)
+        y = torch.randn(2 * K, WIDTH)
+        for step in range(2):           # the second step is the one counted (the first builds buffers)
+            counts.update(gathers=0, reductions=0)
+            after_backward.clear()
+            if runtime == "loop":
+                # FSDP2 without pipelining: one forward and backward per micro-batch, flags as torch leaves them
+                for mb in range(K):
+                    out = module(x[2 * mb:2 * mb + 2].to(torch.bfloat16 if mixed else torch.float32))
+                    ((out.float() - y[2 * mb:2 * mb + 2]) ** 2).sum().backward()
+                    if mb < K - 1:
+                        after_backward.append(_fsdp_states(module))
+            else:
+                lanes = [dist.new_group([r]) for r in range(world)]
+                meta = torch.zeros(2, WIDTH, dtype=torch.bfloat16 if mixed else torch.float32)
+                pipe = ProgramStage(module, 0, 1, torch.device("cpu"), input_args=meta, output_args=meta,
+                                    group=lanes[rank])
+                pipe.sharding = sharding if runtime == "ours" else "none"
+                torch_backward = pipe.backward_maybe_with_nosync
+
+                def logged(*a, last_backward=False, **k):
+                    out = torch_backward(*a, last_backward=last_backward, **k)
+                    if not last_backward:
+                        after_backward.append(_fsdp_states(module))
+                    return out
+
+                pipe.backward_maybe_with_nosync = logged
+                schedule = Schedule1F1B(pipe, K, loss_fn=lambda o, t: ((o.float() - t) ** 2).sum())
+                schedule.step(x.to(meta.dtype), target=y)
+    finally:
+        dist.all_gather_single, dist.reduce_scatter_single = gather, reduce
+    return {"gathers": counts["gathers"] / LAYERS, "reductions": counts["reductions"] / LAYERS,
+            "between": [(sorted(s), sorted(a)) for s, a in after_backward]}
+
+
+CASES = [("ours", s, False) for s in ("zero-1", "zero-2", "zero-3")] + \
+        [("torch-pipelining", s, m) for s in ("zero-2", "zero-3") for m in (False, True)] + \
+        [("loop", s, False) for s in ("zero-2", "zero-3")]
+
+
+def _worker(rank, world, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = {case: _case(rank, world, *case) for case in CASES}
+        if rank == 0:
+            queue.put(results)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def counted():
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_worker, args=(2, _port(), queue), nprocs=2, start_method="spawn")
+    return queue.get()
+
+
+def _model(runtime, sharding, mixed):
+    """The cost model's view of the case: torchtitan's FSDP2 defaults for torch's runtimes,
+    in a pipeline of two stages where torch's pipelining runs it, bf16 reduced in fp32 when mixed."""
+    opts = MemoryOptions(sharding=sharding, fsdp2_defaults=runtime != "ours")
+    return zero_run(opts, 2 if runtime == "torch-pipelining" else 1, K, 2.0 if mixed else 1.0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_collectives_of_a_step_are_the_cost_model_s(counted, case):
+    z = _model(*case)
+    got = counted[case]
+    # all-gathers: the model's per micro-batch ones, and under ZeRO-1/2 the step's one (priced
+    # with the step's reduction: an all-reduce's volume)
+    step = 1 if case[1] != "zero-3" else 0
+    assert got["gathers"] == pytest.approx(K * (z.forward_gathers + z.backward_gathers) + step)
+    assert got["reductions"] == (K if z.reduce_each else 1)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_what_a_stage_keeps_between_micro_batches_is_the_cost_model_s(counted, case):
+    z = _model(*case)
+    between = counted[case]["between"]
+    assert len(between) == K - 1
+    for states, accumulated in between:
+        # ZeRO-3's memory holds only parameter shards between micro-batches; the others hold
+        # whole parameters (ZeRO-1 the stage's, ZeRO-2 as its run keeps them)
+        if z.memory == "zero-3":
+            assert states == ["SHARDED"]
+        elif not (case[0] == "loop"):
+            assert states == ["UNSHARDED"]
+        # gradients kept whole (no reduction yet) are in the reduction's type: fp32 when mixed
+        if not z.reduce_each and case[2]:
+            assert accumulated == ["float32"] and z.gradient_bytes == 2.0
+        if z.reduce_each:
+            assert accumulated == []
