@@ -201,3 +201,30 @@ def test_a_missing_input_file_is_one_line_and_named_in_the_json(tmp_path):
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["file"] == str(missing)
     r = run_cli("stages", "--no-such-flag")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "No such option" in r.stderr
+
+
+def test_an_unknown_option_names_the_closest_real_options():
+    """click compared option names with their dashes, so '--hel' on `plan` got "Possible
+    options: --help, --meshes, --schedule" and '--hlp' on `stages` "--help, --top"; the
+    suggestion now compares the names without dashes, leaves --help to the '-h' hint, and
+    says so when no option is close."""
+    r = run_cli("plan", "--hel", "x.yaml")
+    line = r.stderr.strip()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert line.startswith("error: No such option: --hel (none of this command's options is close) (see '")
+    assert line.endswith(" plan -h')")
+    r = run_cli("stages", "--hlp", "x.yaml")
+    assert "--top" not in r.stderr and "--help" not in r.stderr and "none of this command's options" in r.stderr
+    r = run_cli("stages", P3, GPT, "--budgett", "3")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "No such option: --budgett (closest: --budget, --sim-budget) (see '" in r.stderr
+    r = run_cli("plan", P3, GPT, "--schedul", "1f1b")
+    assert "(closest: --schedule)" in r.stderr
+    r = run_cli("plan", P3, GPT, "--time", "3")            # the start of a name is close
+    assert "(closest: --time-limit)" in r.stderr
+    r = run_cli("stages", "--overlp", "--json")           # a command without the option: none close
+    assert "none of this command's options is close" in r.stderr
+    r = run_cli("plan", "--no-overlp", "x.yaml", "--json")
+    assert r.returncode == 2 and "(closest: --no-overlap" in r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == 2 and err["message"] in r.stderr and "(closest: --no-overlap" in err["message"]

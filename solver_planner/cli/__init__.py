@@ -236,6 +236,30 @@ app.command()(calibrate)
 app.command()(run)
 
 
+def _unknown_option_message(exc) -> str:
+    """``No such option: --budgett (closest: --budget, --sim-budget)``. click compares the
+    names with their dashes, which alone make '--hel' look like '--meshes'; here the names
+    are compared without them, and --help is left to the '-h' hint that follows."""
+    import difflib
+
+    typed = exc.option_name.lstrip("-")
+    ctx = getattr(exc, "ctx", None)
+    help_names = set(ctx.help_option_names) if ctx is not None else set()
+    names = {}                                          # 'sim-budget' -> '--sim-budget'
+    for param in getattr(ctx and ctx.command, "params", []):
+        if getattr(param, "param_type_name", None) == "option" and not getattr(param, "hidden", False):
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--") and opt not in help_names:
+                    names[opt[2:]] = opt
+    # a name the typed word begins ('--time' for '--time-limit') is close however long it is
+    score = {n: max(difflib.SequenceMatcher(None, typed, n).ratio(), 0.6 * (len(typed) >= 3 and n.startswith(typed)))
+             for n in names}
+    close = sorted((n for n in names if score[n] >= 0.6), key=lambda n: (-score[n], n))[:3]
+    if close:
+        return f"{exc.message} (closest: {', '.join(names[n] for n in close)})"
+    return f"{exc.message} (none of this command's options is close)"
+
+
 def main() -> None:
     """The entry point: click's own errors (a bad option value, a missing argument) exit 2
     with one line, and under ``--json`` also print the error object on stdout."""
@@ -253,6 +277,8 @@ def main() -> None:
         if not (hasattr(exc, "show") and hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
         message = exc.format_message()
+        if str(getattr(exc, "option_name", None)).startswith("--") and hasattr(exc, "possibilities"):
+            message = _unknown_option_message(exc)      # click's NoSuchOption for a long option
         if "--json" in sys.argv[1:]:
             out = error_object(message, exc.exit_code)
             missing = re.search(r"'([^']+)' does not exist", message)
