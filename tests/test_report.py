@@ -318,6 +318,36 @@ def test_legends_stay_inside_their_figures(many_microbatches):
         assert sum(1 for ax in fig.axes if ax.get_label() == "<colorbar>") == 2
 
 
+@pytest.mark.parametrize("config, top", [((2, 2, 2, 8), {"data": 1, "tensor": 1}),
+                                         ((16, 2, 1, 1), {"data": 15, "tensor": 1})])
+def test_coordinate_colour_bars_tick_integers_only(config, top):
+    """The data and tensor coordinates are integers, but their colour bars ticked -0.5, 0.5,
+    1.5 (and 0.25 steps for two values); now whole coordinates only, the first and the last
+    always, at most 8 ticks when there are many (16 data coordinates on 2 hosts of 16)."""
+    from solver_planner.plan import make_plan
+    from solver_planner.report.html import _stage_map
+    from solver_planner.report.style import figure
+    from solver_planner.spec import load_model_spec
+    from solver_planner.stages.report import Config
+    from solver_planner.topology import load_topology
+
+    cluster = "aws-p3.8xlarge-2.yaml" if config[0] == 2 else "p2-a100-2x16.yaml"
+    plan = make_plan(load_topology(CLUSTERS / cluster), load_model_spec(MODELS / "gpt-tiny.yaml"), "1f1b",
+                     config=Config(*config))
+    with figure(9, 3) as fig:
+        _stage_map(fig, plan)
+        fig.canvas.draw()
+        bars = {ax.get_ylabel().split()[0]: ax for ax in fig.axes if ax.get_label() == "<colorbar>"}
+        assert set(bars) == {"data", "tensor"}
+        for name, ax in bars.items():
+            lo, hi = ax.get_ylim()
+            ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+            labels = [t.get_text() for t in ax.get_yticklabels() if lo <= t.get_position()[1] <= hi]
+            assert all(float(t).is_integer() for t in ticks), (name, ticks)
+            assert ticks[0] == 0 and ticks[-1] == top[name] and len(ticks) <= 8, (name, ticks)
+            assert labels == [str(int(t)) for t in ticks], (name, labels)
+
+
 def test_report_has_a_rank_table_and_link_utilisation(many_microbatches):
     from solver_planner.plan.planfile import plan_document
     from solver_planner.report.html import link_utilisation, plan_report

@@ -186,7 +186,27 @@ def _stage_map(fig, plan) -> None:
         mesh = grid.draw(ax, values, SEQUENTIAL, -0.5, top + 0.5,
                          labels=[("" if math.isnan(v) else int(v)) for v in values], gid=f"map-{name.split()[0]}")
         ax.set_title(name)
-        fig.colorbar(mesh, ax=ax, shrink=0.8, label=name)
+        bar = fig.colorbar(mesh, ax=ax, shrink=0.8, label=name)
+        bar.set_ticks(_integer_ticks(int(top)))      # a coordinate is whole: no 0.5 between two
+        bar.minorticks_off()
+
+
+def _integer_ticks(top: int, most: int = 8) -> list[int]:
+    """Ticks for the integers 0..``top``: each of them up to ``most``, else every
+    ceil((top + 1) / most)-th, as the device map's axes are thinned; ``top`` always (it
+    replaces the tick before it when that is within half a step, or when there are ``most``).
+
+    >>> _integer_ticks(1), _integer_ticks(15), _integer_ticks(31)
+    ([0, 1], [0, 2, 4, 6, 8, 10, 12, 15], [0, 4, 8, 12, 16, 20, 24, 31])
+    """
+    step = max(1, -(-(top + 1) // most))
+    ticks = list(range(0, top + 1, step))
+    if ticks[-1] != top:
+        if top - ticks[-1] > step / 2 and len(ticks) < most:
+            ticks.append(top)
+        else:
+            ticks[-1] = top
+    return ticks
 
 
 MAX_PORTS_LISTED = 10   # busiest link ports listed under the per-class table
