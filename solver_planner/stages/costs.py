@@ -14,8 +14,8 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (the
   resharding paper's §4 delays it), ``BA`` the rest plus the recomputed forward;
 * with ``gradient_accumulation: add``, in ``BW``: adding the micro-batch's weight gradients
-  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G = P / t``: not yet
-  sharded by ZeRO, which reduces after the last micro-batch) for each of the ``B - 1``
+  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G = P / t``, or the
+  shard ``P / (t d)`` under ZeRO-2/3, which reduce every micro-batch) for each of the ``B - 1``
   micro-batches after the first, spread as ``(B - 1) / B`` of it over every micro-batch
   (DistIR's pipelines add them with an Add op, PyTorch autograd into ``.grad``; ``fused``,
   Megatron-LM's fusion into the product, adds none);
@@ -24,7 +24,8 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   pass (Megatron: two per block in forward, two in backward), all groups at once; in ``F``
   and ``BA`` (they sit between the layer's products);
 * ZeRO-3: each layer's parameters all-gathered over the data group before its forward and
-  before its backward (:mod:`.memory`).
+  before its backward; ZeRO-2/3: every micro-batch but the last reduce-scatters its gradients,
+  in ``BW`` (:func:`.memory.zero_run`, which also says how torch's pipelining changes both).
 
 Transfers between stages are not stage times: a tensor from stage ``p`` to stage ``q`` (the
 next one, or a farther one for a skip connection) moves from replica ``j`` of ``p`` to the
