@@ -165,3 +165,35 @@ def test_megatron_keeps_gradients_as_its_guide_counts_them(dtype, reduce, shardi
         native = StageCosts(layer_model(spec), topo, shape, 4, cost_tables(topo, CostModel(topo), shape))
         kept = float(native[StageConfig(1, "none")].static[0, n]) / params
         assert kept == pytest.approx(16 if sharding == "none" else 4 + 12 / 8, rel=1e-9)
+
+
+MIXED = ("name: m\ntransformer: {layers: 6, hidden: 64, heads: 4, sequence: 16, vocab: 256}\n"
+         "training: {global_batch: 16, dtype: DTYPE,\n           gradient_reduce_dtype: REDUCE}\n")
+
+
+@pytest.mark.parametrize("dtype, reduce, lost", [
+    ("bfloat16", "float16", "range: values above 65504 overflow"),
+    ("float16", "bfloat16", "precision: 3 mantissa bits fewer"),
+])
+def test_reducing_in_the_other_16_bit_type_is_warned_about(tmp_path, dtype, reduce, lost):
+    """Natively (no --target refuses it) a bfloat16 model reducing in float16, or the other
+    way round, was planned without a word; each command that reads the spec now warns, at
+    the key's line, and still plans."""
+    import json
+
+    from conftest import run_cli
+
+    spec = tmp_path / "m.yaml"
+    spec.write_text(MIXED.replace("DTYPE", dtype).replace("REDUCE", reduce))
+    cluster = CLUSTERS / "aws-p3.8xlarge-2.yaml"
+    where = f"{spec}:4: training.gradient_reduce_dtype: {dtype} gradients reduced in {reduce} lose {lost}"
+    for args in (["validate", cluster, spec], ["stages", cluster, spec, "--no-baselines"], ["plan", cluster, spec]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count(where) == 1, (args, r.stderr)
+    r = run_cli("validate", cluster, spec, "--json")
+    assert r.returncode == 0 and any(w.startswith(where) for w in json.loads(r.stdout)["files"][1]["warnings"])
+    for same in (dtype, "float32"):                       # its own type, or wider: nothing to say
+        spec.write_text(MIXED.replace("DTYPE", dtype).replace("REDUCE", same))
+        r = run_cli("validate", cluster, spec)
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

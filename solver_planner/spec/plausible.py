@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["implausible", "MIN_BANDWIDTH", "MAX_LATENCY", "MIN_REDUCTION", "MIN_MEMORY", "MIN_FLOPS"]
+__all__ = ["implausible", "MIN_BANDWIDTH", "MAX_LATENCY", "MIN_REDUCTION", "MIN_MEMORY", "MIN_FLOPS",
+           "MIXED_16_BIT"]
 
 # Below these, a bare number is almost certainly a unit slip ("400" read as 400 B/s where
 # 400 Gbps was meant); above them, a latency is seconds where microseconds were meant.
@@ -11,6 +12,16 @@ MAX_LATENCY = 1.0            # s
 MIN_REDUCTION = 64           # bytes per device
 MIN_MEMORY = 2**20           # bytes per device
 MIN_FLOPS = 1e8              # FLOP/s: below one 1990s CPU core (a calibrated gloo process is about 1e9)
+
+# A reduction in the other 16-bit type: bfloat16 has float32's 8 exponent bits and 7 mantissa
+# bits, float16 5 and 10 (IEEE 754 binary16). Every framework target refuses such a reduction;
+# a native plan prices it (the bytes are the same) and says what it loses.
+MIXED_16_BIT = {
+    ("bfloat16", "float16"): "range: values above 65504 overflow to inf, those below about 6e-8 become zero"
+                             " (5 exponent bits to bfloat16's 8)",
+    ("float16", "bfloat16"): "precision: 3 mantissa bits fewer (7 to float16's 10), so small updates vanish"
+                             " in the sum",
+}
 
 
 def implausible(spec) -> list[str]:
@@ -27,6 +38,11 @@ def implausible(spec) -> list[str]:
     device = getattr(spec, "device", None)
     if device is not None:
         out += _device_warnings(device, src)
+    training = getattr(spec, "training", None)
+    pair = (training.dtype, training.gradient_reduce_dtype) if training is not None else None
+    if pair in MIXED_16_BIT:
+        out.append(f"{src.issue(('training', 'gradient_reduce_dtype'), '')}{pair[0]} gradients reduced in {pair[1]}"
+                   f" lose {MIXED_16_BIT[pair]}; reduce in {pair[0]} or float32")
     for i, red in enumerate(getattr(spec, "reductions", ()) or ()):
         if red.bytes < MIN_REDUCTION:
             out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
