@@ -74,7 +74,7 @@ from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from . import ranges
 from .ranges import Ranges, apply
 from .objective import deferred_weights, family_split, phase_time
-from .link import LINK_MICROBATCHES, link_key, link_numbers, link_steps, link_time
+from .link import LINK_MICROBATCHES, backlog_counts, link_key, link_numbers, link_steps, link_time
 from .link import paced as link_paced
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
 from .partition import Partition, StagePlan
@@ -82,7 +82,7 @@ from .schedule import Schedule, live_count, warmup
 
 __all__ = ["PairProblem", "Subspace", "cheap_bound"]
 
-_CELL = ("F", "Bk", "BC", "XF", "XG", "G")      # what R5's link term reads of a cell
+_CELL = ("F", "Bk", "BC", "XF", "XG", "G", "k")      # what R5's link term reads of a cell
 _LINK_ARRAYS = 48     # R5's link term: pairs of cells played one by one up to this many (numbers)
 _LINK_SLICE = 1 << 16  # and as arrays of at most this many
 
@@ -694,7 +694,7 @@ class PairProblem:
     def _links_on(self) -> bool:
         return self.B <= LINK_MICROBATCHES and all(s.virtual == 1 for s in self.schedules)
 
-    def _neighbor_term(self, p: int, a, b, links: bool = True) -> tuple:
+    def _neighbor_term(self, p: int, a, b, links: bool = True, prev: dict | None = None) -> tuple:
         """R5's terms of stage p (cell values ``a``) before stage p + 1 (``b``), element-wise on
         arrays: ``(after the drain, after the fill)``, to which the callers add what comes
         before the stage: the objective's fill and drain together less the stage's own tail
@@ -706,7 +706,9 @@ class PairProblem:
           whichever is larger; both end with the stage's drain ``D_p``, here its own tail
           ``G`` (each least is at most the objective's least over the members);
         * after the fill: the link bound ending at either stage's last op (its deferred
-          weight parts included) and its own tail (-inf where there is none)."""
+          weight parts included) and its own tail, and the backlog it leaves on stage p - 1
+          (``prev``, its values when known, else the least of its cells; :meth:`_backlog_term`;
+          -inf where there is none)."""
         f, c = a["F"], a["Bk"] - a["BC"]
         there = a["XF"] + b["F"] + (b["Bk"] - b["BC"]) + b["XG"]
         jump = f + c + there
@@ -718,28 +720,28 @@ class PairProblem:
         filled = -np.inf
         if links and self._links_on():
             if np.ndim(a["F"]) == 0 and np.ndim(b["F"]) == 0:
-                mine, theirs = self._link_cell(p, a, b)
+                mine, theirs = self._link_cell(p, a, b, prev)
             else:
-                mine, theirs = self._link_term(p, a, b)
+                mine, theirs = self._link_term(p, a, b, prev)
             drained = np.maximum(drained, mine)
             filled = theirs
         return drained, filled
 
-    def _link_cell(self, p: int, a: dict, b: dict) -> tuple[float, float]:
+    def _link_cell(self, p: int, a: dict, b: dict, prev: dict | None = None) -> tuple[float, float]:
         """:meth:`_link_term` of one cell of each stage, in Python numbers and remembered (the
         programs ask for a prefix's pairs at every run: numpy on single values took 70% of a
         search)."""
-        key = ("link", p, id(a), id(b))
+        key = ("link", p, id(a), id(b), id(prev))
         hit = self._values.get(key)
-        if hit is not None and hit[0] is a and hit[1] is b:
-            return hit[2]
+        if hit is not None and hit[0] is a and hit[1] is b and hit[2] is prev:
+            return hit[3]
         arrays = self._link_term(p, {k: np.asarray([v]) for k, v in a.items() if k in _CELL},
-                                 {k: np.asarray([v]) for k, v in b.items() if k in _CELL})
+                                 {k: np.asarray([v]) for k, v in b.items() if k in _CELL}, prev)
         out = (float(arrays[0][0]), float(arrays[1][0]))
-        self._values[key] = (a, b, out)
+        self._values[key] = (a, b, prev, out)
         return out
 
-    def _link_term(self, p: int, a, b) -> tuple[np.ndarray, np.ndarray]:
+    def _link_term(self, p: int, a, b, prev: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The least over the family of the link bound (link.py) of stages p and p + 1 without
         the fill, on cells ``a`` and ``b``, in two parts: (the end of p's last chain op and its
         drain, here its tail ``G``; the end of either stage's last op, with its own tail).  The
@@ -749,10 +751,17 @@ class PairProblem:
         when its gradient transfers outlast them (:func:`.pipeline.weight_delays`); with skip
         connections a stage may send more than the cut's tensor, so where the cut's alone
         does not decide, both orders are played and the lesser kept."""
-        keys = _CELL
+        keys = [k for k in _CELL if k in a and k in b]
         n = max(np.size(a["F"]), np.size(b["F"]))      # a cell, or arrays of them (one may be a cell)
         A = {k: np.broadcast_to(np.asarray(a[k], dtype=float), (n,)) for k in keys}
         Bq = {k: np.broadcast_to(np.asarray(b[k], dtype=float), (n,)) for k in keys}
+        if prev is not None and p > 0:
+            # stage p - 1 known (a plan's or a prefix's): its own values
+            floor = {"there": np.ones(n, dtype=bool), "F": np.full(n, prev["F"]), "whole": np.full(n, prev["Bk"]),
+                     "chain": np.full(n, prev["Bk"] - prev["BC"]), "weight": np.full(n, prev["BC"]),
+                     "G": np.full(n, prev["G"])}
+        else:
+            floor = self._backlog_floor(p, A["k"]) if "k" in A else None
         xa, xg = A["XF"], Bq["XG"]
         out_p, out_q = np.full(n, np.inf), np.full(n, np.inf)
         played: dict = {}             # link_key -> the two parts on every paced cell
@@ -786,28 +795,88 @@ class PairProblem:
                     vp, vq = np.full(n, np.inf), np.full(n, np.inf)
                     args = (A["F"][paced], cp[paced], wp[paced], Bq["F"][paced], cq[paced], wq[paced], xa[paced],
                             xg[paced])
+                    ends = None
                     if len(args[0]) <= _LINK_ARRAYS:
                         # a few cells: numpy's cost per call outweighs its arrays
-                        run = link_numbers(s, self.S, p, self.B, dp_, dq_, uses=len(args[0]))
-                        out = np.array([run(*x, 0.0) for x in zip(*(v.tolist() for v in args))]).T
-                        chain_p, end_p, end_q = out[0], out[2], out[3]
+                        run = link_numbers(s, self.S, p, self.B, dp_, dq_, uses=len(args[0]), ends=floor is not None)
+                        runs = [run(*x, 0.0) for x in zip(*(v.tolist() for v in args))]
+                        chain_p, end_p, end_q = (np.array([r[i] for r in runs], dtype=float) for i in (0, 2, 3))
+                        if floor is not None:
+                            ends = np.array([r[4] for r in runs], dtype=float).reshape(len(runs), self.B)
                     else:
                         # in slices, so that a step's arrays stay small whatever the cells
                         steps = link_steps(s, self.S, p, self.B, dp_, dq_)
-                        parts = [link_time(steps, self.B, *(x[i:i + _LINK_SLICE] for x in args), 0.0, mx=np.maximum)
+                        parts = [link_time(steps, self.B, *(x[i:i + _LINK_SLICE] for x in args), 0.0, mx=np.maximum,
+                                           ends=floor is not None)
                                  for i in range(0, len(args[0]), _LINK_SLICE)]
-                        chain_p, _, end_p, end_q = (np.concatenate(x) for x in zip(*parts))
+                        chain_p, end_p, end_q = (np.concatenate([x[i] for x in parts]) for i in (0, 2, 3))
+                        if floor is not None:
+                            ends = np.concatenate([np.stack(x[4], axis=1) for x in parts])
                     # after p's last chain op comes its drain (at least its tail); after each
                     # stage's last op (the deferred weight parts included), its own tail
                     vp[paced] = chain_p + A["G"][paced]
                     vq[paced] = np.maximum(end_p + A["G"][paced], end_q + Bq["G"][paced])
-                    played[key] = vp, vq
-                vp, vq = played[key]
+                    played[key] = vp, vq, ends
+                vp, vq, ends = played[key]
+                if ends is not None:
+                    # the backlog reads stage p - 1's order too, which link_key does not hold:
+                    # per member, on the ends the members share
+                    vq = vq.copy()
+                    vq[paced] = np.maximum(vq[paced], self._backlog_term(s, p, split, floor, paced, ends,
+                                                                         A["XG"][paced]))
                 best_p[on] = np.minimum(best_p[on], vp[on])
                 best_q[on] = np.minimum(best_q[on], vq[on])
             out_p = np.minimum(out_p, np.where(np.isfinite(best_p), best_p, -np.inf))
             out_q = np.minimum(out_q, np.where(np.isfinite(best_q), best_q, -np.inf))
         return out_p, out_q
+
+    def _backlog_floor(self, p: int, firsts: np.ndarray) -> dict | None:
+        """For R5's link term of stages p and p + 1 on cells of stage p starting at ``firsts``:
+        the least forward, chain op (whole or split), weight part and tail of any cell of
+        stage p - 1 that fits and ends just before (each least on its own: the backlog grows
+        with each), and where there is one; None for the first stage.  (The objective follows
+        the backlog along the channels between neighbouring stages, which every plan has:
+        each layer feeds the next, :meth:`.layers.LayerModel.edges`.)"""
+        if p == 0:
+            return None
+        key = ("backlog floor", p)
+        per = self._stage.get(key)
+        if per is None:
+            st = self.stage(p - 1)
+            ok = np.isfinite(st["INC1"])
+
+            def least(x):
+                return np.where(ok, x, np.inf).min(axis=(0, 1))
+
+            with np.errstate(invalid="ignore"):           # inf - inf off the cells that fit
+                chain = np.where(ok, st["Bk"] - st["BC"], np.inf)
+            per = self._stage[key] = {
+                "last": self.band(p - 1)[1], "F": least(st["F"]), "whole": least(st["Bk"]),
+                "chain": least(chain), "weight": least(st["BC"]),
+                "G": least(st["G"])}
+        last = per["last"]
+        at = np.minimum(np.searchsorted(last, firsts - 1), len(last) - 1)
+        there = (last[at] == firsts - 1) & np.isfinite(per["F"][at])
+        return {"there": there, **{k: per[k][at] for k in ("F", "whole", "chain", "weight", "G")}}
+
+    def _backlog_term(self, s: Schedule, p: int, split: bool, floor: dict, paced: np.ndarray, ends: np.ndarray,
+                      xg: np.ndarray) -> np.ndarray:
+        """The objective's backlog (:func:`.objective._backlog`) through stage p - 1 only, on
+        the paced cells: micro-batch m's chain op on stage p ends at ``ends[:, m]`` (the link
+        played out), its gradient reaches stage p - 1 after ``xg``, which then still has every
+        op from its chain op of m to its last (counted from its order, the fewer of the two
+        when it may delay its weight parts) at its floor's durations, and its tail; -inf on
+        cells with no floor."""
+        counts = [backlog_counts(s, self.S, p - 1, self.B, d) for d in ((False, True) if s.weight_delay else (False,))]
+        nf, nc, nw = (np.minimum.reduce([c[i] for c in counts]) for i in range(3))
+        there = floor["there"][paced]
+        f, g = floor["F"][paced], floor["G"][paced]
+        c, w = (floor["chain"][paced], floor["weight"][paced]) if split else (floor["whole"][paced], 0.0)
+        with np.errstate(invalid="ignore"):
+            work = ends + xg[:, None] + nf[None, :] * f[:, None] + nc[None, :] * c[:, None] \
+                + nw[None, :] * np.asarray(w, dtype=float).reshape(-1, 1)
+            out = work.max(axis=1) + g
+        return np.where(there & np.isfinite(out), out, -np.inf)
 
     def _delays(self, sends, weight) -> tuple[np.ndarray, np.ndarray]:
         """(may not delay, may delay) per cell: a stage delays its weight parts when its
@@ -832,7 +901,7 @@ class PairProblem:
         off = self._r3_fills(vals)
         for p in range(j0 - 1):
             if self._r5_has(p):
-                drained, filled = self._neighbor_term(p, vals[p], vals[p + 1])
+                drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], prev=vals[p - 1] if p else None)
                 if off[p] + drained > tau or fill[p] + filled > tau:
                     return None
         keep = [np.ones(len(c["k"]), dtype=bool) if m is None else ~m for m, c in zip(masks, cells)]
@@ -840,12 +909,14 @@ class PairProblem:
         if j0 and self._r5_has(j0 - 1):
             # the prefix's last stage before each first cell: remembered per list of cells
             memo = cells[0].setdefault("after_prefix", {})
-            hit = memo.get((j0, id(vals[-1])))
-            if hit is None or hit[0] is not vals[-1]:
+            prev = vals[-2] if j0 > 1 else None
+            hit = memo.get((j0, id(vals[-1]), id(prev)))
+            if hit is None or hit[0] is not vals[-1] or hit[1] is not prev:
                 if len(memo) >= 256:          # an array per prefix: kept few
                     memo.clear()
-                hit = memo[j0, id(vals[-1])] = (vals[-1], self._neighbor_term(j0 - 1, vals[-1], cells[0]))
-            drained, filled = hit[1]
+                hit = memo[j0, id(vals[-1]), id(prev)] = (vals[-1], prev, self._neighbor_term(j0 - 1, vals[-1], cells[0],
+                                                                                          prev=prev))
+            drained, filled = hit[2]
             keep[0] &= (off[j0 - 1] + drained <= tau) & (fill[j0 - 1] + filled <= tau)
         budgets = []        # per cell: tau less its least fill and drain, and less its least fill
         with np.errstate(invalid="ignore"):         # tau = inf: inf - inf where unreached
@@ -1060,6 +1131,8 @@ class PairProblem:
                 arrs = self.stage(p)
                 v = {name: float(arrs[name][j, k, i]) for name in self._KEYS}
                 out = v if math.isfinite(v["INC1"]) else None
+        if out is not None:
+            out["k"] = float(st.first)        # R5's backlog reads the earlier stage's last layer
         self._values[key] = out
         return out
 
@@ -1488,7 +1561,7 @@ class PairProblem:
         if self._neighbor_on():
             for p in range(self.S - 1):
                 if self._r5_has(p):
-                    drained, filled = self._neighbor_term(p, vals[p], vals[p + 1])
+                    drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], prev=vals[p - 1] if p else None)
                     r5 = max(r5, r3_fill[p] + float(drained), fill[p] + float(filled))
         return r1, r2, r4, r5, vals
 
