@@ -40,7 +40,13 @@ can be handled by dynamic programs, each exact for its own part:
   backwards through pairs that pass (:meth:`PairProblem._neighbor_masks`); only on pairs
   small enough (``NEIGHBOR_PAIRS``).  On random instances of at most 16 devices the
   neighbour cycle took a 29% gap to 18% and proved two more plans OPTIMAL, and the link
-  bound took 53 of 60 instances within the goal to 56 (``benchmarks/small_gaps.py``).
+  bound took 53 of 60 instances within the goal to 56 (``benchmarks/small_gaps.py``).  The
+  link term also counts the backlog the link leaves on the earlier stages (the objective's:
+  each micro-batch's gradient reaches them late, with their remaining ops still to run):
+  from the stages' own values where they are known (whole plans, and the prefix a program
+  starts from), else on stage p - 1 at the least of its cells ending before p's first
+  layer (:meth:`PairProblem._backlog_term`; small_gaps' seed 54 went from a 2.7% gap to
+  OPTIMAL and seed 52 from 2.4% to 0.4%).
 
 "Is there a plan with ``R <= tau``?" is, for R1 and R2, a forward program over (stage,
 first layer) keeping the least accumulator (a smaller one never hurts a later stage; Alpa's
@@ -63,6 +69,7 @@ programs run over the cells that fit in memory and whose own term is below the c
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -73,7 +80,7 @@ from .costs import StageConfig, StageCosts
 from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from . import ranges
 from .ranges import Ranges, apply
-from .objective import deferred_weights, family_split, phase_time
+from .objective import BACKLOG_STAGES, deferred_weights, family_split, phase_time
 from .link import LINK_MICROBATCHES, backlog_counts, link_key, link_numbers, link_steps, link_time
 from .link import paced as link_paced
 from .neighbor import jumps_after_trip, neighbor_bound, neighbor_path, steady_warmup
@@ -127,6 +134,23 @@ def cheap_bound(costs: StageCosts, split: bool = True) -> float:
     if rho <= 0 or S == 1:
         return Bp * W / S if S > 1 else B * W
     return rho * W / (1 - (1 - rho / Bp) ** S)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_counts(schedule: Schedule, stages: int, r: int, microbatches: int, either: bool) -> tuple:
+    """:func:`.link.backlog_counts` of stage r, the fewer of the two orders by micro-batch when
+    it may delay its weight parts or not (``either``), as floats."""
+    counts = [backlog_counts(schedule, stages, r, microbatches, d) for d in ((False, True) if either else (False,))]
+    return tuple(np.minimum.reduce([c[i] for c in counts]).astype(float) for i in range(3))
+
+
+def _earlier(vals: list, p: int) -> tuple:
+    """Stage p's earlier stages' values, nearest first, as far back as the backlog goes."""
+    return tuple(vals[p - 1::-1][:BACKLOG_STAGES]) if p > 0 else ()
+
+
+def _same(a: tuple | None, b: tuple | None) -> bool:
+    return len(a or ()) == len(b or ()) and all(x is y for x, y in zip(a or (), b or ()))
 
 
 @dataclass(frozen=True)
@@ -694,7 +718,7 @@ class PairProblem:
     def _links_on(self) -> bool:
         return self.B <= LINK_MICROBATCHES and all(s.virtual == 1 for s in self.schedules)
 
-    def _neighbor_term(self, p: int, a, b, links: bool = True, prev: dict | None = None) -> tuple:
+    def _neighbor_term(self, p: int, a, b, links: bool = True, earlier: tuple | None = None) -> tuple:
         """R5's terms of stage p (cell values ``a``) before stage p + 1 (``b``), element-wise on
         arrays: ``(after the drain, after the fill)``, to which the callers add what comes
         before the stage: the objective's fill and drain together less the stage's own tail
@@ -706,9 +730,9 @@ class PairProblem:
           whichever is larger; both end with the stage's drain ``D_p``, here its own tail
           ``G`` (each least is at most the objective's least over the members);
         * after the fill: the link bound ending at either stage's last op (its deferred
-          weight parts included) and its own tail, and the backlog it leaves on stage p - 1
-          (``prev``, its values when known, else the least of its cells; :meth:`_backlog_term`;
-          -inf where there is none)."""
+          weight parts included) and its own tail, and the backlog it leaves on the earlier
+          stages (``earlier``: their values, nearest first, when known; else stage p - 1 at the
+          least of its cells; :meth:`_backlog_term`; -inf where there is none)."""
         f, c = a["F"], a["Bk"] - a["BC"]
         there = a["XF"] + b["F"] + (b["Bk"] - b["BC"]) + b["XG"]
         jump = f + c + there
@@ -720,28 +744,28 @@ class PairProblem:
         filled = -np.inf
         if links and self._links_on():
             if np.ndim(a["F"]) == 0 and np.ndim(b["F"]) == 0:
-                mine, theirs = self._link_cell(p, a, b, prev)
+                mine, theirs = self._link_cell(p, a, b, earlier)
             else:
-                mine, theirs = self._link_term(p, a, b, prev)
+                mine, theirs = self._link_term(p, a, b, earlier)
             drained = np.maximum(drained, mine)
             filled = theirs
         return drained, filled
 
-    def _link_cell(self, p: int, a: dict, b: dict, prev: dict | None = None) -> tuple[float, float]:
+    def _link_cell(self, p: int, a: dict, b: dict, earlier: tuple | None = None) -> tuple[float, float]:
         """:meth:`_link_term` of one cell of each stage, in Python numbers and remembered (the
         programs ask for a prefix's pairs at every run: numpy on single values took 70% of a
         search)."""
-        key = ("link", p, id(a), id(b), id(prev))
+        key = ("link", p, id(a), id(b)) + tuple(map(id, earlier or ()))
         hit = self._values.get(key)
-        if hit is not None and hit[0] is a and hit[1] is b and hit[2] is prev:
+        if hit is not None and hit[0] is a and hit[1] is b and _same(hit[2], earlier):
             return hit[3]
         arrays = self._link_term(p, {k: np.asarray([v]) for k, v in a.items() if k in _CELL},
-                                 {k: np.asarray([v]) for k, v in b.items() if k in _CELL}, prev)
+                                 {k: np.asarray([v]) for k, v in b.items() if k in _CELL}, earlier)
         out = (float(arrays[0][0]), float(arrays[1][0]))
-        self._values[key] = (a, b, prev, out)
+        self._values[key] = (a, b, earlier, out)
         return out
 
-    def _link_term(self, p: int, a, b, prev: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _link_term(self, p: int, a, b, earlier: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The least over the family of the link bound (link.py) of stages p and p + 1 without
         the fill, on cells ``a`` and ``b``, in two parts: (the end of p's last chain op and its
         drain, here its tail ``G``; the end of either stage's last op, with its own tail).  The
@@ -755,13 +779,11 @@ class PairProblem:
         n = max(np.size(a["F"]), np.size(b["F"]))      # a cell, or arrays of them (one may be a cell)
         A = {k: np.broadcast_to(np.asarray(a[k], dtype=float), (n,)) for k in keys}
         Bq = {k: np.broadcast_to(np.asarray(b[k], dtype=float), (n,)) for k in keys}
-        if prev is not None and p > 0:
-            # stage p - 1 known (a plan's or a prefix's): its own values
-            floor = {"there": np.ones(n, dtype=bool), "F": np.full(n, prev["F"]), "whole": np.full(n, prev["Bk"]),
-                     "chain": np.full(n, prev["Bk"] - prev["BC"]), "weight": np.full(n, prev["BC"]),
-                     "G": np.full(n, prev["G"])}
-        else:
-            floor = self._backlog_floor(p, A["k"]) if "k" in A else None
+        # the backlog on the earlier stages: their own values where known (a plan's or a
+        # prefix's), as far back as the objective follows it; else stage p - 1's least cells
+        known = tuple(earlier[:min(p, BACKLOG_STAGES)]) if earlier and p > 0 else None
+        floor = None if known else (self._backlog_floor(p, A["k"]) if "k" in A else None)
+        backlog = known is not None or floor is not None
         xa, xg = A["XF"], Bq["XG"]
         out_p, out_q = np.full(n, np.inf), np.full(n, np.inf)
         played: dict = {}             # link_key -> the two parts on every paced cell
@@ -798,19 +820,19 @@ class PairProblem:
                     ends = None
                     if len(args[0]) <= _LINK_ARRAYS:
                         # a few cells: numpy's cost per call outweighs its arrays
-                        run = link_numbers(s, self.S, p, self.B, dp_, dq_, uses=len(args[0]), ends=floor is not None)
+                        run = link_numbers(s, self.S, p, self.B, dp_, dq_, uses=len(args[0]), ends=backlog)
                         runs = [run(*x, 0.0) for x in zip(*(v.tolist() for v in args))]
                         chain_p, end_p, end_q = (np.array([r[i] for r in runs], dtype=float) for i in (0, 2, 3))
-                        if floor is not None:
+                        if backlog:
                             ends = np.array([r[4] for r in runs], dtype=float).reshape(len(runs), self.B)
                     else:
                         # in slices, so that a step's arrays stay small whatever the cells
                         steps = link_steps(s, self.S, p, self.B, dp_, dq_)
                         parts = [link_time(steps, self.B, *(x[i:i + _LINK_SLICE] for x in args), 0.0, mx=np.maximum,
-                                           ends=floor is not None)
+                                           ends=backlog)
                                  for i in range(0, len(args[0]), _LINK_SLICE)]
                         chain_p, end_p, end_q = (np.concatenate([x[i] for x in parts]) for i in (0, 2, 3))
-                        if floor is not None:
+                        if backlog:
                             ends = np.concatenate([np.stack(x[4], axis=1) for x in parts])
                     # after p's last chain op comes its drain (at least its tail); after each
                     # stage's last op (the deferred weight parts included), its own tail
@@ -822,8 +844,9 @@ class PairProblem:
                     # the backlog reads stage p - 1's order too, which link_key does not hold:
                     # per member, on the ends the members share
                     vq = vq.copy()
-                    vq[paced] = np.maximum(vq[paced], self._backlog_term(s, p, split, floor, paced, ends,
-                                                                         A["XG"][paced]))
+                    vq[paced] = np.maximum(vq[paced], self._known_backlog(s, p, split, known, ends, A["XG"][paced])
+                                           if known else self._backlog_term(s, p, split, floor, paced, ends,
+                                                                            A["XG"][paced]))
                 best_p[on] = np.minimum(best_p[on], vp[on])
                 best_q[on] = np.minimum(best_q[on], vq[on])
             out_p = np.minimum(out_p, np.where(np.isfinite(best_p), best_p, -np.inf))
@@ -861,22 +884,47 @@ class PairProblem:
 
     def _backlog_term(self, s: Schedule, p: int, split: bool, floor: dict, paced: np.ndarray, ends: np.ndarray,
                       xg: np.ndarray) -> np.ndarray:
-        """The objective's backlog (:func:`.objective._backlog`) through stage p - 1 only, on
-        the paced cells: micro-batch m's chain op on stage p ends at ``ends[:, m]`` (the link
-        played out), its gradient reaches stage p - 1 after ``xg``, which then still has every
-        op from its chain op of m to its last (counted from its order, the fewer of the two
-        when it may delay its weight parts) at its floor's durations, and its tail; -inf on
-        cells with no floor."""
-        counts = [backlog_counts(s, self.S, p - 1, self.B, d) for d in ((False, True) if s.weight_delay else (False,))]
-        nf, nc, nw = (np.minimum.reduce([c[i] for c in counts]) for i in range(3))
-        there = floor["there"][paced]
-        f, g = floor["F"][paced], floor["G"][paced]
-        c, w = (floor["chain"][paced], floor["weight"][paced]) if split else (floor["whole"][paced], 0.0)
+        """The objective's backlog (:func:`.objective._backlog`) on stage p - 1, on the paced
+        cells: micro-batch m's chain op on stage p ends at ``ends[:, m]`` (the link played
+        out), its gradient reaches stage p - 1 after ``xg``, which then still has every op
+        from its chain op of m to its last (counted from its order, the fewer of the two when
+        it may delay its weight parts) and its tail, each at the least of its cells (``floor``,
+        :meth:`_backlog_floor`); -inf on cells where it has none."""
+        nf, nc, nw = _least_counts(s, self.S, p - 1, self.B, s.weight_delay)
+        f, g, there = floor["F"][paced], floor["G"][paced], floor["there"][paced]
+        c = floor["chain"][paced] if split else floor["whole"][paced]
+        w = floor["weight"][paced] if split else np.zeros(len(f))
         with np.errstate(invalid="ignore"):
-            work = ends + xg[:, None] + nf[None, :] * f[:, None] + nc[None, :] * c[:, None] \
-                + nw[None, :] * np.asarray(w, dtype=float).reshape(-1, 1)
-            out = work.max(axis=1) + g
-        return np.where(there & np.isfinite(out), out, -np.inf)
+            work = ends + xg[:, None] + nf * f[:, None] + nc * c[:, None] + nw * w[:, None]
+            term = work.max(axis=1) + g
+        return np.where(there & np.isfinite(term), term, -np.inf)
+
+    def _known_backlog(self, s: Schedule, p: int, split: bool, known: tuple, ends: np.ndarray,
+                       xg: np.ndarray) -> np.ndarray:
+        """The objective's backlog on the earlier stages whose values are ``known`` (stage
+        p - 1 first): stage r still has, from m's gradient on, every op from its chain op of m
+        to its last and its drain (its tail, or back through the known stages before it, as
+        the objective's D), m's gradient reaching it through the chain ops and transfers of
+        the stages in between.  Per stage a row over the micro-batches, remembered per member
+        and prefix; the cells add only the link's ends."""
+        key = ("backlog", s, p, split) + tuple(map(id, known))
+        hit = self._values.get(key)
+        if hit is None or not _same(hit[0], known):
+            chains = [v["Bk"] - v["BC"] if split else v["Bk"] for v in known]
+            drains = [0.0] * len(known)
+            for back in range(len(known) - 1, -1, -1):
+                drains[back] = known[back]["G"]
+                if back + 1 < len(known):
+                    drains[back] = max(drains[back], known[back]["XG"] + chains[back + 1] + drains[back + 1])
+            rows, offset = [], 0.0
+            for back, v in enumerate(known):
+                nf, nc, nw = _least_counts(s, self.S, p - 1 - back, self.B, s.weight_delay)
+                rows.append(offset + nf * v["F"] + nc * chains[back] + (nw * v["BC"] if split else 0.0)
+                            + drains[back])
+                offset += chains[back] + v["XG"]
+            hit = self._values[key] = (known, np.array(rows))
+        rows = hit[1]
+        return (ends[:, None, :] + rows[None, :, :]).max(axis=(1, 2)) + xg
 
     def _delays(self, sends, weight) -> tuple[np.ndarray, np.ndarray]:
         """(may not delay, may delay) per cell: a stage delays its weight parts when its
@@ -901,7 +949,7 @@ class PairProblem:
         off = self._r3_fills(vals)
         for p in range(j0 - 1):
             if self._r5_has(p):
-                drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], prev=vals[p - 1] if p else None)
+                drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], earlier=_earlier(vals, p))
                 if off[p] + drained > tau or fill[p] + filled > tau:
                     return None
         keep = [np.ones(len(c["k"]), dtype=bool) if m is None else ~m for m, c in zip(masks, cells)]
@@ -909,13 +957,13 @@ class PairProblem:
         if j0 and self._r5_has(j0 - 1):
             # the prefix's last stage before each first cell: remembered per list of cells
             memo = cells[0].setdefault("after_prefix", {})
-            prev = vals[-2] if j0 > 1 else None
-            hit = memo.get((j0, id(vals[-1]), id(prev)))
-            if hit is None or hit[0] is not vals[-1] or hit[1] is not prev:
+            earlier = _earlier(vals, j0 - 1)
+            key = (j0, id(vals[-1])) + tuple(map(id, earlier))
+            hit = memo.get(key)
+            if hit is None or hit[0] is not vals[-1] or not _same(hit[1], earlier):
                 if len(memo) >= 256:          # an array per prefix: kept few
                     memo.clear()
-                hit = memo[j0, id(vals[-1]), id(prev)] = (vals[-1], prev, self._neighbor_term(j0 - 1, vals[-1], cells[0],
-                                                                                          prev=prev))
+                hit = memo[key] = (vals[-1], earlier, self._neighbor_term(j0 - 1, vals[-1], cells[0], earlier=earlier))
             drained, filled = hit[2]
             keep[0] &= (off[j0 - 1] + drained <= tau) & (fill[j0 - 1] + filled <= tau)
         budgets = []        # per cell: tau less its least fill and drain, and less its least fill
@@ -1561,7 +1609,7 @@ class PairProblem:
         if self._neighbor_on():
             for p in range(self.S - 1):
                 if self._r5_has(p):
-                    drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], prev=vals[p - 1] if p else None)
+                    drained, filled = self._neighbor_term(p, vals[p], vals[p + 1], earlier=_earlier(vals, p))
                     r5 = max(r5, r3_fill[p] + float(drained), fill[p] + float(filled))
         return r1, r2, r4, r5, vals
 
