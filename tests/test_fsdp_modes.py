@@ -3,9 +3,12 @@
 reduce-scatters of a step, and what a stage keeps between micro-batches.
 
 Three runtimes: ours (``run``: :class:`~solver_planner.run.stage.ProgramStage` with the plan's
-ZeRO stage), torch's pipelining as torchtitan leaves it (pipeline > 1), and FSDP2 without
-pipelining (torchtitan with pipeline 1: one backward per micro-batch).  Each is a stage of
-three layers on two data-parallel ranks, three micro-batches a step."""
+ZeRO stage), torch's ``PipelineStage`` as torchtitan leaves it (its pipeline > 1), and FSDP2
+without pipelining (torchtitan with pipeline 1: one backward per micro-batch).  Each is one
+stage of three layers on two data-parallel ranks, three micro-batches a step, under 1F1B: a
+stage's FSDP2 flags do not depend on the other stages.  (With more than three model chunks a
+rank torch's runtime also re-gathers inactive chunks, ``max_active_stages``, which the
+torchtitan target refuses under sharding.)"""
 
 import os
 import socket

@@ -455,11 +455,13 @@ def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:
     chain op (the round trip after the next stage 0), the larger of the two, each ending with
     the gradient tail and counted after the fill and the drain back through the earlier
     stages (R3's, below); and the least over the family of the link bound ending at either
-    stage's last op and its own tail, after R2's fill.  The transfers carry the cut's tensor
-    only, and a stage delays its weight parts when that transfer outlasts them (the model
-    may have skips: then both orders, the lesser)."""
-    from solver_planner.stages.link import LINK_MICROBATCHES, link_steps, link_time, paced
+    stage's last op and its own tail, or the backlog that link leaves on the earlier stages,
+    after R2's fill.  The transfers carry the cut's tensor only, and a stage delays its weight
+    parts when that transfer outlasts them (the model may have skips: then both orders, the
+    lesser)."""
+    from solver_planner.stages.link import LINK_MICROBATCHES, backlog_counts, link_steps, link_time, paced
     from solver_planner.stages.neighbor import neighbor_path
+    from solver_planner.stages.objective import BACKLOG_STAGES
 
     S, B = plan.costs.stages, plan.costs.microbatches
     schedules = pair.schedules
@@ -478,6 +480,28 @@ def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:
         drain.append(max(g[p], edge_time(plan, p, p - 1) + c[p - 1] + drain[p - 1]))
     skips = any(j != i + 1 for i, j, _ in plan.costs.model.edges())
     links = B <= LINK_MICROBATCHES and all(s.virtual == 1 for s in schedules)
+
+    def backlog(s, p, ends):
+        """The objective's backlog on the stages before p (up to BACKLOG_STAGES of them): m's
+        gradient reaches stage r through the chain ops and cut transfers in between; r then
+        runs every op from its chain op of m to its last (the fewer by micro-batch of its two
+        orders when it may delay weight parts) and drains back to the farthest stage followed."""
+        if p == 0:
+            return -math.inf
+        chain = [c[r] if s.split else plan.backward[r] for r in range(S)]
+        far = max(p - BACKLOG_STAGES, 0)
+        drains = {far: g[far]}
+        for r in range(far + 1, p):
+            drains[r] = max(g[r], edge_time(plan, r, r - 1) + chain[r - 1] + drains[r - 1])
+        arrive = [e + edge_time(plan, p, p - 1) for e in ends]
+        best = -math.inf
+        for r in range(p - 1, far - 1, -1):
+            orders = [backlog_counts(s, S, r, B, d) for d in ((False, True) if s.weight_delay else (False,))]
+            work = [min(n[0][m] for n in orders) * f[r] + min(n[1][m] for n in orders) * chain[r]
+                    + (min(n[2][m] for n in orders) * bw[r] if s.split else 0.0) for m in range(B)]
+            best = max(best, max(a + w for a, w in zip(arrive, work)) + drains[r])
+            arrive = [a + chain[r] + edge_time(plan, r, r - 1) for a in arrive]
+        return best
     out = 0.0
     for p in range(S - 1):
         q = p + 1
@@ -511,10 +535,10 @@ def neighbor_relaxation(plan: Partition, pair: PairProblem) -> float:
                               for dq in may(xg, bw[q])]
                 best_mine = best_theirs = math.inf
                 for dp, dq in delays:
-                    chain_p, _, end_p, end_q = link_time(link_steps(s, S, p, B, dp, dq), B, f[p], cp, wp, f[q], cq,
-                                                         wq, xa, xg, 0.0)
+                    chain_p, _, end_p, end_q, ends = link_time(link_steps(s, S, p, B, dp, dq), B, f[p], cp, wp, f[q],
+                                                               cq, wq, xa, xg, 0.0, ends=True)
                     best_mine = min(best_mine, chain_p + g[p])
-                    best_theirs = min(best_theirs, max(end_p + g[p], end_q + g[q]))
+                    best_theirs = min(best_theirs, max(end_p + g[p], end_q + g[q], backlog(s, p, ends)))
                 mine, theirs = min(mine, best_mine), min(theirs, best_theirs)
             drained, filled = max(drained, mine), theirs
         out = max(out, off + drained, fill + filled)

@@ -538,10 +538,19 @@ def test_torchtitan_parser_rejects_pipeline_with_cuda_graphs(capsys):
     (llama3_8b("torchtitan", dtype="float16"), "float16"),
     (llama3_8b("torchtitan", tensor=16, data=2), "not divisible by tensor"),
     (llama3_8b("torchtitan", optimizer="sgd"), "sgd"),
+    # torch's runtime keeps 3 chunks of a rank gathered and re-gathers the rest (max_active_stages)
+    (llama3_8b("torchtitan", optimizer_sharding="zero-2", schedule="interleaved-1f1b", virtual_stages=4,
+               layers=32), "more than 3 model chunks"),
 ])
 def test_torchtitan_refusals(cfg, reason):
     why = tt_target.allows(cfg)
     assert why is not None and reason in why, why
+
+
+@pytest.mark.parametrize("chunks, sharding, runs", [(2, "zero-3", True), (4, "none", True), (4, "zero-3", False)])
+def test_torchtitan_runs_fsdp2_with_at_most_3_chunks_a_rank(chunks, sharding, runs):
+    cfg = llama3_8b("torchtitan", optimizer_sharding=sharding, schedule="interleaved-1f1b", virtual_stages=chunks)
+    assert (tt_target.allows(cfg) is None) == runs, tt_target.allows(cfg)
 
 
 # ----------------------------------------------------------------------------- DeepSpeed

@@ -93,3 +93,35 @@ def test_zero_2_under_fsdp2_without_pipelining_regathers_every_forward():
     assert np.allclose(f2 - f1, (f3 - f1) * (B - 1) / B)
     native2, _, _ = _costs("zero-2", B, hosts=1).layer_times(c)
     assert np.array_equal(native2, f1)
+
+
+def test_torchtitan_keeps_gradients_in_float32_whatever_the_sharding(tmp_path):
+    """FSDP2's mixed precision is always on under torchtitan (replicas included): the fp32
+    parameters' gradients are fp32, 4 bytes for a bf16 parameter, whole or as a shard: none
+    ``(2 + 4 + 12)/t``, ZeRO-2 ``2/t + (4 + 12)/(t d)``; natively the training type's 2."""
+    import yaml
+
+    from solver_planner.spec.model import load_model_spec
+    from solver_planner.stages.layers import layer_model
+
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "m", "transformer": {"layers": 2, "hidden": 256, "heads": 4, "sequence": 64, "vocab": 512},
+        "training": {"global_batch": 8, "dtype": "bfloat16", "optimizer": "adam", "optimizer_sharding": "zero-2"}}))
+    spec = load_model_spec(path)
+    assert layer_model(spec, target="torchtitan").options.gradient_bytes == 2.0
+    assert layer_model(spec).options.gradient_bytes == 1.0
+    P, O = np.array([2.0]), np.array([12.0])      # bytes a parameter: bf16, Adam's fp32 master and moments
+    assert static_bytes(P, O, 1, 4, "none", grad=2.0)[0] == 18.0
+    assert static_bytes(P, O, 1, 4, "zero-2", grad=2.0)[0] == 2.0 + 16.0 / 4
+
+
+@pytest.mark.parametrize("hosts, fsdp2, overlaps", [(2, True, False), (1, True, True), (2, False, True)])
+def test_torch_s_pipelining_reduces_after_the_stage_s_last_backward(hosts, fsdp2, overlaps):
+    """PipelineStage reduces FSDP2's gradients in perform_reduce_grad, after the last
+    backward: no bucket overlaps it, so the tail is the whole reduction after it."""
+    for sharding in ("none", "zero-2"):
+        cc = _costs(sharding, 4, hosts=hosts, fsdp2=fsdp2, reduce="float32")[StageConfig(1)]
+        assert cc.overlap == overlaps
+        if not overlaps:
+            assert cc.tail_full[0, 3] == pytest.approx(cc.reduction_all[0, 3] + cc.optimizer[0, 3], rel=1e-12)

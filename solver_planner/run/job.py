@@ -37,8 +37,9 @@ ACTION_NAMES = {"F": "F", "B": "B", "BA": "I", "BW": "W"}
 class FsdpMode:
     """How FSDP2 runs one ZeRO stage (ZeRO §5.1; the memory and traffic ``stages/memory.py``
     prices).  torch's pipelining alone turns FSDP's gradient sync and post-backward resharding
-    off until a stage's last backward: gradients accumulate unsharded and parameters stay
-    gathered (``PipelineStage.backward_maybe_with_nosync``), which is ZeRO-1's memory.  ZeRO-2
+    off for every backward and reduces after the stage's last (``PipelineStage.
+    backward_maybe_with_nosync``, ``perform_reduce_grad``): gradients accumulate unsharded and
+    parameters stay gathered, which is ZeRO-1's memory.  ZeRO-2
     and ZeRO-3 instead reduce-scatter every micro-batch's gradients into the shards, as DeepSpeed
     and FSDP2 without pipelining do, and ZeRO-3 frees the gathered parameters after every
     forward and backward."""

@@ -310,6 +310,9 @@ class ConfigCosts:
     grad_bytes: Ranges | None = None   # [k, i]: gradient bytes per device, tied copies included
     bucket_cap: float = 25 * 2**20
     optimizer: Ranges | None = None   # [k, i]: the optimizer step, after the reductions (in the tails)
+    # the reduction may start during the last backward (gradient_overlap; not under torch's
+    # pipelining of FSDP2, which reduces after it: .memory.zero_run)
+    overlap: bool = True
 
     def stage_buckets(self, first: int, last: int) -> list[float]:
         """Times of the buckets of a whole stage's gradients (no overlap)."""
@@ -522,7 +525,8 @@ class StageCosts:
         grad_bytes = Sums(grads) + self._copy_bytes(copy)
         red_all = apply(lambda x: chunked(x)[1], grad_bytes)
         backward = act_grad + weight
-        if opts.gradient_overlap:
+        overlap = opts.gradient_overlap and self.zero.overlap
+        if overlap:
             tail_full = _flow_shop_tail(backward, red)
             tail_weight = _flow_shop_tail(weight, red)
             if m.ties():
@@ -542,7 +546,7 @@ class StageCosts:
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
-            grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt,
+            grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
         )
 
     def _copy_bytes(self, per_layer: np.ndarray) -> Ranges:

@@ -42,13 +42,17 @@ Across the micro-batches of a step (:func:`zero_run`): ZeRO-2 and ZeRO-3 keep on
 gradient shard, so every micro-batch's gradients are reduce-scattered into it (DeepSpeed, and
 FSDP2 without pipelining: ``B`` reduce-scatters a step; our ``run`` does the same); ZeRO-1 and
 the distributed optimizer accumulate whole gradients and reduce once.  torch's pipelining
-alone turns FSDP2's gradient sync and post-backward resharding off until a stage's last
-backward (``PipelineStage.backward_maybe_with_nosync``; torchtitan with pipeline > 1): FSDP2
-then accumulates whole gradients in the reduction's type (``to_accumulated_grad_if_needed``)
-and keeps the parameters gathered from a layer's backward to its next forward, which is
-ZeRO-1's memory with ``G`` in the reduction's type, one reduce-scatter a step, and ``B + 1``
-gathers a step under ZeRO-3 (each forward's, and the first backward's).  A differential test
-counts these collectives on gloo processes (``tests/test_fsdp_modes.py``).
+alone turns FSDP2's gradient sync and post-backward resharding off for a stage's backwards
+(``PipelineStage.backward_maybe_with_nosync`` turns both off for every backward, and
+``perform_reduce_grad`` reduces after the last; torchtitan with pipeline > 1): FSDP2 then
+accumulates whole gradients in the reduction's type (``to_accumulated_grad_if_needed``) and
+keeps the parameters gathered from a layer's backward to its next forward, which is ZeRO-1's
+memory with ``G`` in the reduction's type, one reduce-scatter a step that overlaps no backward,
+and ``B + 1`` gathers a step under ZeRO-3 (a backward's after a forward, a forward's after a
+forward: priced as one per forward and one more a step).  With more than three model chunks a
+rank, torch's runtime also reshards and re-gathers inactive chunks, which the torchtitan target
+refuses.  A differential test counts these collectives on gloo processes
+(``tests/test_fsdp_modes.py``).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class ZeroRun:
     forward_gathers: float      # parameter all-gathers of each layer per micro-batch, in forward
     backward_gathers: float     # and in backward
     reduce_each: bool           # every micro-batch's gradients reduce-scattered (else once a step)
+    overlap: bool = True        # the step's reduction may start during the last backward
 
 
 def zero_run(options: MemoryOptions, stages: int, microbatches: int, reduce_scale: float = 1.0) -> ZeroRun:
@@ -121,12 +126,15 @@ def zero_run(options: MemoryOptions, stages: int, microbatches: int, reduce_scal
     ``microbatches`` a step; ``reduce_scale``: bytes of the reduction's type per byte of the
     training type (FSDP2 accumulates whole gradients in it)."""
     sharding, K = options.sharding, microbatches
+    # torch's PipelineStage runs every backward of FSDP2 (and of its replicate) without sync
+    # or post-backward resharding and reduces in perform_reduce_grad, after the stage's last
+    # backward: nothing of the reduction overlaps it
+    pipelined = options.fsdp2_defaults and stages > 1
     if sharding not in ("zero-2", "zero-3"):
-        return ZeroRun(sharding, options.gradient_bytes, 0.0, 0.0, False)
-    if options.fsdp2_defaults and stages > 1:
-        # torch's PipelineStage: no sync and no post-backward reshard until the last backward
+        return ZeroRun(sharding, options.gradient_bytes, 0.0, 0.0, False, not pipelined)
+    if pipelined:
         gathers = (1.0, 1.0 / K) if sharding == "zero-3" else (0.0, 0.0)
-        return ZeroRun("zero-1", reduce_scale, *gathers, False)
+        return ZeroRun("zero-1", reduce_scale, *gathers, False, False)
     if sharding == "zero-3":
         return ZeroRun(sharding, options.gradient_bytes, 1.0, 1.0, True)
     # ZeRO-2 keeps its parameters whole through the step (one gather, with the reduction);

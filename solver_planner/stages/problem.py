@@ -497,7 +497,7 @@ class PairProblem:
                 ks, is_ = self.band(p)
                 if kind == "red":
                     cc = c[cfg]
-                    if c.model.options.gradient_overlap:
+                    if cc.overlap:
                         cs = np.concatenate([[0.0], np.cumsum(cc.layer_reduction)])
                         arr = cs[None, is_ + 1] - cs[ks, None]
                     else:

@@ -94,9 +94,16 @@ RULES = TargetRules(
     # torchtitan leaves FSDP2's backward flags as torch's PipelineStage sets them (trainer.py
     # runs each micro-batch's backward with gradient sync on; pipelining turns it off)
     fsdp2_defaults=True,
+    # FSDP2's mixed precision (always on, data-parallel replicas included) keeps the gradients
+    # of its fp32 parameters in fp32: a bf16 model's are 4 bytes a parameter, whole or sharded
+    buffer_in_reduce_type=True,
     source="torchtitan 0.3.0 torchtitan/config/{manager,configs}.py, trainer.py, "
            "distributed/pipeline_parallel.py",
 )
+
+# model chunks per rank torch's pipeline runtime keeps unsharded under FSDP2 (schedules.py
+# _PipelineScheduleRuntime._add_unshard_reshard: max_active_stages)
+_ACTIVE_CHUNKS = 3
 
 # our recompute modes -> torchtitan's activation-checkpoint subcommands
 AC_SUBCOMMANDS = {"none": "none", "selective-op": "selective", "full": "full"}
@@ -168,6 +175,13 @@ def allows(cfg: TargetConfig) -> str | None:
                     " without counting: selective-op would be priced wrong; use none or full")
     if cfg.sequence > flavor.max_sequence:
         return f"sequence {cfg.sequence} exceeds the RoPE cache of {flavor.max_sequence}"
+    if cfg.optimizer_sharding != "none" and cfg.data > 1 and cfg.pipeline > 1 and cfg.virtual_stages > _ACTIVE_CHUNKS:
+        # torch's pipeline runtime (schedules.py _add_unshard_reshard, max_active_stages=3)
+        # keeps at most three model chunks of a rank gathered and reshards and re-gathers the
+        # others around every action: hundreds of all-gathers a step the plan cannot price
+        return (f"with FSDP2 and more than {_ACTIVE_CHUNKS} model chunks per pipeline rank torch's runtime"
+                f" re-gathers the inactive chunks' parameters around every action ({cfg.virtual_stages} chunks"
+                " here); use at most 3 chunks per rank, or no optimizer sharding")
     if cfg.schedule == "zb-h1" and cfg.virtual_stages < 2:
         # _get_pipeline_metadata: multi-stage schedules need >= 2 stages per rank.
         return ("torchtitan's zb-h1 is torch's InterleavedZeroBubble, a multi-stage schedule: "
