@@ -228,3 +228,12 @@ def test_an_unknown_option_names_the_closest_real_options():
     assert r.returncode == 2 and "(closest: --no-overlap" in r.stderr
     err = json.loads(r.stdout)["error"]
     assert err["code"] == 2 and err["message"] in r.stderr and "(closest: --no-overlap" in err["message"]
+
+
+def test_show_says_a_plan_file_is_one_and_which_commands_read_it(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("format: solver-planner-plan\nversion: 4\ncluster: c\nmodel: m\n")
+    res = run_cli("show", plan)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "a plan file" in res.stderr and f"check CLUSTER MODEL {plan}" in res.stderr
+    assert "unknown key" not in res.stderr

@@ -75,16 +75,16 @@ def test_objective_and_one_port_bound_are_under_the_best_schedule_which_is_under
 
 @pytest.mark.slow
 def test_the_readmes_schedule_floor_rows_are_what_the_benchmark_prints():
-    """The README's rows for seeds 16 and 54 (the first seed draws its sample first, as in the
-    default run; seed 54's search simulates all of its 3 plans), rerun."""
+    """The README's row for seed 16 (the first seed draws its sample first, as in the default
+    run), rerun."""
     import re
     import subprocess
 
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedule_floor.py"), "--seeds", "16,54"],
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedule_floor.py"), "--seeds", "16"],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     readme = (ROOT / "README.md").read_text()
-    for seed in (16, 54):
+    for seed in (16,):
         row = re.search(rf"^ *{seed} +[\d.]+ +(\d+) +\d+ +(\d+)% +([\d.]+) +([\d.]+) +([\d.]+)", out.stdout, re.M)
         assert row, out.stdout
         simulated, below, greedy, objective, port = row.groups()

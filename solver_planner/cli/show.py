@@ -7,7 +7,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from ..errors import SpecError
+from ..errors import SpecError, SpecIssue
 from ..spec import deciding_key, load_yaml
 from ..spec.hf import is_hf_config
 from .common import JSON_OPT, console, handles_errors, model_of, print_json, topology_of
@@ -26,6 +26,21 @@ def _is_model(path: Path) -> bool:
     return found is not None and found[0] == "model"
 
 
+def _refuse_plan_file(path: Path) -> None:
+    """A plan file is neither spec: say what it is and which commands read it, rather than
+    the cluster loader's complaint about its keys."""
+    from ..plan.planfile import FORMAT
+
+    try:
+        data, _ = load_yaml(path)
+    except SpecError:
+        return
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        raise SpecError(SpecIssue(str(path), None, "", "a plan file (written by 'plan'), not a cluster or model"
+                                  f" spec: 'check CLUSTER MODEL {path}' re-checks it, 'run CLUSTER MODEL {path}'"
+                                  " trains it, and 'plan --report' draws one"))
+
+
 @handles_errors
 def show(
     spec: Path = typer.Argument(..., help="Cluster spec, model spec (YAML) or Hugging Face config.json.",
@@ -39,6 +54,7 @@ def show(
     a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox), trained at
     min(max_position_embeddings, 4096) tokens unless a YAML spec gives 'sequence'.
     """
+    _refuse_plan_file(spec)
     if _is_model(spec):
         _show_model(spec, as_json)
     else:
