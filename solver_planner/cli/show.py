@@ -13,32 +13,22 @@ from ..spec.hf import is_hf_config
 from .common import JSON_OPT, console, handles_errors, model_of, print_json, topology_of
 
 
-def _is_model(path: Path) -> bool:
-    """A Hugging Face config, or a file whose keys say it is a model spec; anything else
-    (an unreadable file included) goes to the cluster loader, which says what is wrong."""
-    try:
-        data, _ = load_yaml(path)
-    except SpecError:
-        return str(path).lower().endswith(".json")
-    if is_hf_config(path, data):
-        return True
-    found = deciding_key(data)
-    return found is not None and found[0] == "model"
-
-
-def _refuse_plan_file(path: Path) -> None:
-    """A plan file is neither spec: say what it is and which commands read it, rather than
-    the cluster loader's complaint about its keys."""
+def _kind(path: Path) -> str:
+    """'model' (a Hugging Face config, or keys that say so), 'plan' (a plan file) or
+    'cluster': anything else, an unreadable file included, goes to the cluster loader, which
+    says what is wrong."""
     from ..plan.planfile import FORMAT
 
     try:
         data, _ = load_yaml(path)
     except SpecError:
-        return
+        return "model" if str(path).lower().endswith(".json") else "cluster"
     if isinstance(data, dict) and data.get("format") == FORMAT:
-        raise SpecError(SpecIssue(str(path), None, "", "a plan file (written by 'plan'), not a cluster or model"
-                                  f" spec: 'check CLUSTER MODEL {path}' re-checks it, 'run CLUSTER MODEL {path}'"
-                                  " trains it, and 'plan --report' draws one"))
+        return "plan"
+    if is_hf_config(path, data):
+        return "model"
+    found = deciding_key(data)
+    return "model" if found is not None and found[0] == "model" else "cluster"
 
 
 @handles_errors
@@ -54,8 +44,14 @@ def show(
     a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox), trained at
     min(max_position_embeddings, 4096) tokens unless a YAML spec gives 'sequence'.
     """
-    _refuse_plan_file(spec)
-    if _is_model(spec):
+    kind = _kind(spec)
+    if kind == "plan":
+        # neither spec: say what it is and which commands read it, not the cluster loader's
+        # complaint about its keys
+        raise SpecError(SpecIssue(str(spec), None, "", "a plan file (written by 'plan'), not a cluster or model"
+                                  f" spec: 'check CLUSTER MODEL {spec}' re-checks it, 'run CLUSTER MODEL {spec}'"
+                                  " trains it, and 'plan --report' draws one"))
+    if kind == "model":
         _show_model(spec, as_json)
     else:
         _show_cluster(spec, as_json)
@@ -96,9 +92,13 @@ def _show_model(path: Path, as_json: bool) -> None:
         rows.append(("training", f"global batch {t['global_batch']}, micro-batches {t['microbatches']},"
                                  f" {t['dtype']}, {t['optimizer']}, recompute {t['recompute']}"))
         # what an iteration does with the gradients changes every prediction: say it
-        reduce = (f"in {t['gradient_reduce_dtype']}" if t.get("gradient_reduce_dtype")
-                  else f"in {t['dtype']}" + (" (float32 under --target torchtitan or megatron)"
-                                             if t["dtype"] == "bfloat16" else ""))
+        reduce = f"in {t.get('gradient_reduce_dtype') or t['dtype']}"
+        if not t.get("gradient_reduce_dtype"):
+            from ..targets.search import reduce_defaults
+
+            others = reduce_defaults(t["dtype"])
+            if others:
+                reduce += " (" + "; ".join(f"{r} under --target {' or '.join(ts)}" for r, ts in others.items()) + ")"
         rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward"
                                   f" {reduce}, accumulated by"
                                   f" {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))

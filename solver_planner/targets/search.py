@@ -35,6 +35,17 @@ def target_module(target: str):
     return importlib.import_module(f".{target}", __package__)
 
 
+def reduce_defaults(dtype: str) -> dict[str, list[str]]:
+    """Reduction type -> the framework targets that reduce ``dtype`` gradients in it by
+    default where it is not ``dtype`` itself (each target's ``RULES.reduce_default``)."""
+    out: dict[str, list[str]] = {}
+    for target in TARGETS[1:]:
+        reduce = dict(target_module(target).RULES.reduce_default).get(dtype)
+        if reduce is not None:
+            out.setdefault(reduce, []).append(target)
+    return out
+
+
 def _dims(model) -> dict:
     t = model.transformer
     if t is None:
