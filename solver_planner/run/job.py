@@ -50,12 +50,12 @@ class FsdpMode:
     text: str
 
 
+_WHOLE = ("parameters and gradients whole until the stage's last backward, one reduce-scatter per step,"
+          " optimizer state sharded")
+
 FSDP_MODES = {
-    "zero-1": FsdpMode(False, False, False, "parameters and gradients whole until the stage's last backward, one"
-                       " reduce-scatter per step, optimizer state sharded (ZeRO-1)"),
-    "distributed": FsdpMode(False, False, False, "parameters and gradients whole until the stage's last backward,"
-                            " one reduce-scatter per step, optimizer state sharded (Megatron-LM's distributed"
-                            " optimizer)"),
+    "zero-1": FsdpMode(False, False, False, f"{_WHOLE} (ZeRO-1)"),
+    "distributed": FsdpMode(False, False, False, f"{_WHOLE} (Megatron-LM's distributed optimizer)"),
     "zero-2": FsdpMode(False, True, False, "parameters whole, every micro-batch's gradients reduce-scattered into"
                        " the shards (ZeRO-2)"),
     "zero-3": FsdpMode(True, True, True, "parameters gathered before every forward and backward and freed after,"

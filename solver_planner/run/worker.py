@@ -208,8 +208,9 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
     mesh = meshes[p]
     shape = job.shape
     device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
+    sharding = job.sharding if stage.data > 1 else "none"      # one replica: nothing to shard
     module = stage_module(shape, stage.first, stage.last, mesh, stage.tensor, stage.recompute,
-                          job.sharding if stage.data > 1 else "none", job.sequence_parallel, job.seed)
+                          sharding, job.sequence_parallel, job.seed)
     module.to(device)
     optimizer = make_optimizer(job.optimizer, module.parameters())
     first, last = p == 0, p == S - 1
@@ -244,7 +245,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         _tie(job, stage, module, tied)
 
     pipe.after_backward = after_backward
-    pipe.sharding = job.sharding if stage.data > 1 else "none"
+    pipe.sharding = sharding
 
     def loss_fn(out, target):
         return loss_sum(shape, out, target, job.microbatch_size)

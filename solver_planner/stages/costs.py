@@ -438,7 +438,7 @@ class StageCosts:
             # each layer's backward produces them; priced whole in the weight gradients (like
             # the gathers, as if not overlapped), (K - 1) / K of a reduction per micro-batch;
             # the last one is the stage's tail (_costs)
-            grads = m.column("params") / t * self.reduce_scale
+            grads = self.gradient_columns(t)[0]
             rs = np.where(grads > 0, _affine_of(tab.data_reducescatter, grads), 0.0)
             weight = weight + rs * (K - 1) / K
         self._transfers[key] = (fwd, act_grad, weight)
@@ -453,6 +453,13 @@ class StageCosts:
         fwd, act_grad, weight = layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
                                                  self.model.options.sequence_parallel)
         return fwd, act_grad, weight + self.accumulation_times(c)
+
+    def gradient_columns(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, the bytes a device reduces of its gradients and of its tied copies',
+        in the reduction's own type (FSDP2 under torchtitan casts bf16 gradients to fp32
+        before its reduce-scatter)."""
+        m = self.model
+        return m.column("params") / t * self.reduce_scale, m.column("tied_params") / t * self.reduce_scale
 
     def accumulation_times(self, c: StageConfig) -> np.ndarray:
         """Per layer, seconds per micro-batch of adding its weight gradients into the
@@ -498,10 +505,7 @@ class StageCosts:
         fwd, act_grad, weight = self.layer_times(c)
         # gradient buckets: each layer's gradients (per tensor shard) cut into buckets of at
         # most gradient_bucket bytes, reduced one after another, in the reduction's own type
-        # (FSDP2 under torchtitan casts bf16 gradients to fp32 before its reduce-scatter)
-        scale = self.reduce_scale
-        grads = m.column("params") / t * scale
-        copy = m.column("tied_params") / t * scale
+        grads, copy = self.gradient_columns(t)
         reduces = self.comm and d > 1
 
         def bucket_time(x):
