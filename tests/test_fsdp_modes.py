@@ -87,7 +87,7 @@ def _case(rank, world, runtime, sharding, mixed):
                     out = module(x[2 * mb:2 * mb + 2].to(torch.bfloat16 if mixed else torch.float32))
                     ((out.float() - y[2 * mb:2 * mb + 2]) ** 2).sum().backward()
                     if mb < K - 1:
-                        after_backward.append(_fsdp_states(module))
+                        after_backward.append((*_fsdp_states(module), counts["reductions"]))
             else:
                 lanes = [dist.new_group([r]) for r in range(world)]
                 meta = torch.zeros(2, WIDTH, dtype=torch.bfloat16 if mixed else torch.float32)
@@ -99,7 +99,7 @@ def _case(rank, world, runtime, sharding, mixed):
                 def logged(*a, last_backward=False, **k):
                     out = torch_backward(*a, last_backward=last_backward, **k)
                     if not last_backward:
-                        after_backward.append(_fsdp_states(module))
+                        after_backward.append((*_fsdp_states(module), counts["reductions"]))
                     return out
 
                 pipe.backward_maybe_with_nosync = logged
@@ -108,7 +108,7 @@ def _case(rank, world, runtime, sharding, mixed):
     finally:
         dist.all_gather_single, dist.reduce_scatter_single = gather, reduce
     return {"gathers": counts["gathers"] / LAYERS, "reductions": counts["reductions"] / LAYERS,
-            "between": [(sorted(s), sorted(a)) for s, a in after_backward]}
+            "between": [(sorted(s), sorted(a), n) for s, a, n in after_backward]}
 
 
 CASES = [("ours", s, False) for s in ("zero-1", "zero-2", "zero-3")] + \
@@ -158,7 +158,13 @@ def test_what_a_stage_keeps_between_micro_batches_is_the_cost_model_s(counted, c
     z = _model(*case)
     between = counted[case]["between"]
     assert len(between) == K - 1
-    for states, accumulated in between:
+    for i, (states, accumulated, reduced) in enumerate(between):
+        # reduce-scatters so far (per layer): one per backward where each micro-batch is
+        # reduced; none before the last backward where the step reduces once (torch's
+        # pipelining reduces after it, so nothing can overlap it: the cost model's no-overlap)
+        assert reduced == LAYERS * (i + 1 if z.reduce_each else 0)
+        if not z.reduce_each and case[0] == "torch-pipelining":
+            assert not z.overlap
         # ZeRO-3's memory holds only parameter shards between micro-batches; the others hold
         # whole parameters (ZeRO-1 the stage's, ZeRO-2 as its run keeps them)
         if z.memory == "zero-3":
