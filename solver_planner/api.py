@@ -444,7 +444,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     >>> from solver_planner import api as sp
     >>> rep = sp.stages("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/gpt3-2.6b.yaml", num_stages=2)
     >>> [(st.first, st.last, st.tensor) for st in rep.partition.stages]
-    [(0, 14, 2), (15, 33, 2)]
+    [(0, 17, 2), (18, 33, 2)]
     >>> rep.result.status.value, rep.run.iteration_time > 0
     ('OPTIMAL', True)
     """
@@ -533,7 +533,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     >>> from solver_planner import api as sp
     >>> p = sp.plan("specs/clusters/aws-p3.8xlarge-2.yaml", "specs/models/u-transformer.yaml")
     >>> len(p.parts), [(s.data, s.tensor) for s in p.parts]
-    (1, [(4, 2)])
+    (1, [(2, 4)])
     >>> p.iteration_time > 0 and p.throughput > 0 and 0 < p.mfu < 1
     True
     """

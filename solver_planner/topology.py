@@ -51,6 +51,12 @@ class Device:
     compute: ComputeSpec | None = None     # the efficiency model's parameters (solver_planner.compute)
     dtype_flops: tuple[tuple[str, float], ...] = ()   # peak FLOP/s per dtype where it differs
     preset: str | None = None                         # the preset the spec named (solver_planner/data/devices.yaml)
+    reserved: float = 0.0                             # memory plans leave free (spec: device.memory_reserved)
+
+    @property
+    def budget(self) -> float:
+        """The bytes a plan's tensors may take: the memory less what is reserved for the rest."""
+        return self.memory - self.reserved
 
     def peak(self, dtype: str | None = None) -> float:
         """Peak FLOP/s for ``dtype`` (the spec's ``dtype_flops``, else ``flops``)."""
@@ -120,7 +126,8 @@ class Topology:
         self.levels = tuple(Level(lv.name, lv.count) for lv in spec.levels)
         self.level_names = tuple(lv.name for lv in self.levels)
         self.device = Device(spec.device.name, spec.device.flops, spec.device.memory, spec.device.memory_bandwidth,
-                             spec.device.compute, tuple(sorted(spec.device.dtype_flops.items())), spec.device.preset)
+                             spec.device.compute, tuple(sorted(spec.device.dtype_flops.items())), spec.device.preset,
+                             spec.device.memory_reserved)
         self.collective_overlap = spec.collective_overlap
         self.num_devices = prod(lv.count for lv in self.levels)
         self.interconnects: dict[str, Interconnect] = {}
@@ -310,7 +317,8 @@ class Topology:
 
     def _device_summary(self) -> dict:
         dev = self.device
-        out = {"name": dev.name, "flops": dev.flops, "memory": dev.memory, "memory_bandwidth": dev.memory_bandwidth,
+        out = {"name": dev.name, "flops": dev.flops, "memory": dev.memory, "memory_reserved": dev.reserved,
+               "memory_bandwidth": dev.memory_bandwidth,
                "dtype_flops": dict(dev.dtype_flops),
                "compute": dev.compute.model_dump() if dev.compute is not None else None}
         if dev.preset is not None:

@@ -84,7 +84,7 @@ def test_a_chunked_schedules_shortfall_is_its_own_plans():
     pair = PairProblem(costs, family("1f1b", costs.stages))
     plans = list(uniform_plans(pair, ["interleaved-1f1b"]))
     least = min(peak_memory(plan, s) for plan, s in plans)
-    assert least > topo.device.memory
+    assert least > topo.device.budget
     # the peak as the simulator counts it, on every plan of the space
     for plan, s in plans:
         assert math.isclose(max(simulate_schedule(plan, s).peak_memory), peak_memory(plan, s), rel_tol=1e-12)
@@ -93,7 +93,7 @@ def test_a_chunked_schedules_shortfall_is_its_own_plans():
     one = pair.plan(balanced_greedy(pair))
     for s in family("eager-1f1b", costs.stages):
         assert math.isclose(max(simulate_schedule(one, s).peak_memory), peak_memory(one, s), rel_tol=1e-12), s
-    assert f"needs {least / 2**30:.2f} GiB per device, {(least - topo.device.memory) / 2**30:.2f} GiB short" in message
+    assert f"needs {least / 2**30:.2f} GiB per device, {(least - topo.device.budget) / 2**30:.2f} GiB short" in message
     assert math.isfinite(least)
 
 

@@ -22,6 +22,15 @@ from solver_planner.topology import Topology, load_topology
 P3 = CLUSTERS / "aws-p3.8xlarge-2.yaml"
 
 
+@pytest.fixture
+def p3_whole(tmp_path):
+    """The cluster with all of its 16 GiB plannable (no memory_reserved): the U-transformer's
+    3-stage plans need 15.7 GiB a device."""
+    path = tmp_path / "p3-whole.yaml"
+    path.write_text("".join(line for line in P3.read_text().splitlines(True) if "memory_reserved" not in line))
+    return path
+
+
 def _grown(path, **counts) -> Topology:
     """The cluster of ``path`` with some level counts changed."""
     topo = load_topology(path)
@@ -91,18 +100,18 @@ def test_the_arithmetic_agrees_with_the_searchs_own_pairs(tmp_path_factory, host
         assert choose_devices(topo, lm, cap, stages=stages).used == want
 
 
-def test_stages_reports_the_idle_devices_and_check_takes_the_plan(tmp_path):
-    res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--stages", "3", "--no-baselines", "--json")
+def test_stages_reports_the_idle_devices_and_check_takes_the_plan(tmp_path, p3_whole):
+    res = run_cli("stages", p3_whole, SPECS / "models" / "u-transformer.yaml", "--stages", "3", "--no-baselines", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["devices"] == {"devices": 8, "used": 3, "idle": 5, "reason": data["devices"]["reason"]}
     assert "no plan of 3 equal meshes uses 4 to 8 devices" in data["devices"]["reason"]
     assert data["config"]["pipeline"] == 3 and data["stages"][-1]["devices"] == [2, 2]
-    text = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--stages", "3", "--no-baselines")
+    text = run_cli("stages", p3_whole, SPECS / "models" / "u-transformer.yaml", "--stages", "3", "--no-baselines")
     assert "devices: 3 of 8 used, 5 idle: no plan of 3 equal meshes" in " ".join(text.stdout.split())
 
 
-def test_devices_out_of_range_is_an_option_error_and_no_plan_at_all_exits_1(tmp_path):
+def test_devices_out_of_range_is_an_option_error_and_no_plan_at_all_exits_1(tmp_path, p3_whole):
     res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--devices", "9", "--no-baselines")
     assert res.returncode == 2 and "has 8 devices" in res.stderr
     res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--stages", "9", "--no-baselines")
@@ -111,7 +120,7 @@ def test_devices_out_of_range_is_an_option_error_and_no_plan_at_all_exits_1(tmp_
     res = run_cli("stages", P3, path, "--stages", "2", "--no-baselines")
     assert res.returncode == 1 and "2 stages: not possible on any part of 'aws-p3.8xlarge-2'" in res.stderr
     # a configuration that uses fewer devices than the cluster runs on its first ones
-    res = run_cli("stages", P3, SPECS / "models" / "u-transformer.yaml", "--config", "1,1,3,2048", "--no-baselines",
+    res = run_cli("stages", p3_whole, SPECS / "models" / "u-transformer.yaml", "--config", "1,1,3,2048", "--no-baselines",
                   "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["devices"]["reason"] == "the configuration uses 3"

@@ -116,6 +116,9 @@ def plan(
     doc = write_plan(result, output) if output is not None else plan_document(result)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
+    if not as_json:                     # else its "warnings" say it
+        for note in doc["warnings"]:
+            typer.echo(f"warning: {note}", err=True)
     if export is not None:
         export.write_text(doc["target"]["export"], encoding="utf-8")
         typer.echo(f"wrote {export} ({target} configuration)", err=True)
@@ -192,6 +195,8 @@ def _print(doc: dict) -> None:
                       str(st["matrix"]).replace(" ", ""), st["gradient_program"], st["proof"],
                       units.format_bytes(st["memory"]))
     out.print(table)
+    reserved = f", {units.format_bytes(doc['memory_reserved'])} more reserved" if doc["memory_reserved"] else ""
+    out.print(f"  memory: plans fill at most {units.format_bytes(doc['device_memory'])} a device{reserved}")
     if doc["boundaries"]:
         table = Table("boundary", "tensor", "specs", "strategy", "unit tasks", "time / micro-batch", "status")
         for b in doc["boundaries"]:

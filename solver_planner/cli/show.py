@@ -152,7 +152,9 @@ def _device_lines(dev: dict) -> list[str]:
     bw = dev.get("memory_bandwidth")
     rates = [f"peak {units.format_flop_rate(dev['flops'])}{mark('flops')}"]
     rates += [f"{k} {units.format_flop_rate(v)}{mark('dtype_flops.' + k)}" for k, v in dev.get("dtype_flops", {}).items()]
-    rates.append(f"memory {units.format_bytes(dev['memory'])}{mark('memory')}")
+    rates.append(f"memory {units.format_bytes(dev['memory'])}{mark('memory')}"
+                 + (f" ({units.format_bytes(dev['memory_reserved'])} of it reserved)" if dev.get("memory_reserved")
+                    else ""))
     rates.append(f"memory bandwidth {units.format_bandwidth(bw)}{mark('memory_bandwidth')}" if bw else
                  "memory bandwidth not given")
     out.append("device: " + ", ".join(rates))

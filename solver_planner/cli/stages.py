@@ -149,9 +149,11 @@ def stages(
                              memory=stage_memory(rep.partition, rep.run.peak_memory))
         typer.echo(f"wrote {path}", err=True)
     data = rep.as_dict()
-    if as_json:
+    if as_json:                         # its "warnings" say what stderr would
         print_json(data)
         return
+    for note in data["warnings"]:
+        typer.echo(f"warning: {note}", err=True)
     _print(data, spec.name, topo.name)
 
 
@@ -165,6 +167,9 @@ def _print(data: dict, model: str, cluster: str) -> None:
     if idle.get("idle"):
         out.print(f"  devices: {idle['used']:,} of {idle['devices']:,} used, {idle['idle']:,} idle: {idle['reason']}")
     out.print(_plan_table(data, data["device_memory"]))
+    if data["memory_reserved"]:
+        out.print(f"  memory / device: of {units.format_bytes(data['device_memory'] + data['memory_reserved'])},"
+                  f" {units.format_bytes(data['memory_reserved'])} is reserved (device.memory_reserved)")
     exact = "exact" if data["objective_exact"] else f"lower bound, {data['binding_bound']}"
     out.print(f"  iteration {units.format_time(data['iteration_time'])} (simulated, {data['compute_model']} compute"
               f" model)   objective {units.format_time(data['objective'])} ({exact})   bubble"

@@ -1,6 +1,8 @@
 """The plan file: everything needed to re-check a plan and to launch it, as YAML.
 
-Format ``solver-planner-plan``, version 3 (version 2 had one model chunk per stage: no
+Format ``solver-planner-plan``, version 5 (version 4 had no ``device_memory``,
+``memory_reserved`` or ``warnings``; version 3 listed each rank's groups; version 2 had one
+model chunk per stage: no
 ``pipeline_stage`` per stage, no ``schedule.virtual``, and ``layers`` where ``launch`` now
 has ``chunks``; version 1 had no search options, and its breakdown was per-stage averages).
 With model chunks (interleaved 1F1B, ZB-V), ``stages`` lists the chunks in model order,
@@ -19,6 +21,7 @@ import yaml
 
 from ..errors import PlannerError
 from ..resharding import TIME_UNIT
+from ..stages.memory import headroom_warning
 from .compose import TrainingPlan, breakdown, mesh_list
 from .fields import kind_of
 from . import yamlread, yamltext
@@ -27,7 +30,7 @@ from .launch import launch_layout
 __all__ = ["FORMAT", "VERSION", "plan_document", "write_document", "write_plan", "read_plan", "PlanFileError"]
 
 FORMAT = "solver-planner-plan"
-VERSION = 4                      # 4: a rank's groups are its stage mesh's row and column, not listed
+VERSION = 5                      # 5: the memory reserved and the warnings; 4: a rank's groups are its mesh's row and column
 MAX_PLAN_BYTES = 64 * 2**20      # GPT-3 175B on 99 840 GPUs (65 stages of 1 536): 19 MB
 
 
@@ -96,11 +99,20 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
         "throughput": plan.throughput, "mfu": plan.mfu, "bubble_ratio": run.bubble_ratio,
         "stage_planner_time": plan.stage_planner_time, "cross_mesh_free_time": plan.free_time,
         "communication_hidden": _hidden(plan),
+        # what the plan's tensors may fill, what the spec keeps free, and the memory it leaves
+        "device_memory": c.device_memory, "memory_reserved": plan.topology.device.reserved,
+        "warnings": plan_warnings(plan),
         "breakdown": breakdown(plan), "schedules_tried": plan.tried, "search": plan.search,
         "solve_times": plan.solve_times, "time_unit": TIME_UNIT,
         "stages": stages, "boundaries": bounds, "launch": launch_layout(plan),
         **_target(plan),
     }
+
+
+def plan_warnings(plan: TrainingPlan) -> list[str]:
+    """What a user should know before launching the plan (the memory it leaves free)."""
+    note = headroom_warning(plan.topology.device, max(plan.run.peak_memory))
+    return [] if note is None else [note]
 
 
 def _target(plan: TrainingPlan) -> dict[str, Any]:

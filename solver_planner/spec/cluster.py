@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, field_validator
 
 from ..errors import SpecError
+from ..units import format_bytes
 from .base import (MAX_DEVICES, MAX_LEVELS, MAX_LIST, NAME_PATTERN, Bandwidth, Bytes, Duration, FlopRate, Flops,
                    Integer, Number, SpecModel, first_issues, validate)
 from .presets import apply_preset
@@ -76,6 +77,10 @@ class DeviceSpec(SpecModel):
     name: str = Field(description="device model, e.g. 'A100-SXM4-40GB'")
     flops: FlopRate = Field(gt=0, description="peak FLOP/s used for compute times")
     memory: Bytes = Field(gt=0, description="device memory")
+    memory_reserved: Bytes = Field(
+        default=0.0, ge=0, description="bytes of 'memory' plans leave free for what the memory model does not"
+        " count: the CUDA context and library workspaces, NCCL's buffers, the caching allocator's fragmentation"
+        " (plans fit their tensors into memory - memory_reserved)")
     memory_bandwidth: Bandwidth | None = Field(
         default=None, gt=0,
         description="device memory bandwidth; prices local copies (a collective's buffer packed or unpacked)."
@@ -185,6 +190,9 @@ def _check(spec: ClusterSpec, source: Source) -> None:
             issues.append(source.issue(("levels", i, "name"), f"level '{level.name}' is named twice"))
         if level.name == "device":
             issues.append(source.issue(("levels", i, "name"), "'device' is reserved for sharing: device; rename the level"))
+    if spec.device.memory_reserved >= spec.device.memory:
+        issues.append(source.issue(("device", "memory_reserved"), f"{format_bytes(spec.device.memory_reserved)} reserved"
+                                   f" of {format_bytes(spec.device.memory)} leaves plans no memory"))
     if spec.host_level is not None and spec.host_level not in names:
         issues.append(source.issue(("host_level",), f"no level named '{spec.host_level}'; expected one of: {', '.join(names)}"))
     links = {ic.name: ic for ic in spec.interconnects}

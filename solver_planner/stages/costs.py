@@ -361,7 +361,7 @@ class StageCosts:
         # how ZeRO-2/3 run this pipeline's micro-batches: memory, gathers, reductions (.memory)
         self.zero = zero_run(model.options, self.stages, microbatches, self.reduce_scale)
         self.micro_size = model.global_batch // microbatches
-        self.device_memory = topology.device.memory
+        self.device_memory = topology.device.budget      # what the spec reserves is never planned into
         self.configs = [StageConfig(t, r) for t in divisors(shape.devices_per_host) if t in tables
                         and self.micro_size % (shape.size // t) == 0 and model.tensor_refusal(t) is None
                         for r in model.options.recompute]

@@ -250,3 +250,25 @@ def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndar
     if sharding != "zero-3" or d == 1:
         return np.zeros_like(params)
     return params / t
+
+
+# What a device needs beside a plan's tensors, which this module does not count: the CUDA
+# context (287 MB with lazy module loading, 667 MB without, as PyTorch measured when it made
+# lazy loading its default: pytorch/pytorch#86509), cuBLAS workspaces, NCCL's per-channel
+# buffers (NCCL_BUFFSIZE, 4 MiB each) and the caching allocator's fragmentation.  A plan that
+# leaves less than this free is warned about unless the spec sets `device.memory_reserved`
+# (then plans leave that much free, and the user has said how much the rest takes).
+HEADROOM = 2**30
+
+
+def headroom_warning(device, peak: float) -> str | None:
+    """A warning when a plan's ``peak`` bytes leave less than :data:`HEADROOM` of the device's
+    memory free and the spec reserves none (``device``: a :class:`~solver_planner.topology.Device`),
+    else None."""
+    free = device.memory - peak
+    if free >= HEADROOM or device.reserved > 0:
+        return None
+    return (f"the plan's peak, {peak / 2**30:.2f} GiB a device, leaves {free / 2**30:.2f} GiB of its"
+            f" {device.memory / 2**30:.2f} GiB for what the memory model does not count (the CUDA context, about"
+            " 0.3 GiB, NCCL's buffers, the allocator's fragmentation); a real run may not fit. Set"
+            " device.memory_reserved in the cluster spec to plan with room")

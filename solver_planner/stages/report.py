@@ -15,6 +15,7 @@ from ..topology import Topology
 from .costs import MeshShape
 from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
+from .memory import headroom_warning
 from .schedule import VIRTUAL
 from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
@@ -160,6 +161,14 @@ class StagesReport:
         return self.result.solution
 
     @property
+    def warnings(self) -> list[str]:
+        """What a user should know before running the best plan (the memory it leaves free)."""
+        if self.topology is None:
+            return []
+        note = headroom_warning(self.topology.device, max(self.best.run.peak_memory))
+        return [] if note is None else [note]
+
+    @property
     def run(self):
         return self.best.run
 
@@ -178,6 +187,8 @@ class StagesReport:
             "gap": r.gap,
             "solve_time": r.wall_time,
             "device_memory": self.device_memory,
+            "memory_reserved": 0.0 if self.topology is None else self.topology.device.reserved,
+            "warnings": self.warnings,
             "compute_model": self.compute,
             "search": dict(r.info),
         }
@@ -397,7 +408,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
         if use.idle:            # say on which part of the cluster (its attributes kept: shortfall, bound)
             exc.args = (f"{exc} (on the first {use.used:,} of {use.devices:,} devices: {use.reason})", *exc.args[1:])
         raise
-    report = StagesReport(result, schedule, topology.device.memory, one_f_one_b=base, config=config,
+    report = StagesReport(result, schedule, topology.device.budget, one_f_one_b=base, config=config,
                           compute=search.cost.compute.mode, use=use, topology=topology)
     if baselines and config is None and layer_counts is None and target == "native":
         report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,

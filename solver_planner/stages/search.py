@@ -681,7 +681,7 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
         # the schedule's own plans need more than the 1F1B plan _shortfall would name
         # (chunked schedules keep more activations)
         plan = least["plan"]
-        raise _memory_shortfall(search.topology.device.memory, least["peak"], f"{plan.costs.stages} stages on"
+        raise _memory_shortfall(search.topology.device, least["peak"], f"{plan.costs.stages} stages on"
                                 f" {plan.costs.shape} meshes, {plan.costs.microbatches} micro-batches, {least['schedule']}")
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
@@ -713,18 +713,27 @@ def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError
         peak, stages = pair.least_memory()
         if peak < best:
             best, where = peak, (pair, stages)
-    mem = search.topology.device.memory
+    device = search.topology.device
     if where is None:
-        return InfeasibleError(f"no stage plan fits in {mem / 2**30:.2f} GiB per device")
+        return InfeasibleError(f"no stage plan fits in {_memory_text(device)} per device")
     pair, _ = where
     # a large or coarse pair's least is a lower bound over every split (coarse.py), not a plan's
-    return _memory_shortfall(mem, best, f"{pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches",
+    return _memory_shortfall(device, best, f"{pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches",
                              at_least=pair.sparse or pair.coarse)
 
 
-def _memory_shortfall(mem: float, peak: float, what: str, at_least: bool = False) -> InfeasibleError:
+def _memory_text(device) -> str:
+    """The memory plans may fill, with the reserve spelled out when the spec sets one."""
+    if not device.reserved:
+        return f"{device.memory / 2**30:.2f} GiB"
+    return (f"{device.budget / 2**30:.2f} GiB ({device.memory / 2**30:.2f} GiB less device.memory_reserved"
+            f" {device.reserved / 2**30:.2f} GiB)")
+
+
+def _memory_shortfall(device, peak: float, what: str, at_least: bool = False) -> InfeasibleError:
     """The refusal when no plan fits: the least any plan needs (``what``: which plan) and
-    how far that is over the device memory ``mem``."""
-    short = f"needs{' at least' if at_least else ''} {peak / 2**30:.2f} GiB per device, {(peak - mem) / 2**30:.2f} GiB short"
-    return InfeasibleError(f"no stage plan fits in device memory ({mem / 2**30:.2f} GiB): the plan needing least"
+    how far that is over what the device's memory leaves plans (:attr:`Device.budget`)."""
+    short = (f"needs{' at least' if at_least else ''} {peak / 2**30:.2f} GiB per device,"
+             f" {(peak - device.budget) / 2**30:.2f} GiB short")
+    return InfeasibleError(f"no stage plan fits in device memory ({_memory_text(device)}): the plan needing least"
                            f" ({what}) {short}", shortfall=short)
