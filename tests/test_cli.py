@@ -104,3 +104,22 @@ def test_schema_rejects_bad_units():
 def test_schema_unknown_kind():
     result = run_cli("schema", "workload")
     assert result.returncode == 2 and "expected 'cluster' or 'model'" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_plan_file_given_alone_is_named_with_its_cluster_and_model(tmp_path, command):
+    """'check plan.yaml' (or with the cluster only) says the file is a plan for which cluster and
+    model and in which order the files go, not only click's 'Missing argument'; a missing
+    argument with no plan file among the inputs keeps click's message."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("format: solver-planner-plan\nversion: 5\ncluster: aws-p3.8xlarge-2\nmodel: gpt3-2.6b\n")
+    for args in ([plan], [CLUSTERS / "aws-p3.8xlarge-2.yaml", plan]):
+        res = run_cli(command, *args)
+        assert res.returncode == 2
+        assert (f"is a plan file for cluster 'aws-p3.8xlarge-2' and model 'gpt3-2.6b': give their spec files first,"
+                f" '") in res.stderr and f" {command} CLUSTER.yaml MODEL.yaml {plan}'" in res.stderr, res.stderr
+    res = run_cli(command, plan, "--json")
+    assert "is a plan file" in json.loads(res.stdout)["error"]["message"]
+    res = run_cli(command, CLUSTERS / "aws-p3.8xlarge-2.yaml")
+    assert res.returncode == 2 and res.stderr.startswith("error: Missing argument 'model'.") \
+        and "plan file" not in res.stderr

@@ -260,6 +260,35 @@ def _unknown_option_message(exc) -> str:
     return f"{exc.message} (none of this command's options is close)"
 
 
+def _plan_file_hint(ctx, argv: list[str]) -> str:
+    """For a command that takes CLUSTER MODEL PLAN_FILE and got fewer: which given file is a
+    plan file, the cluster and model it names, and the order to give them in ('' if none)."""
+    import re
+    from pathlib import Path
+
+    from ..plan.planfile import FORMAT
+
+    if ctx is None or not any(getattr(p, "name", None) == "plan_file" for p in ctx.command.params):
+        return ""
+    for arg in argv:
+        path = Path(arg)
+        try:
+            if arg.startswith("-") or not path.is_file():
+                continue
+            with path.open(encoding="utf-8", errors="replace") as f:
+                head = f.read(4096)                 # the names are the file's first keys
+        except OSError:
+            continue
+        if not re.match(rf"format: {re.escape(FORMAT)}\s", head):
+            continue
+        names = dict(re.findall(r"^(cluster|model): (.+)$", head, re.M))
+        named = (f" for cluster '{names['cluster']}' and model '{names['model']}'"
+                 if {"cluster", "model"} <= names.keys() else "")
+        return (f"; {arg} is a plan file{named}: give their spec files first,"
+                f" '{ctx.command_path} CLUSTER.yaml MODEL.yaml {arg}'")
+    return ""
+
+
 def main() -> None:
     """The entry point: click's own errors (a bad option value, a missing argument) exit 2
     with one line, and under ``--json`` also print the error object on stdout."""
@@ -279,6 +308,9 @@ def main() -> None:
         message = exc.format_message()
         if str(getattr(exc, "option_name", None)).startswith("--") and hasattr(exc, "possibilities"):
             message = _unknown_option_message(exc)      # click's NoSuchOption for a long option
+        if getattr(getattr(exc, "param", None), "param_type_name", None) == "argument":
+            hint = _plan_file_hint(getattr(exc, "ctx", None), sys.argv[1:])       # 'check plan.yaml'
+            message = message.rstrip(".") + hint if hint else message
         if "--json" in sys.argv[1:]:
             out = error_object(message, exc.exit_code)
             missing = re.search(r"'([^']+)' does not exist", message)
