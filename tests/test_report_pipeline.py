@@ -221,10 +221,11 @@ def test_back_to_back_tasks_stay_apart_and_a_task_s_pieces_are_one_bar():
 
 @pytest.mark.slow
 def test_a_planned_iteration_of_256_micro_batches_with_transfers(tmp_path):
-    """GPT-3 2.6B on 2 hosts of 4 V100, d,t,p,k = 1,2,4,256, through the command."""
+    """GPT-3 2.6B on 2 hosts of 4 V100, d,t,p,k = 1,2,4,256, through the command; its SVG
+    stays small (the shares are rasterized: 114 KB, where a bar per task took 597 KB)."""
     from conftest import run_cli
 
-    out = tmp_path / "p.png"
+    out = tmp_path / "p.svg"
     r = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml", "--config",
                 "1,2,4,256", "--no-baselines", "--plot", out)
     assert r.returncode == 0, r.stderr
@@ -236,4 +237,4 @@ def test_a_planned_iteration_of_256_micro_batches_with_transfers(tmp_path):
     for ax in zoom_axes(fig):
         assert all(len(row) <= ZOOM_TASKS for row in compute_bars(ax).values())
         assert_numbers_fit(ax)
-    assert out.stat().st_size < 400_000
+    assert out.stat().st_size < 250_000

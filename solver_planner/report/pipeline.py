@@ -333,7 +333,8 @@ def _busy_rows(ax, records, stage_size, stages: int, T: float, scale: float, wid
     band = {"communication": (0.30, 0.14), "gradient reduction": (0.45, 0.12)}
     for p in range(stages):
         # what no kind covers is idle, in the grey of the time-per-stage panel's idle share
-        ax.broken_barh([(0.0, T / scale)], (p + 0.12 - 0.54, 0.54), facecolors=IDLE, gid=f"stage-{p}-idle")
+        ax.broken_barh([(0.0, T / scale)], (p + 0.12 - 0.54, 0.54), facecolors=IDLE, gid=f"stage-{p}-idle",
+                       rasterized=True)
         stacked = np.zeros(bins)
         for kind, (colour, comm) in KINDS.items():
             if (p, kind) not in spans:
@@ -341,8 +342,9 @@ def _busy_rows(ax, records, stage_size, stages: int, T: float, scale: float, wid
             share = _shares(spans[p, kind], edges)
             base, h = band.get(kind, (0.12, 0.54))
             below = stacked if not comm else np.zeros(bins)
+            # rasterized: in an SVG, hundreds of bins of every kind and stage would be megabytes of paths
             ax.stairs(p + base - (below + share) * h, edges / scale, baseline=p + base - below * h, fill=True,
-                      color=colour, lw=0, gid=f"stage-{p}-{kind.replace(' ', '-')}")
+                      color=colour, lw=0, gid=f"stage-{p}-{kind.replace(' ', '-')}", rasterized=True)
             if not comm:
                 stacked = np.minimum(stacked + share, 1.0)   # one compute stream: shares add up to at most 1
     return {kind for _, kind in spans} | {"idle"}
