@@ -1,6 +1,6 @@
 """training.gradient_accumulation: each micro-batch's weight gradients added into the buffer
-(``add``, the default: an element-wise pass of 3 G bytes for every micro-batch after the
-first) or fused into the weight-gradient product (``fused``: nothing more)."""
+(``add``, the default: an element-wise pass of 2 G + G' bytes for every micro-batch after the
+first: the buffer read and written, the new gradients read) or fused into the weight-gradient product (``fused``: nothing more)."""
 
 import dataclasses
 
@@ -26,11 +26,11 @@ from test_targets_export import MEGATRON_CASES
 SHARDINGS = ("none", "zero-1", "zero-2", "zero-3")
 
 
-def _costs(accumulation: str, sharding: str, B: int, hosts=2, gpus=2, efficiency=True):
+def _costs(accumulation: str, sharding: str, B: int, hosts=2, gpus=2, efficiency=True, **options):
     topo = topology(hosts, gpus, "25 GB/s", "host", efficiency=efficiency)
     layers = [Layer(f"l{i}", 1e10, 2e10, p, 0.0, 2**20, 2**20, 0.0, allreduces=1)
               for i, p in enumerate([2**28, 2**30, 0.0, 2**29])]
-    opts = MemoryOptions(sharding=sharding, gradient_accumulation=accumulation)
+    opts = MemoryOptions(sharding=sharding, gradient_accumulation=accumulation, **options)
     model = LayerModel("m", layers, 16, None, options=opts)
     shape = MeshShape(1, gpus)
     return StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True), topo
@@ -57,6 +57,25 @@ def test_add_is_one_pass_of_three_gradient_buffers_per_micro_batch_after_the_fir
     assert np.allclose(a_w - f_w, want, rtol=1e-12, atol=0.0)
     if B > 1:
         assert (a_w - f_w)[1] > 0 and (a_w - f_w)[2] == 0.0      # the layer without parameters adds nothing
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_a_float32_buffer_of_bf16_gradients_moves_ten_bytes_a_parameter(sharding):
+    """torchtitan's FSDP2 keeps float32 gradients of a bf16 model (gradient_bytes 2, reduced in
+    float32): the buffer is read and written in float32 (8 bytes a parameter) and the new
+    gradient read once, in bf16 (2 bytes), or in float32 where it arrives reduce-scattered
+    (ZeRO-2/3: 4 bytes of a 1/d shard)."""
+    B, tensor = 8, 1
+    fused, _ = _costs("fused", sharding, B, gradient_bytes=2.0, gradient_reduce_dtype="float32")
+    added, _ = _costs("add", sharding, B, gradient_bytes=2.0, gradient_reduce_dtype="float32")
+    c = StageConfig(tensor)
+    comp = added.tables[tensor].cost.compute
+    each = sharding in ("zero-2", "zero-3")
+    d = 2 if each else 1
+    per_param = 2 * 4 + (4 if each else 2)               # bytes a bf16 parameter
+    params = [2**28, 2**30, 0.0, 2**29]                  # bytes of bf16 parameters: elements x 2
+    want = [float(comp.time(0.0, per_param * p / 2 / d, 1.0)) * (B - 1) / B if p > 0 else 0.0 for p in params]
+    assert np.allclose(added.layer_times(c)[2] - fused.layer_times(c)[2], want, rtol=1e-12, atol=0.0)
 
 
 def _spec(tmp_path, accumulation, batch=64, micro=None):

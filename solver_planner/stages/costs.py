@@ -14,8 +14,10 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   overhead and memory traffic, or FLOPs at peak); ``BW`` is the weight-gradient part (the
   resharding paper's §4 delays it), ``BA`` the rest plus the recomputed forward;
 * with ``gradient_accumulation: add``, in ``BW``: adding the micro-batch's weight gradients
-  into the gradient buffer, one element-wise pass of ``3 G`` bytes (``G = P / t``, or the
-  shard ``P / (t d)`` under ZeRO-2/3, which reduce every micro-batch) for each of the ``B - 1``
+  into the gradient buffer, one element-wise pass reading and writing the buffer and reading
+  the new gradients, ``2 G + G'`` bytes (``G`` the buffer: ``P / t`` in its type, or the
+  shard ``P / (t d)`` under ZeRO-2/3, which reduce every micro-batch; ``G'`` the same
+  elements in the training type, or the reduction's for a reduced shard) for each of the ``B - 1``
   micro-batches after the first, spread as ``(B - 1) / B`` of it over every micro-batch
   (DistIR's pipelines add them with an Add op, PyTorch autograd into ``.grad``; ``fused``,
   Megatron-LM's fusion into the product, adds none);
@@ -473,8 +475,13 @@ class StageCosts:
         if comp.is_peak or K == 1 or opts.gradient_accumulation != "add":
             return np.zeros(m.num_layers)
         z = self.zero
-        grads = m.column("params") / t * z.gradient_bytes / (self.shape.size // t if z.reduce_each else 1)
-        per_pass = comp.time(0.0, 3.0 * grads, (grads > 0).astype(float))
+        elements = m.column("params") / t / (self.shape.size // t if z.reduce_each else 1)
+        # the buffer is read and written in its own type; the micro-batch's gradient is read once,
+        # in the training type, or in the reduction's where it arrives reduce-scattered (ZeRO-2/3):
+        # 10 bytes a bf16 parameter into a float32 buffer, 6 into a bf16 one
+        incoming = self.reduce_scale if z.reduce_each else 1.0
+        traffic = elements * (2.0 * z.gradient_bytes + incoming)
+        per_pass = comp.time(0.0, traffic, (elements > 0).astype(float))
         return per_pass * (K - 1) / K
 
     def optimizer_time(self, c: StageConfig) -> np.ndarray:
