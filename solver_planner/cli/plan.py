@@ -136,7 +136,7 @@ def plan(
         path = plot_pipeline(plot, result.run, result.partition.stage_size, c.device_memory,
                              f"{spec.name} on {topo.name}{result.use.part if result.use is not None else ''},"
                              f" {result.schedule}", breakdown(result),
-                             stage_memory(result.partition, result.run.peak_memory))
+                             stage_memory(result.partition, result.run.peak_memory), result.topology.device.reserved)
         typer.echo(f"wrote {path}", err=True)
     if report is not None:
         import shlex

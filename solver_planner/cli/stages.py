@@ -146,7 +146,8 @@ def stages(
 
         path = plot_pipeline(plot, rep.run, rep.partition.stage_size, rep.device_memory,
                              f"{spec.name} on {topo.name}{rep.use.part}, {rep.best.schedule}",
-                             memory=stage_memory(rep.partition, rep.run.peak_memory))
+                             memory=stage_memory(rep.partition, rep.run.peak_memory),
+                             reserved=rep.topology.device.reserved)
         typer.echo(f"wrote {path}", err=True)
     data = rep.as_dict()
     if as_json:                         # its "warnings" say what stderr would

@@ -88,7 +88,7 @@ def _figures(plan) -> list[tuple[str, str]]:
     with figure(11, figure_height(plan.run)) as fig:
         pipeline_figure(fig, plan.run, plan.partition.stage_size, c.device_memory,
                         f"{plan.model.name} on {plan.topology.name}, {plan.schedule}", breakdown(plan),
-                        stage_memory(plan.partition, plan.run.peak_memory))
+                        stage_memory(plan.partition, plan.run.peak_memory), plan.topology.device.reserved)
         out.append(("The simulated iteration: pipeline per stage, memory per stage, where the time goes.",
                      _render(fig)))
     with figure(9, 2.6 + 0.12 * plan.topology.num_hosts) as fig:

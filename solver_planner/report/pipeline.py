@@ -163,7 +163,7 @@ class _Chunks:
 
 
 def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str, breakdown: dict | None = None,
-                    memory: list[dict[str, float]] | None = None):
+                    memory: list[dict[str, float]] | None = None, reserved: float = 0.0):
     """Draw a :class:`solver_planner.stages.PipelineRun` into ``fig`` (height:
     :func:`figure_height`); ``breakdown`` (:func:`solver_planner.plan.compose.breakdown`)
     adds the critical path's parts, ``memory`` (:func:`solver_planner.stages.memory.stage_memory`)
@@ -240,7 +240,7 @@ def pipeline_figure(fig, run, stage_size: int, device_memory: float, title: str,
         zaxes[0].set_ylabel("stage", fontsize=7)
     panels = 3 if breakdown is not None else 2
     axes = bottom.subplots(1, panels)
-    _memory(axes[0], run.peak_memory, device_memory, memory)
+    _memory(axes[0], run.peak_memory, device_memory, memory, reserved)
     _time_per_stage(axes[1], records, stage_size, stages, T, scale, unit)
     if breakdown is not None:
         _breakdown(axes[2], breakdown, scale, unit)
@@ -425,7 +425,8 @@ MEMORY_PARTS = (("weights", OKABE_ITO[0]), ("gradients", OKABE_ITO[4]), ("optimi
                 ("activations", OKABE_ITO[1]))
 
 
-def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None = None) -> None:
+def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None = None, reserved: float = 0.0
+            ) -> None:
     """Each stage's peak per device, split (weights, gradients, optimizer state, activations)
     when known, against the device's memory.  The axis is scaled to the bars when the device
     is much larger, so that they stay readable; the capacity is then written, not drawn."""
@@ -447,7 +448,12 @@ def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None
     for p, m in enumerate(peak):
         if m > device_memory:
             ax.bar(p, m / scale, fill=False, edgecolor=OKABE_ITO[3], linewidth=1.5, gid=f"memory-over-{p}")
-    capacity = f"device memory {device_memory / bytes_unit(device_memory)[0]:.4g} {bytes_unit(device_memory)[1]}"
+    def size(n: float) -> str:
+        return f"{n / bytes_unit(n)[0]:.4g} {bytes_unit(n)[1]}"
+
+    # ``device_memory`` is what plans may fill: the device's less what the spec reserves
+    capacity = (f"device memory {size(device_memory)}" if not reserved else
+                f"memory plans may fill {size(device_memory)} ({size(reserved)} of the device's reserved)")
     if fits_axis:
         ax.axhline(device_memory / scale, color="black", linestyle="--", gid="device-memory", label=capacity)
         ax.set_ylim(0, max(device_memory, top) / scale * 1.5)     # the legend above the capacity line
@@ -509,8 +515,10 @@ def _breakdown(ax, breakdown: dict, scale, unit) -> None:
 
 
 def plot_pipeline(path: Path | str, run, stage_size: int, device_memory: float, title: str,
-                  breakdown: dict | None = None, memory: list[dict[str, float]] | None = None) -> Path:
-    """Write the pipeline picture of ``run`` to ``path`` (.svg or .png)."""
+                  breakdown: dict | None = None, memory: list[dict[str, float]] | None = None,
+                  reserved: float = 0.0) -> Path:
+    """Write the pipeline picture of ``run`` to ``path`` (.svg or .png); ``device_memory`` is
+    what plans may fill, ``reserved`` what the spec keeps free beside it."""
     with figure(11, figure_height(run)) as fig:
-        pipeline_figure(fig, run, stage_size, device_memory, title, breakdown, memory)
+        pipeline_figure(fig, run, stage_size, device_memory, title, breakdown, memory, reserved)
         return save(fig, path)
