@@ -290,25 +290,34 @@ def test_legends_stay_inside_their_figures(many_microbatches):
     from solver_planner.report.style import figure
     from solver_planner.stages.memory import stage_memory
 
+    from matplotlib.axes import Axes
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     plan = many_microbatches
     assert plan.partition.costs.microbatches > ZOOM_ABOVE
     c = plan.partition.costs
-    with figure(11, figure_height(plan.run)) as fig:
-        pipeline_figure(fig, plan.run, c.shape.size, c.device_memory, "t", breakdown(plan),
-                        stage_memory(plan.partition, plan.run.peak_memory))
-        fig.canvas.draw()
-        legends = _legends(fig)
-        assert len(legends) == 4     # the chart's kinds, memory, time per stage, breakdown
-        box = fig.bbox
-        for leg in legends:
-            ext = leg.get_window_extent()
-            assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1 and box.y0 - 1 <= ext.y0 and ext.y1 <= box.y1 + 1, \
-                [t.get_text() for t in leg.get_texts()]
+    # with and without a memory reserve (its legend entry is the longest); the figures get a
+    # real canvas, so that draw() lays them out before the extents are read
+    for reserved in (0.0, 2**30):
+        with figure(11, figure_height(plan.run)) as fig:
+            FigureCanvasAgg(fig)
+            pipeline_figure(fig, plan.run, c.shape.size, c.device_memory - reserved, "t", breakdown(plan),
+                            stage_memory(plan.partition, plan.run.peak_memory), reserved)
+            fig.canvas.draw()
+            legends = _legends(fig)
+            assert len(legends) == 4     # the chart's kinds, memory, time per stage, breakdown
+            for leg in legends:
+                ext = leg.get_window_extent()
+                # inside the figure, and a legend drawn in an axes inside that axes
+                box = leg.axes.get_window_extent() if isinstance(leg.parent, Axes) else fig.bbox
+                assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1 and box.y0 - 1 <= ext.y0 \
+                    and ext.y1 <= box.y1 + 1, [t.get_text() for t in leg.get_texts()]
         # the warm-up and cool-down are drawn at full resolution; memory is split
         gids = {a.get_gid() for a in fig.findobj() if a.get_gid()}
         assert any(g.startswith("zoom-stage-0-forward") for g in gids)
         assert {f"memory-{part}-stage-0" for part in ("weights", "gradients", "optimizer", "activations")} <= gids
     with figure(9, 3) as fig:
+        FigureCanvasAgg(fig)
         _stage_map(fig, plan)
         fig.canvas.draw()
         for leg in _legends(fig):
@@ -335,6 +344,7 @@ def test_coordinate_colour_bars_tick_integers_only(config, top):
     plan = make_plan(load_topology(CLUSTERS / cluster), load_model_spec(MODELS / "gpt-tiny.yaml"), "1f1b",
                      config=Config(*config))
     with figure(9, 3) as fig:
+        FigureCanvasAgg(fig)
         _stage_map(fig, plan)
         fig.canvas.draw()
         bars = {ax.get_ylabel().split()[0]: ax for ax in fig.axes if ax.get_label() == "<colorbar>"}

@@ -453,7 +453,7 @@ def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None
 
     # ``device_memory`` is what plans may fill: the device's less what the spec reserves
     capacity = (f"device memory {size(device_memory)}" if not reserved else
-                f"memory plans may fill {size(device_memory)} ({size(reserved)} of the device's reserved)")
+                f"plans may fill {size(device_memory)} ({size(reserved)} reserved)")
     if fits_axis:
         ax.axhline(device_memory / scale, color="black", linestyle="--", gid="device-memory", label=capacity)
         ax.set_ylim(0, max(device_memory, top) / scale * 1.5)     # the legend above the capacity line
