@@ -344,7 +344,6 @@ def test_coordinate_colour_bars_tick_integers_only(config, top):
     plan = make_plan(load_topology(CLUSTERS / cluster), load_model_spec(MODELS / "gpt-tiny.yaml"), "1f1b",
                      config=Config(*config))
     with figure(9, 3) as fig:
-        FigureCanvasAgg(fig)
         _stage_map(fig, plan)
         fig.canvas.draw()
         bars = {ax.get_ylabel().split()[0]: ax for ax in fig.axes if ax.get_label() == "<colorbar>"}
