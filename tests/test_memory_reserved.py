@@ -12,7 +12,7 @@ from solver_planner.plan import make_plan
 from solver_planner.plan.check import check_plan
 from solver_planner.plan.planfile import plan_document
 from solver_planner.spec import load_cluster_spec, load_model_spec
-from solver_planner.stages.memory import HEADROOM, headroom_warning
+from solver_planner.stages.memory import HEADROOM, memory_warnings
 from solver_planner.stages.report import Config, plan_stages
 from solver_planner.topology import Topology
 
@@ -93,10 +93,12 @@ def test_a_reserve_not_below_the_memory_is_refused_at_its_line(tmp_path, reserve
 def test_the_warning_fires_exactly_under_a_gib_free_without_a_reserve(tmp_path):
     topo, _ = _cluster(tmp_path, 16 * GiB, None)
     dev = topo.device
-    assert headroom_warning(dev, 16 * GiB - HEADROOM) is None
-    assert "leaves 0.50 GiB of its 16.00 GiB" in headroom_warning(dev, 15.5 * GiB)
+    assert memory_warnings(dev, [GiB, 16 * GiB - HEADROOM]) == []
+    # the largest stage's peak decides
+    (note,) = memory_warnings(dev, [GiB, 15.5 * GiB, 2 * GiB])
+    assert "peak, 15.50 GiB a device, leaves 0.50 GiB of its 16.00 GiB" in note
     kept, _ = _cluster(tmp_path, 16 * GiB, 0.25 * GiB, "kept")
-    assert headroom_warning(kept.device, 15.5 * GiB) is None
+    assert memory_warnings(kept.device, [15.5 * GiB]) == []
 
 
 def test_plan_file_records_the_reserve_and_check_refuses_its_edits(tmp_path, model):

@@ -21,7 +21,7 @@ import yaml
 
 from ..errors import PlannerError
 from ..resharding import TIME_UNIT
-from ..stages.memory import headroom_warning
+from ..stages.memory import memory_warnings
 from .compose import TrainingPlan, breakdown, mesh_list
 from .fields import kind_of
 from . import yamlread, yamltext
@@ -101,18 +101,12 @@ def plan_document(plan: TrainingPlan) -> dict[str, Any]:
         "communication_hidden": _hidden(plan),
         # what the plan's tensors may fill, what the spec keeps free, and the memory it leaves
         "device_memory": c.device_memory, "memory_reserved": plan.topology.device.reserved,
-        "warnings": plan_warnings(plan),
+        "warnings": memory_warnings(plan.topology.device, plan.run.peak_memory),
         "breakdown": breakdown(plan), "schedules_tried": plan.tried, "search": plan.search,
         "solve_times": plan.solve_times, "time_unit": TIME_UNIT,
         "stages": stages, "boundaries": bounds, "launch": launch_layout(plan),
         **_target(plan),
     }
-
-
-def plan_warnings(plan: TrainingPlan) -> list[str]:
-    """What a user should know before launching the plan (the memory it leaves free)."""
-    note = headroom_warning(plan.topology.device, max(plan.run.peak_memory))
-    return [] if note is None else [note]
 
 
 def _target(plan: TrainingPlan) -> dict[str, Any]:

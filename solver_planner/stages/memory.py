@@ -261,14 +261,16 @@ def gathered_bytes(params: np.ndarray, t: int, d: int, sharding: str) -> np.ndar
 HEADROOM = 2**30
 
 
-def headroom_warning(device, peak: float) -> str | None:
-    """A warning when a plan's ``peak`` bytes leave less than :data:`HEADROOM` of the device's
-    memory free and the spec reserves none (``device``: a :class:`~solver_planner.topology.Device`),
-    else None."""
+def memory_warnings(device, peak_memory) -> list[str]:
+    """What a user should know before running a plan whose stages peak at ``peak_memory``
+    bytes a device: a warning when the largest leaves less than :data:`HEADROOM` of the
+    device's memory free and the spec reserves none (``device``: a
+    :class:`~solver_planner.topology.Device`)."""
+    peak = max(peak_memory)
     free = device.memory - peak
     if free >= HEADROOM or device.reserved > 0:
-        return None
-    return (f"the plan's peak, {peak / 2**30:.2f} GiB a device, leaves {free / 2**30:.2f} GiB of its"
+        return []
+    return [f"the plan's peak, {peak / 2**30:.2f} GiB a device, leaves {free / 2**30:.2f} GiB of its"
             f" {device.memory / 2**30:.2f} GiB for what the memory model does not count (the CUDA context, about"
             " 0.3 GiB, NCCL's buffers, the allocator's fragmentation); a real run may not fit. Set"
-            " device.memory_reserved in the cluster spec to plan with room")
+            " device.memory_reserved in the cluster spec to plan with room"]

@@ -15,7 +15,7 @@ from ..topology import Topology
 from .costs import MeshShape
 from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
-from .memory import headroom_warning
+from .memory import memory_warnings
 from .schedule import VIRTUAL
 from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, Candidate, StageSearch, plan_partition
 
@@ -163,10 +163,7 @@ class StagesReport:
     @property
     def warnings(self) -> list[str]:
         """What a user should know before running the best plan (the memory it leaves free)."""
-        if self.topology is None:
-            return []
-        note = headroom_warning(self.topology.device, max(self.best.run.peak_memory))
-        return [] if note is None else [note]
+        return [] if self.topology is None else memory_warnings(self.topology.device, self.best.run.peak_memory)
 
     @property
     def run(self):
