@@ -17,7 +17,8 @@ from ..errors import SpecError
 from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 from ..topology import Topology
 from ..spec.plausible import implausible
-from .common import JSON_OPT, check_output, console, error_object, fail, handles_errors, print_json, topology_of
+from .common import (JSON_OPT, check_output, console, error_object, fail, handles_errors, print_json, topology_of,
+                     warn)
 from .execute import calibrate, execute_app
 from .plan import check, plan
 from .reduce import place, reduce_app
@@ -127,8 +128,7 @@ def validate(
         for r in results:
             if r["ok"]:
                 typer.echo(f"ok     {r['file']}  ({r['summary']})")
-            for w in r.get("warnings", []):
-                typer.echo(f"warning: {w}", err=True)
+            warn(r.get("warnings", []))
         for r in bad:
             for line in r["errors"]:
                 typer.echo(f"error: {line}", err=True)
@@ -178,8 +178,7 @@ def cost(
         warnings.append(f"every group {scope} has one device: a collective on one device moves nothing"
                         f" (levels of '{topo.name}': {', '.join(topo.level_names)};"
                         f" try --across {level or ''})".rstrip())
-    for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
+    warn(warnings)
     model = CostModel(topo)
     rows = []
     for kind in kinds:

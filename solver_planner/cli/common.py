@@ -154,9 +154,14 @@ def _spec_of(path: Path, kind: str, load):
         fail(f"{found[1]}: a {found[0]} spec's key, in the file given where the {kind} spec goes: the cluster comes"
              " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
     spec = load(path)
-    for w in implausible(spec):
-        typer.echo(f"warning: {w}", err=True)
+    warn(implausible(spec))
     return spec
+
+
+def warn(notes) -> None:
+    """Each note on stderr as one ``warning:`` line (what ``--json`` carries in its object)."""
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
 
 
 def topology_of(path: Path) -> Topology:

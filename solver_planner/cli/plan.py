@@ -11,7 +11,7 @@ from rich.table import Table
 from .. import units
 from ..errors import unknown_choice
 from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
-                     error_object, fail, handles_errors, model_of, print_json, topology_of, write_trace)
+                     error_object, fail, handles_errors, model_of, print_json, topology_of, warn, write_trace)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
@@ -117,8 +117,7 @@ def plan(
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
     if not as_json:                     # else its "warnings" say it
-        for note in doc["warnings"]:
-            typer.echo(f"warning: {note}", err=True)
+        warn(doc["warnings"])
     if export is not None:
         export.write_text(doc["target"]["export"], encoding="utf-8")
         typer.echo(f"wrote {export} ({target} configuration)", err=True)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .. import units
 from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
-                     handles_errors, model_of, print_json, topology_of, write_trace)
+                     handles_errors, model_of, print_json, topology_of, warn, write_trace)
 from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 from ..stages.meshes import format_meshes
@@ -153,8 +153,7 @@ def stages(
     if as_json:                         # its "warnings" say what stderr would
         print_json(data)
         return
-    for note in data["warnings"]:
-        typer.echo(f"warning: {note}", err=True)
+    warn(data["warnings"])
     _print(data, spec.name, topo.name)
 
 
