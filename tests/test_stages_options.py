@@ -188,22 +188,44 @@ def test_weight_delaying_hides_gradient_transfers_on_a_slow_link():
 
 def test_the_gradient_program_named_is_the_one_priced():
     """Under ZeRO-3 a bucket is reduce-scattered (each replica keeps its shard), and its time
-    is the reduce-scatter's; otherwise the bucket's best all-reduce program."""
+    is the reduce-scatter's; under ZeRO-1/2 and the distributed optimizer the flat
+    reduce-scatter then the gather of the parameters (in the training type) that FSDP2,
+    DeepSpeed and Megatron-LM run; otherwise the bucket's best all-reduce program, which on
+    this two-host mesh is a P² program faster than the flat pair (so a sharded bucket priced
+    with it would fail here)."""
+    from solver_planner.stages.costs import SHARDED_STEP_PROGRAM
+
     topo = topology(2, 2, "4 GB/s", "host")
     shape = MeshShape(2, 2)
     bucket = 4 * 2**20
-    for sharding in ("none", "zero-3"):
-        s = StageSearch(_model(MemoryOptions(sharding=sharding, gradient_bucket=bucket)), topo)
-        costs = StageCosts(s.model, topo, shape, 2, s.tables(shape))
-        tab = s.tables(shape)[1]
-        name = costs.bucket_program(1, bucket)
-        if sharding == "zero-3":
-            a, b = tab.data_reducescatter
-            assert name == "ReduceScatter"
-        else:
-            a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
-            assert name == name_priced
-        assert float(costs[StageConfig(1)].bucket_time(bucket)) == pytest.approx(a + b * bucket, rel=1e-9)
+    seen = {}
+    for sharding in ("none", "zero-1", "zero-2", "distributed", "zero-3"):
+        for reduce in (None, "float32"):
+            opts = MemoryOptions(sharding=sharding, gradient_bucket=bucket, gradient_reduce_dtype=reduce)
+            model = _model(opts)
+            model.dtype = "float16"
+            s = StageSearch(model, topo)
+            costs = StageCosts(s.model, topo, shape, 2, s.tables(shape))
+            tab = s.tables(shape)[1]
+            name = costs.bucket_program(1, bucket)
+            scale = 2.0 if reduce else 1.0
+            if sharding == "zero-3":
+                a, b = tab.data_reducescatter
+                assert name == "ReduceScatter"
+                want = a + b * bucket
+            elif sharding == "none":
+                a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
+                assert name == name_priced
+                want = a + b * bucket
+            else:
+                assert name == SHARDED_STEP_PROGRAM
+                (a, b), (c, e) = tab.data_reducescatter, tab.data_allgather
+                want = a + b * bucket + c + e * bucket / scale
+            got = float(costs[StageConfig(1)].bucket_time(bucket))
+            assert got == pytest.approx(want, rel=1e-9)
+            seen[sharding, reduce] = got
+    assert seen["none", None] < 0.9 * seen["zero-1", None]        # the P² program beats the flat pair here
+    assert seen["zero-2", "float32"] < 2 * seen["zero-2", None]   # the gather stays in float16
 
 
 def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp_path):

@@ -38,7 +38,12 @@ Gradient reduction (Wang's thesis ch. 5, what DDP's buckets do): each layer's gr
 into buckets of at most ``gradient_bucket`` bytes (25 MiB, DDP's default), reduced over the
 stage's data-parallel replicas as soon as the last micro-batch's backward has produced
 them, buckets one after another (each bucket with the best P² program for its size when
-replicas span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  With backward
+replicas span hosts, :mod:`..reduction.ranking`; a flat all-reduce inside a host).  A sharded
+optimizer runs no P² program: ZeRO-1/2 and Megatron-LM's distributed optimizer reduce-scatter
+each bucket over the whole data group and all-gather the updated parameters (ZeRO §5.1-5.2,
+NCCL's flat collectives as FSDP2, DeepSpeed and Megatron-LM issue them, and as ``run`` runs
+them through FSDP2), the gather in the training type; ZeRO-3 only reduce-scatters (its
+gathers are the forward's and backward's).  With backward
 pieces ``c_j`` and reductions ``s_j`` in backward order, the stage ends ``G = max_j (c_1 +
 ... + c_j + s_j + ... + s_n)`` after its last backward starts (a two-machine flow shop in a
 fixed order); ``g = G - sum c`` is the tail the reduction adds (the tail factor of Wang's thesis
@@ -133,6 +138,10 @@ def mesh_shapes(num_hosts: int, devices_per_host: int) -> list[MeshShape]:
     return host_parts(devices_per_host) + [MeshShape(n, devices_per_host) for n in divisors(num_hosts)]
 
 
+# optimizer shardings whose step reduce-scatters gradients and all-gathers parameters over the
+# whole data group, and that program in P²'s DSL (a valid all-reduce, which check proves)
+SHARDED_STEP = ("zero-1", "zero-2", "distributed")
+SHARDED_STEP_PROGRAM = "ReduceScatter(root, InsideGroup); AllGather(root, InsideGroup)"
 RANK_HOSTS = 4         # hosts on which P² programs are ranked
 KEEP_PROGRAMS = 3      # best programs then costed on the stage's real mesh
 _SYNTH: dict = {}      # synthesis hierarchy -> programs (synthesis depends on nothing else)
@@ -399,8 +408,11 @@ class StageCosts:
 
     def bucket_program(self, t: int, nbytes: float) -> str:
         """The program one gradient bucket of ``nbytes`` is reduced with (as ``_costs`` prices it)."""
-        if self.model.options.sharding == "zero-3":
+        sharding = self.model.options.sharding
+        if sharding == "zero-3":
             return "ReduceScatter"          # ZeRO-3 keeps only its shard of the gradients
+        if sharding in SHARDED_STEP:
+            return SHARDED_STEP_PROGRAM
         return self.tables[t].gradient_program(nbytes)
 
     def samples(self, t: int) -> float:
@@ -521,6 +533,11 @@ class StageCosts:
                 return np.zeros_like(x)
             if opts.sharding == "zero-3":
                 return np.where(x > 0, _affine_of(tab.data_reducescatter, x), 0.0)
+            if opts.sharding in SHARDED_STEP:
+                # the runtimes' flat reduce-scatter, then the gather of the updated parameters
+                # in the training type (module docstring)
+                gather = _affine_of(tab.data_allgather, x / self.reduce_scale)
+                return np.where(x > 0, _affine_of(tab.data_reducescatter, x) + gather, 0.0)
             return tab.gradient_time(x)
 
         cap = opts.gradient_bucket
