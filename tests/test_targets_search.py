@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from solver_planner.cli import app
+from solver_planner.stages.costs import SHARDED_STEP_PROGRAM
 from solver_planner.targets.megatron import allows, export, parse
 
 from conftest import CLUSTERS, SPECS, llama_training
@@ -79,13 +80,15 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints(tmp_path):
     # the paragraph after it: the native searches of interleaved 1F1B and of 1F1B
     after = text[text.index(line):].split("```")[1]
     base = [a for a in argv if a not in ("--target", "megatron", "--top", "5")]
-    for schedule, config in (("interleaved-1f1b", "64,4,4,24"), ("1f1b", "64,4,4,24")):
+    for schedule, config in (("interleaved-1f1b", "64,4,4,24"), ("1f1b", "32,4,8,48")):
         res = CliRunner().invoke(app, base + ["-s", schedule, "--json", "--no-baselines"])
         native = json.loads(res.output)
         got = ",".join(str(native["config"][k]) for k in ("data", "tensor", "pipeline", "microbatches"))
         assert got == config and f"{config} " in after and f"{native['iteration_time']:.3g} s" in after
-        if schedule == "interleaved-1f1b":     # its first stage's bf16 reduction by P²'s program
+        if schedule == "interleaved-1f1b":     # its first stage's bf16 reduction: the distributed optimizer's
             assert f"{1e3 * native['stages'][0]['gradient_reduction']:.0f} ms" in after
+            assert native["stages"][0]["gradient_program"] == SHARDED_STEP_PROGRAM
+            first_native = native["stages"][0]["gradient_reduction"]
     assert "32,4,8,48" == listed[0] and "64,4,4,24" not in listed
     # the native plan's advantage, as the paragraph says it
     native = json.loads(CliRunner().invoke(app, base + ["-s", "interleaved-1f1b", "--json", "--no-baselines"]).output)
@@ -109,6 +112,7 @@ def test_the_readmes_megatron_answer_is_what_the_command_prints(tmp_path):
     first = best["stages"][0]
     assert f"{1e3 * first['gradient_reduction']:.0f} ms for the first stage's {first['gradient_bytes'] / 1e9:.1f} GB" \
         in " ".join(after.split())
+    assert first["gradient_reduction"] == pytest.approx(first_native, rel=1e-9)   # "both reduce the same way"
 
 
 @pytest.mark.slow
