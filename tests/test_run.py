@@ -104,6 +104,12 @@ CASES = {
     "unequal meshes (Alpa's space): 4, 2 and 2 devices": (
         dict(layers=UNEQUAL), ("--schedule", "1f1b", "--meshes", "unequal"),
         lambda j: [len(s.ranks) for s in j.stages] == [4, 2, 2] and j.world == 8),
+    "the gradient program after the last backward (gradient_overlap: false)": (
+        dict(transformer=TINY, gradient_overlap=False), ("--schedule", "1f1b", "--config", "2,2,2,4"),
+        lambda j: not j.overlap and all(s.program is not None for s in j.stages)),
+    "gradient buckets of 16 KiB (several a layer), GPipe": (
+        dict(transformer=TINY, gradient_bucket="16 KiB"), ("--schedule", "gpipe", "--config", "4,1,2,4"),
+        lambda j: j.overlap and j.bucket_elements == 4096),
     "a layers: spec (no architecture)": (
         dict(layers=[{"name": "l", "repeat": 6, "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"}]),
         ("--config", "2,2,2,4"),
@@ -136,6 +142,39 @@ def test_equals_one_process(results, name):
     # the model trained: the loss moved (a run that skipped the optimizer would also "match" step 1)
     assert res.reference_losses[0] != res.reference_losses[-1]
 
+
+
+def test_the_gradient_program_runs_per_bucket_while_the_last_backward_runs(results):
+    """``gradient_overlap`` (the default), as the plan prices it: every layer's gradients are
+    reduced in buckets of at most ``gradient_bucket`` bytes, each started as soon as the
+    stage's last whole backward has produced them (with weight delaying, torch's split
+    backward sets the weight gradients itself, so its buckets may start only after the last
+    weight-gradient pass); without overlap, once after the backward; FSDP2's reduce-scatter
+    for sharded plans.  ``test_equals_one_process`` checks the sums."""
+    seen = set()
+    for name, res in results.items():
+        job = res.job
+        for s in job.stages:
+            got = res.buckets(s.ranks[0])
+            if not job.overlap or s.program is None or (job.sharded and s.data > 1):
+                assert got is None, name
+                continue
+            layers = s.last - s.first + 1
+            if job.bucket_elements >= 2**20:      # 25 MiB buckets: one a layer of these tiny models
+                assert got["reduced"] == layers, name
+            else:
+                assert got["reduced"] > 2 * layers, name
+                seen.add("small buckets")
+            split = job.orders is not None and any(op == "W" for op, _ in job.orders[s.index])
+            if split:
+                assert 0 <= got["started_during_backward"] <= got["reduced"], name
+            else:
+                assert got["started_during_backward"] == got["reduced"], name
+                seen.add("during")
+        if not job.overlap:
+            seen.add("after")
+            assert not any("per bucket" in n for n in job.notes)
+    assert seen == {"small buckets", "during", "after"}
 
 
 def test_a_plan_on_part_of_the_cluster_runs_on_its_first_devices(tmp_path):

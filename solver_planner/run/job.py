@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import OptionError
 from ..reduction.dsl import parse_program
 from ..reduction.verify import system_steps
+from ..spec.layers import FLOAT_DTYPES
 from ..spec.model import ModelSpec
 from .model import ModelShape, model_shape
 
@@ -120,6 +121,8 @@ class RunJob:
     sequence_parallel: bool
     predicted_iteration_time: float
     lanes: bool = False                     # every boundary is rank k -> rank k, whole tiles: torch's P2P runs it
+    overlap: bool = False                   # the program runs per bucket during the last backward (gradient_overlap)
+    bucket_elements: int = 0                # a bucket's elements: gradient_bucket bytes in the reduction's type
     steps: int = 3
     seed: int = 0
     notes: list[str] = field(default_factory=list)
@@ -254,6 +257,17 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         notes.append("optimizer sharding with weight delaying: each backward runs whole (B at its input-gradient"
                      " slot), since FSDP2 reduces gradients before a delayed weight gradient has run; the numbers"
                      " are the plan's, the weight-gradient timing is not")
+    overlap = bool(training is None or training.gradient_overlap) and sharding == "none"
+    bucket_elements = 0
+    if overlap:
+        reduce_type = (training.gradient_reduce_dtype or training.dtype) if training else "float32"
+        cap = training.gradient_bucket if training else 25 * 2**20
+        bucket_elements = max(1, int(cap // FLOAT_DTYPES[reduce_type]))
+        split = orders is not None and any(op == "W" for order in orders.values() for op, _ in order)
+        notes.append(f"gradient program per bucket of {cap / 2**20:g} MiB of {reduce_type} ({bucket_elements} elements),"
+                     + (" each layer's after the stage's last weight-gradient pass (torch's split backward sets the"
+                        " weight gradients itself, after no hook)" if split else
+                        " each layer's as soon as the stage's last backward has produced them"))
     if sharding != "none":
         notes.append(f"optimizer sharding {sharding}: FSDP2 over each stage's data-parallel ranks, {FSDP_MODES[sharding].text};"
                      " its reduce-scatter replaces the gradient program")
@@ -261,4 +275,5 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
                   microbatches=part.costs.microbatches, microbatch_size=part.costs.micro_size, schedule=kind,
                   orders=orders, schedule_name=str(sched), optimizer=training.optimizer if training else "adam",
                   sharding=sharding, sequence_parallel=bool(training and training.sequence_parallel),
-                  predicted_iteration_time=plan.iteration_time, lanes=lanes, steps=steps, seed=seed, notes=notes)
+                  predicted_iteration_time=plan.iteration_time, lanes=lanes, overlap=overlap,
+                  bucket_elements=bucket_elements, steps=steps, seed=seed, notes=notes)

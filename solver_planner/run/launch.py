@@ -42,6 +42,15 @@ class RunResult:
     step_times: list[float]                  # per step: the slowest rank's
     ranks: list[dict[str, Any]] = field(repr=False, default_factory=list)
 
+    def buckets(self, rank: int) -> dict[str, int] | None:
+        """The last step's gradient buckets of ``rank``: how many its program reduced, and how
+        many of them it started while the stage's last backward ran (None: no bucketed program)."""
+        steps = next((r.get("overlapped") for r in self.ranks if r.get("rank") == rank), None)
+        if not steps:
+            return None
+        during, total = steps[-1]
+        return {"reduced": total, "started_during_backward": during}
+
     @property
     def measured_step_time(self) -> float:
         """Median step time, the first step (warm-up: allocation, first collectives) left out."""
@@ -59,7 +68,8 @@ class RunResult:
             "measured_step_time": self.measured_step_time,
             "predicted_iteration_time": self.job.predicted_iteration_time,
             "stages": [{"stage": s.index, "layers": [s.first, s.last], "ranks": s.grid, "recompute": s.recompute,
-                        "gradient_program": s.program_text} for s in self.job.stages],
+                        "gradient_program": s.program_text, "gradient_buckets": self.buckets(s.ranks[0])}
+                       for s in self.job.stages],
             "notes": list(self.job.notes),
         }
 

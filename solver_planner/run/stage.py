@@ -175,14 +175,39 @@ def _ignore(*args, **kwargs) -> None:
 
 
 class ProgramStage(PipelineStage):
-    """A PipelineStage whose gradient reduction is the plan's program: torch calls
-    ``perform_reduce_grad`` once per step right after the stage's last backward, so a late
-    stage's reduction overlaps the earlier stages' remaining work, as the plan prices it."""
+    """A PipelineStage whose gradient reduction is the plan's program.  With ``reducer`` set
+    (``gradient_overlap``), each layer's buckets are reduced while the stage's last backward
+    goes on (:mod:`.buckets`); otherwise once, in ``perform_reduce_grad``, which torch calls
+    right after the stage's last backward.  Either way a late stage's reduction overlaps the
+    earlier stages' remaining work, as the plan prices it."""
 
     after_backward: Callable[[], None] | None = None
     sharding: str = "none"
+    reducer: Any = None           # a buckets.OverlappedReduction: the program runs during the last backward
+    _deferred_scale: float = 1.0
+
+    def scale_grads(self, grad_scale_factor) -> None:
+        """torch scales the gradients right after the last backward; while buckets are still
+        being reduced (in place, on another thread), the division waits for them (it commutes
+        with the sum over replicas)."""
+        if self.reducer is not None and self.reducer.pending:
+            self._deferred_scale *= grad_scale_factor
+            return
+        super().scale_grads(grad_scale_factor)
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        """torch's backward; in the step's last one (whole, or its weight half) the reducer,
+        when set, reduces each layer as its gradients complete, and every layer left once
+        the backward returns."""
+        armed = self.reducer is not None and last_backward and backward_type in ("full", "weight")
+        if armed:
+            self.reducer.arm()
+        out = self._backward(backward_type, bwd_kwargs, last_backward)
+        if armed:
+            self.reducer.flush()
+        return out
+
+    def _backward(self, backward_type, bwd_kwargs: dict, last_backward: bool):
         """torch's backward, with FSDP2's flags as the plan's ZeRO stage needs them.  torch
         sets all three off for every backward, which keeps gradients whole and parameters
         gathered until :meth:`perform_reduce_grad`: ZeRO-1.  Under ZeRO-2/3 each backward is a
@@ -206,6 +231,11 @@ class ProgramStage(PipelineStage):
                 object.__delattr__(mod, name)
 
     def perform_reduce_grad(self, grad_scale_factor):
+        if self.reducer is not None and self.reducer.pending:
+            self.reducer.finish()
+            scale, self._deferred_scale = self._deferred_scale, 1.0
+            if scale != 1:
+                super().scale_grads(scale)
         super().perform_reduce_grad(grad_scale_factor)
         if self.after_backward is not None:
             self.after_backward()

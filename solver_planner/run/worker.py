@@ -10,8 +10,9 @@
    tied-embedding pairs.
 3. Its stage (:mod:`solver_planner.run.stage`), its optimizer, torch's schedule
    (``ScheduleGPipe``, ``Schedule1F1B``, or the pipeline runtime fed the plan's action list).
-4. Every step: the schedule; the plan's gradient program over the stage's data groups; the
-   tied embedding's gradient summed between its two owners; the optimizer.
+4. Every step: the schedule; the plan's gradient program over the stage's data groups, per
+   bucket as the stage's last backward produces them (``gradient_overlap``, :mod:`.buckets`)
+   or once after it; the tied embedding's gradient summed between its two owners; the optimizer.
 5. At the end: every parameter compared with the single-process reference.
 """
 
@@ -139,34 +140,6 @@ def _groups(job: RunJob, rank: int, backend: str, timeout: float):
     return meshes, lane, programs, boundary, tied
 
 
-def _reduce(job: RunJob, stage, module, groups, rank: int) -> None:
-    """The plan's gradient program on this rank's gradients: flattened into the program's
-    ``[chunks, chunk]`` buffer, the lowered calls run by the interpreter that ``execute``
-    checks, copied back (the sum over the stage's data replicas)."""
-    import torch
-
-    from ..distributed.interpreter import do_call
-    from .stage import local_gradients
-
-    grads = local_gradients(module)
-    if stage.program is None or not grads:
-        return
-    plan = stage.program
-    k = plan["data"]["chunks"]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    chunk = -(-flat.numel() // k)
-    buf = torch.zeros(k * chunk, dtype=flat.dtype, device=flat.device)
-    buf[:flat.numel()] = flat
-    buf = buf.view(k, chunk)
-    for call in plan["calls"].get(rank, []):
-        do_call(plan, rank, buf, groups, call)
-    flat = buf.view(-1)
-    i = 0
-    for g in grads:
-        g.copy_(flat[i:i + g.numel()].view_as(g))
-        i += g.numel()
-
-
 def _tie(job: RunJob, stage, module, tied) -> None:
     """The tied token table: after the data-parallel program each owner holds its whole
     contribution; one all-reduce per (first-stage, last-stage) pair gives both the sum
@@ -199,6 +172,7 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
     from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
     from torch.distributed.tensor import DTensor
 
+    from .buckets import OverlappedReduction, reduce_after_backward
     from .model import batch, loss_sum, make_optimizer
     from .stage import BroadcastStage, ProgramStage, stage_module
 
@@ -238,10 +212,17 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
         pipe = BroadcastStage(module, p, S, device, input_args=x_meta, output_args=y_meta, group=lane,
                               calls=calls, groups=boundary_groups)
 
+    reduces = stage.program is not None and not (job.sharded and stage.data > 1)  # else FSDP2 reduce-scatters
+    if reduces and job.overlap:
+        pipe.reducer = OverlappedReduction(module, stage.program, programs.get(p, []), rank, job.bucket_elements)
+    overlapped = []
+
     def after_backward():
         progress.mark("gradient program")
-        if not (job.sharded and stage.data > 1):   # FSDP2's reduce-scatter has summed them already
-            _reduce(job, stage, module, programs.get(p, []), rank)
+        if pipe.reducer is not None:      # its buckets are reduced by now (ProgramStage.perform_reduce_grad)
+            overlapped.append([pipe.reducer.buckets_during_backward, pipe.reducer.buckets])
+        elif reduces:
+            reduce_after_backward(stage.program, module, programs.get(p, []), rank)
         _tie(job, stage, module, tied)
 
     pipe.after_backward = after_backward
@@ -292,7 +273,8 @@ def _train(rank: int, index: int, job: RunJob, backend: str, reference_path: str
             if rank == stage.ranks[0]:
                 results.put(("step", rank, (index, step)))
     progress.mark("done")
-    out: dict[str, Any] = {"rank": rank, "stage": p, "times": times, "comm": comm, "losses": losses}
+    out: dict[str, Any] = {"rank": rank, "stage": p, "times": times, "comm": comm, "losses": losses,
+                           "overlapped": overlapped}
     if reference_path is not None:
         reference = torch.load(reference_path)
         worst, name = 0.0, None
