@@ -87,7 +87,7 @@ def searches(draw, memory=("64 GiB",)):
         layers[-1] = dataclasses.replace(layers[-1], tied_to=0, tied_params=first.params * draw(st.floats(0.1, 1.0)),
                                          tied_optimizer=first.optimizer * 0.5)
     opts = MemoryOptions(draw(st.sampled_from([("none",), ("none", "full")])),
-                         draw(st.sampled_from(["none", "zero-1", "zero-3"])), False, draw(st.booleans()),
+                         draw(st.sampled_from(["none", "zero-1", "zero-2", "zero-3"])), False, draw(st.booleans()),
                          draw(st.sampled_from([8 * 2**20, 64 * 2**20])))
     model = LayerModel("random", layers, 4, None, options=opts)
     return StageSearch(model, topo, draw(st.sampled_from(["1f1b", "gpipe", "eager-1f1b"])))
@@ -112,6 +112,34 @@ def test_dp_returns_the_fastest_simulated_plan_and_true_certificates(search):
     res = plan_partition(search, "dp")
     check_claims(res, min(times.values()))
     assert res.status.value == "OPTIMAL"          # small instances: the branch and bound finishes
+
+
+@pytest.mark.parametrize("sharding", ["zero-2", "zero-3"])
+@pytest.mark.parametrize("schedule", ["1f1b", "eager-1f1b"])
+def test_a_tied_copy_s_zero_collectives_keep_true_certificates(sharding, schedule):
+    """A tied copy on a stage without its layer is gathered (ZeRO-3) and reduce-scattered
+    every micro-batch (ZeRO-2/3) with the layer holding it: the stage's times and the
+    simulator's per-layer pieces of its last backward must both carry it, or the objective
+    (a bound) lands above the simulated time of a plan."""
+    topo = topology(2, 2, "1 GB/s", "host", "64 GiB", efficiency=True)
+    layers = [Layer(f"l{i}", 1e11 * (1 + i % 3), 2e11, 2**30 * (3 if i == 0 else 1), 2**31, 2**24, 2**25, allreduces=1)
+              for i in range(4)]
+    layers[-1] = dataclasses.replace(layers[-1], tied_to=0, tied_params=layers[0].params,
+                                     tied_optimizer=layers[0].optimizer)
+    model = LayerModel("tied", layers, 4, None, options=MemoryOptions(("none",), sharding, False, True, 2**30))
+    search = StageSearch(model, topo, schedule)
+    from solver_planner.stages.objective import bounds
+
+    held = 0
+    for _, _, plan in every_plan(search):
+        held += bool(plan.copies)
+        for sch in family(search.schedule, plan.costs.stages):
+            assert bounds(plan, sch).value <= simulate_schedule(plan, sch).iteration_time * (1 + REL), (plan, sch)
+    assert held
+    times = oracle(search)
+    res = plan_partition(search, "dp")
+    check_claims(res, min(times.values()))
+    assert res.status.value == "OPTIMAL"
 
 
 @CHECK

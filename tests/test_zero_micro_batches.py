@@ -125,3 +125,38 @@ def test_torch_s_pipelining_reduces_after_the_stage_s_last_backward(hosts, fsdp2
         assert cc.overlap == overlaps
         if not overlaps:
             assert cc.tail_full[0, 3] == pytest.approx(cc.reduction_all[0, 3] + cc.optimizer[0, 3], rel=1e-12)
+
+
+@pytest.mark.parametrize("sharding", ["zero-2", "zero-3"])
+def test_a_tied_copy_is_gathered_and_reduce_scattered_with_its_layer(sharding):
+    """The last layer holds a copy of the first's parameters (GPT's logits): on a stage
+    without the first layer the copy is part of its module, so each micro-batch's
+    reduce-scatter (ZeRO-2/3) and each gather (ZeRO-3) of that layer moves both, one
+    collective; a stage that holds both layers keeps one table and moves nothing more."""
+    from dataclasses import replace
+
+    from solver_planner.stages.memory import MemoryOptions
+
+    B = 4
+    topo = topology(2, 2, "25 GB/s", "host")
+    layers = [Layer(f"l{i}", 1e10, 2e10, p, 6.0 * p, 2**20, 2**20, 0.0, allreduces=1) for i, p in enumerate(PARAMS)]
+    layers[3] = replace(layers[3], tied_to=0, tied_params=PARAMS[0], tied_optimizer=6.0 * PARAMS[0])
+    opts = MemoryOptions(sharding=sharding, gradient_accumulation="fused")
+    model = LayerModel("m", layers, 16, None, dtype="bfloat16", options=opts)
+    shape = MeshShape(1, 2)
+    costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)
+    c = StageConfig(1)
+    cc = costs[c]
+    tab = costs.tables[1]
+    fwd, act, weight = costs.layer_times(c)
+    z = costs.zero
+    both = PARAMS[3] + PARAMS[0]
+    rs = (_affine_of(tab.data_reducescatter, both) - _affine_of(tab.data_reducescatter, PARAMS[3])) * (B - 1) / B
+    assert cc.backward_weight.at(2, 3) == pytest.approx(weight[2] + weight[3] + rs, rel=1e-12)
+    assert cc.backward_weight.at(0, 3) == pytest.approx(weight.sum(), rel=1e-12)      # the table itself, no copy
+    assert cc.backward_weight.at(1, 2) == pytest.approx(weight[1] + weight[2], rel=1e-12)
+    ag = _affine_of(tab.data_allgather, both) - _affine_of(tab.data_allgather, PARAMS[3])
+    assert (z.forward_gathers > 0) == (sharding == "zero-3")
+    assert cc.forward.at(2, 3) == pytest.approx(fwd[2] + fwd[3] + z.forward_gathers * ag, rel=1e-12)
+    assert cc.backward_act.at(2, 3) == pytest.approx(act[2] + act[3] + z.backward_gathers * ag, rel=1e-12)
+    assert rs > 0 and (sharding == "zero-2" or ag > 0)

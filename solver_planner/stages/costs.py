@@ -27,7 +27,8 @@ Per micro-batch, from the shared cost model, for layers k..i (``[k, i]`` matrice
   and ``BA`` (they sit between the layer's products);
 * ZeRO-3: each layer's parameters all-gathered over the data group before its forward and
   before its backward; ZeRO-2/3: every micro-batch but the last reduce-scatters its gradients,
-  in ``BW`` (:func:`.memory.zero_run`, which also says how torch's pipelining changes both).
+  in ``BW`` (:func:`.memory.zero_run`, which also says how torch's pipelining changes both);
+  a tied copy is gathered and reduce-scattered with the layer that holds it.
 
 Transfers between stages are not stage times: a tensor from stage ``p`` to stage ``q`` (the
 next one, or a farther one for a skip connection) moves from replica ``j`` of ``p`` to the
@@ -314,6 +315,8 @@ class ConfigCosts:
     layer_weight: np.ndarray
     layer_reduction: np.ndarray     # bucket time of each layer
     layer_reduction_copy: np.ndarray  # the same when the layer holds a tied copy
+    layer_backward_copy: np.ndarray   # layer_backward and layer_weight when it holds one (its
+    layer_weight_copy: np.ndarray     # ZeRO collectives move the copy too)
     reduction_all: Ranges           # [k, i]: the whole stage's buckets after its backward (no overlap)
     buckets: tuple = ()             # per layer: (full buckets, time of one, time of the last)
     buckets_copy: tuple = ()
@@ -432,7 +435,6 @@ class StageCosts:
             return self._transfers[key]
         m, opts, t = self.model, self.model.options, c.tensor
         tab = self.tables[t]
-        d = self.shape.size // t
         smp = self.samples(t)
         fwd, act_grad, weight = self.compute_times(c)
         if self.comm and t > 1:
@@ -441,22 +443,50 @@ class StageCosts:
             fwd = fwd + ar
             act_grad = act_grad + ar * _AGAIN.get((c.recompute, opts.sequence_parallel), 1.0)
         z = self.zero
-        gathered = gathered_bytes(m.column("params"), t, d, "zero-3")
-        if self.comm and gathered.any() and (z.forward_gathers or z.backward_gathers):
-            ag = np.where(gathered > 0, _affine_of(tab.data_allgather, gathered), 0.0)
-            fwd = fwd + z.forward_gathers * ag
-            act_grad = act_grad + z.backward_gathers * ag
-        K = self.microbatches
-        if self.comm and d > 1 and z.reduce_each and K > 1:
-            # every micro-batch but the last reduce-scatters its gradients into the shards, as
-            # each layer's backward produces them; priced whole in the weight gradients (like
-            # the gathers, as if not overlapped), (K - 1) / K of a reduction per micro-batch;
-            # the last one is the stage's tail (_costs)
-            grads = self.gradient_columns(t)[0]
-            rs = np.where(grads > 0, _affine_of(tab.data_reducescatter, grads), 0.0)
-            weight = weight + rs * (K - 1) / K
+        ag, rs = self.zero_collectives(c)
+        fwd = fwd + z.forward_gathers * ag
+        act_grad = act_grad + z.backward_gathers * ag
+        weight = weight + rs
         self._transfers[key] = (fwd, act_grad, weight)
         return self._transfers[key]
+
+    def zero_collectives(self, c: StageConfig, copies: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, seconds per micro-batch of ZeRO's collectives over the data group: one
+        all-gather of its parameters (ZeRO-3; :attr:`.memory.ZeroRun.forward_gathers` and
+        ``backward_gathers`` say how many a pass), and the reduce-scatters of its gradients
+        (ZeRO-2/3: every micro-batch but the last, as each layer's backward produces them;
+        priced whole in the weight gradients, like the gathers, as if not overlapped,
+        (K - 1) / K of a reduction per micro-batch; the last one is the stage's tail,
+        :meth:`_costs`).  With ``copies``, of the layer together with the tied copy it holds on
+        a stage without the layer it shares: one parameter of the module, so one collective."""
+        m, t = self.model, c.tensor
+        tab = self.tables[t]
+        d = self.shape.size // t
+        z, K = self.zero, self.microbatches
+        params = m.column("params") + (m.column("tied_params") if copies else 0.0)
+        gathered = gathered_bytes(params, t, d, "zero-3")
+        ag = np.zeros(m.num_layers)
+        if self.comm and gathered.any() and (z.forward_gathers or z.backward_gathers):
+            ag = np.where(gathered > 0, _affine_of(tab.data_allgather, gathered), 0.0)
+        rs = np.zeros(m.num_layers)
+        if self.comm and d > 1 and z.reduce_each and K > 1:
+            grads, copy = self.gradient_columns(t)
+            grads = grads + (copy if copies else 0.0)
+            rs = np.where(grads > 0, _affine_of(tab.data_reducescatter, grads), 0.0) * (K - 1) / K
+        return ag, rs
+
+    def _copy_collectives(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per layer, what the tied copy it holds adds to its forward, activation-gradient and
+        weight-gradient times per micro-batch on a stage without the layer it shares (ZeRO's
+        gathers and reduce-scatters of the copy), or None when nothing."""
+        if not self.model.ties():
+            return None
+        z = self.zero
+        ag0, rs0 = self.zero_collectives(c)
+        ag1, rs1 = self.zero_collectives(c, copies=True)
+        if not ((ag1 - ag0).any() or (rs1 - rs0).any()):
+            return None
+        return z.forward_gathers * (ag1 - ag0), z.backward_gathers * (ag1 - ag0), rs1 - rs0
 
     def compute_times(self, c: StageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per layer, seconds of kernels per micro-batch: forward, activation gradients (with
@@ -553,26 +583,36 @@ class StageCosts:
         grad_bytes = Sums(grads) + self._copy_bytes(copy)
         red_all = apply(lambda x: chunked(x)[1], grad_bytes)
         backward = act_grad + weight
+        # a layer's pieces when it holds a tied copy on a stage without the layer it shares
+        extra = self._copy_collectives(c)
+        backward_copy, weight_copy = (backward, weight) if extra is None else \
+            (backward + extra[1] + extra[2], weight + extra[2])
         overlap = opts.gradient_overlap and self.zero.overlap
         if overlap:
             tail_full = _flow_shop_tail(backward, red)
             tail_weight = _flow_shop_tail(weight, red)
             if m.ties():
                 copies = Copies(m.num_layers, m.ties())
-                tail_full = _where(copies, _flow_shop_tail(backward, red_copy), tail_full)
-                tail_weight = _where(copies, _flow_shop_tail(weight, red_copy), tail_weight)
+                tail_full = _where(copies, _flow_shop_tail(backward_copy, red_copy), tail_full)
+                tail_weight = _where(copies, _flow_shop_tail(weight_copy, red_copy), tail_weight)
         else:
             tail_full = tail_weight = red_all
         # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
         opt = self.optimizer_time(c)
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
+        forward, backward_act, backward_weight = Sums(fwd), Sums(act_grad), Sums(weight)
+        if extra is not None:
+            forward, backward_act, backward_weight = (forward + self._copy_bytes(extra[0]),
+                                                      backward_act + self._copy_bytes(extra[1]),
+                                                      backward_weight + self._copy_bytes(extra[2]))
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
-            forward=Sums(fwd), backward_act=Sums(act_grad), backward_weight=Sums(weight),
+            forward=forward, backward_act=backward_act, backward_weight=backward_weight,
             static=static, activation=activation, transient=transient,
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
+            layer_backward_copy=backward_copy, layer_weight_copy=weight_copy,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
         )

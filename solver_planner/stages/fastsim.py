@@ -171,8 +171,9 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
         else:
             copy_layers = {bb for _, bb, q in plan.copies if q == p}
             arr = cc.layer_weight if last_op == "BW" else cc.layer_backward
+            arr_copy = cc.layer_weight_copy if last_op == "BW" else cc.layer_backward_copy
             layers = range(st.last, st.first - 1, -1)
-            pieces.append([float(arr[layer]) for layer in layers])
+            pieces.append([float((arr_copy if layer in copy_layers else arr)[layer]) for layer in layers])
             piece_buckets.append([cc.layer_buckets(layer, layer in copy_layers) for layer in layers])
         raw.append(c.reduction_resources(st.tensor, mesh[p]) if reduces else ())
     copies = plan.copies

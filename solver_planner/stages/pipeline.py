@@ -191,10 +191,12 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
                 reduce(cc.stage_buckets(st.first, st.last), tid, "stage")
         else:
             pieces = cc.layer_weight if op == "BW" else cc.layer_backward
+            pieces_copy = cc.layer_weight_copy if op == "BW" else cc.layer_backward_copy
             _, act_k, weight_k = kernels[p]
             for layer in range(st.last, st.first - 1, -1):
                 own = float(weight_k[layer]) + (0.0 if op == "BW" else float(act_k[layer]))
-                tid = sim.add(f"{name} layer {layer}", float(pieces[layer]), exec_of[p], deps, stream="compute",
+                piece = (pieces_copy if layer in copy_layers else pieces)[layer]
+                tid = sim.add(f"{name} layer {layer}", float(piece), exec_of[p], deps, stream="compute",
                               category=category, devices=device_of[p], args={"compute": own})
                 deps = [tid]
                 reduce(cc.layer_buckets(layer, layer in copy_layers), tid, f"layer {layer}")
