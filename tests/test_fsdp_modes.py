@@ -176,3 +176,80 @@ def test_what_a_stage_keeps_between_micro_batches_is_the_cost_model_s(counted, c
             assert accumulated == ["float32"] and z.gradient_bytes == 2.0
         if z.reduce_each:
             assert accumulated == []
+
+
+def _split_worker(rank, world, port, queue):
+    """Two pipeline stages of one rank each, bf16 parameters reduced in fp32 (torchtitan's
+    FSDP2 policy), torch's runtime with the weight gradients split off (zero-bubble's I and W
+    actions) on the second stage: what each of its parameters holds after every action."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        meshes = [DeviceMesh("cpu", torch.tensor([r]), mesh_dim_names=("dp",)) for r in range(world)]
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in module:
+            fully_shard(layer, mesh=meshes[rank], reshard_after_forward=False, mp_policy=policy)
+        fully_shard(module, mesh=meshes[rank], reshard_after_forward=False, mp_policy=policy)
+        meta = torch.zeros(2, WIDTH, dtype=torch.bfloat16)
+        pipe = PipelineStage(module, rank, world, torch.device("cpu"), input_args=meta.clone().requires_grad_(rank > 0),
+                             output_args=meta.clone().requires_grad_(True), group=dist.group.WORLD)
+        torch_backward, log = pipe.backward_maybe_with_nosync, []
+
+        def logged(kind, kwargs, last_backward=False):
+            out = torch_backward(kind, kwargs, last_backward=last_backward)
+            held = []                   # per layer: its parameters' (accumulated, .grad) types
+            for layer in module:
+                group = layer._get_fsdp_state()._fsdp_param_group
+                pairs = {(None if p.unsharded_accumulated_grad is None else str(p.unsharded_accumulated_grad.dtype),
+                          None if p._unsharded_param.grad is None else str(p._unsharded_param.grad.dtype))
+                         for p in group.fsdp_params}
+                held.append(sorted(pairs, key=str))
+            log.append((kind, last_backward, held))
+            return out
+
+        pipe.backward_maybe_with_nosync = logged
+        T = _ComputationType
+        actions = {0: [_Action(0, T.FORWARD, m) for m in range(K)] + [_Action(0, T.FULL_BACKWARD, m) for m in range(K)],
+                   1: [_Action(1, kind, m) for kind in (T.FORWARD, T.BACKWARD_INPUT, T.BACKWARD_WEIGHT)
+                       for m in range(K)]}
+        schedule = _PipelineScheduleRuntime([pipe], K, loss_fn=lambda o, t: ((o.float() - t) ** 2).sum())
+        schedule._prepare_schedule_with_comms(actions)
+        x, y = torch.randn(2 * K, WIDTH), torch.randn(2 * K, WIDTH)
+        for _ in range(2):              # the second step is the one kept
+            log.clear()
+            schedule.step(x.to(torch.bfloat16)) if rank == 0 else schedule.step(target=y)
+        if rank == 1:
+            queue.put(log)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_split_backward_keeps_the_last_layer_s_bf16_gradient_beside_its_fp32_one():
+    """Under a zero-bubble schedule (weight gradients split off), FSDP2 under torch's
+    pipelining keeps each layer's whole gradient in the reduction's type (fp32), as the cost
+    model counts it (``gradient_bytes`` 2.0 a bf16 parameter) -- except the stage's last layer:
+    its post-backward hook has run in the input-gradient pass, so the bf16 weight gradient each
+    W computes for it stays on the parameter beside the fp32 one (torch 2.13).  The cost model
+    does not count those 2 bytes a parameter of one layer a stage (the README says so); this
+    test pins the behaviour it leaves out."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_split_worker, args=(2, _port(), queue), nprocs=2, start_method="spawn")
+    log = queue.get()
+    kinds = [(kind, last) for kind, last, _ in log]
+    assert kinds == [("input", False)] * K + [("weight", False)] * (K - 1) + [("weight", True)]
+    weights = [held for kind, _, held in log if kind == "weight"]
+    assert all(held == [[(None, None)]] * LAYERS for kind, _, held in log if kind == "input")
+    # (fp32 accumulated, bf16 .grad) per layer, in module order
+    assert weights[0] == [[("torch.float32", None)]] * (LAYERS - 1) + [[(None, "torch.bfloat16")]]
+    for held in weights[1:]:
+        assert held == [[("torch.float32", None)]] * (LAYERS - 1) + [[("torch.float32", "torch.bfloat16")]]
+    z = zero_run(MemoryOptions(sharding="zero-2", fsdp2_defaults=True), 2, K, 2.0)
+    assert z.gradient_bytes == 2.0 and z.memory == "zero-1"
