@@ -62,6 +62,10 @@ def test_objective_and_one_port_bound_are_under_the_best_schedule_which_is_under
         tasks = timeline._tasks
         value, floor, status = sf.best_schedule(timeline, limit=5.0)
         slack = len(tasks) / sf.SCALE         # CP-SAT runs durations rounded down to this unit
+        if status == "UNKNOWN":
+            # no schedule within the time limit (a long pipeline on a loaded machine): nothing
+            # to compare; the other samples and the OPTIMAL count below still must hold
+            continue
         assert status in ("OPTIMAL", "FEASIBLE"), (plan, s)
         assert floor <= value <= greedy
         # the schedule found is a schedule: no lower bound may pass it
