@@ -110,6 +110,9 @@ CASES = {
     "gradient buckets of 16 KiB (several a layer), GPipe": (
         dict(transformer=TINY, gradient_bucket="16 KiB"), ("--schedule", "gpipe", "--config", "4,1,2,4"),
         lambda j: j.overlap and j.bucket_elements == 4096),
+    "one stage holding the token table and its tied logits, pure data parallelism": (
+        dict(transformer=TINY), ("--schedule", "1f1b", "--config", "8,1,1,2"),
+        lambda j: len(j.stages) == 1 and j.shape.tied and j.overlap and j.stages[0].program is not None),
     "a layers: spec (no architecture)": (
         dict(layers=[{"name": "l", "repeat": 6, "params": "64 KiB", "activations": "1 KiB", "flops": "1 MFLOP"}]),
         ("--config", "2,2,2,4"),

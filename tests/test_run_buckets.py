@@ -97,3 +97,45 @@ def test_an_error_in_the_thread_is_raised_on_the_training_thread(monkeypatch):
     stage(torch.randn(2, 4)).sum().backward()
     with pytest.raises(RuntimeError, match="gradient program failed on rank 3: peer gone"):
         red.finish()
+
+
+def test_a_parameter_two_layers_share_is_reduced_once_with_the_first(monkeypatch):
+    """GPT-2's logits reuse the token table: on a stage holding both, the table belongs to the
+    first layer (its backward runs last, where the table's one accumulation happens), so its
+    gradient is handed over once, after both uses have added to it."""
+    seen = []
+
+    def record(program, grads, groups, rank):
+        seen.append([tuple(g.shape) for g in grads])
+        for g in grads:
+            g.add_(1.0)
+
+    monkeypatch.setattr(buckets, "reduce_tensors", record)
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            emb, mid = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4)
+            out = torch.nn.Linear(4, 10, bias=False)
+            out.weight = emb.weight                 # one parameter in two layers
+            self.layers = torch.nn.ModuleDict({"0": emb, "1": mid, "2": out})
+
+        def forward(self, x):
+            for m in self.layers.values():
+                x = m(x)
+            return x
+
+    torch.manual_seed(0)
+    stage = Tied()
+    x = torch.tensor([1, 2, 3])
+    stage(x).sum().backward()                          # unarmed: the plain gradients
+    plain = {n: p.grad.clone() for n, p in stage.named_parameters()}
+    stage.zero_grad()
+    red = OverlappedReduction(stage, {"data": {"chunks": 1}, "calls": {}}, [], 0, 10**6)
+    red.arm()
+    stage(x).sum().backward()
+    red.finish()
+    assert seen == [[(16,), (4,)], [(40,)]]            # the middle layer, then the table, once
+    assert red.buckets == red.buckets_during_backward == 2
+    for n, p in stage.named_parameters():
+        assert torch.allclose(p.grad, plain[n] + 1.0), n

@@ -9,9 +9,10 @@ hooks could issue the program, but DDP wraps plain-tensor parameters only (torch
 DTensors to local tensors before wrapping), and tensor parallelism's parameters are DTensors
 whose partial gradients need their own sum first.  So :class:`OverlappedReduction` keeps the
 one piece of DDP needed here: parameter hooks that see a layer's gradients complete, and one
-thread that runs the program on each bucket in the order the layers finish.  Every data replica of a stage runs the same
-backward graph, so the layers finish, and the buckets reach the program's groups, in one
-order on every member; nothing else issues collectives on those groups.
+thread that runs the program on each bucket in the order the layers finish.  Every data
+replica of a stage runs the same backward graph, so the layers finish, and the buckets reach
+the program's groups, in one order on every member; nothing else issues collectives on those
+groups.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import threading
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from .stage import local_gradients
 
@@ -89,12 +89,19 @@ class OverlappedReduction:
     def __init__(self, module, program: dict[str, Any], groups, rank: int, bucket_elements: int):
         self.program, self.groups, self.rank = program, groups, rank
         self.bucket_elements = max(1, int(bucket_elements))
-        self.layers = [m for m in module.layers.values() if any(True for _ in m.parameters())]
+        # each parameter belongs to one layer: a parameter two layers share (GPT-2's token
+        # table as the logits weight, on a stage holding both) to the first, whose backward
+        # runs last, where its one accumulation (of both uses) happens
+        self._params: list[list] = []
         self._owner: dict[int, int] = {}
-        for i, layer in enumerate(self.layers):
-            for prm in layer.parameters():
-                self._owner[id(prm)] = i
+        for layer in module.layers.values():
+            own = [p for p in layer.parameters() if id(p) not in self._owner]
+            if not own:
+                continue
+            for prm in own:
+                self._owner[id(prm)] = len(self._params)
                 prm.register_post_accumulate_grad_hook(self._accumulated)
+            self._params.append(own)
         self._armed = False
         self._left: list[set[int]] = []
         self._sent: list[bool] = []
@@ -110,8 +117,8 @@ class OverlappedReduction:
     def arm(self) -> None:
         """The next backward is the step's last: reduce each layer when its gradients are complete."""
         self._armed = True
-        self._left = [{id(p) for p in layer.parameters() if p.requires_grad} for layer in self.layers]
-        self._sent = [False] * len(self.layers)
+        self._left = [{id(p) for p in own if p.requires_grad} for own in self._params]
+        self._sent = [False] * len(self._params)
         self.buckets_during_backward = self.buckets = 0
 
     def _accumulated(self, prm) -> None:
@@ -126,7 +133,7 @@ class OverlappedReduction:
         self._sent[i] = True
         # a DTensor's partial gradient is summed over its tensor group here, on the backward's
         # thread, where every rank of the group meets it in the same order
-        grads = local_gradients(self.layers[i])
+        grads = local_gradients(self._params[i])
         ready = None
         if self._cuda:
             ready = torch.cuda.Event()
@@ -159,7 +166,7 @@ class OverlappedReduction:
 
     def flush(self) -> None:
         """The last backward has returned: hand over every layer no hook did, in backward order."""
-        for i in reversed(range(len(self.layers))):
+        for i in reversed(range(len(self._params))):
             if not self._sent[i]:
                 self._send(i, during=False)
 

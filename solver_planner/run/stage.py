@@ -152,12 +152,13 @@ def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, re
     return module
 
 
-def local_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Each parameter's local gradient, in parameter order.  A partial gradient (a sequence-
-    parallel norm's: every tensor rank holds part of the sum) is first summed over the
-    tensor ranks, so that the data-parallel program reduces whole gradients."""
+def local_gradients(module: torch.nn.Module | list) -> list[torch.Tensor]:
+    """Each parameter's local gradient (of a module, or of a list of parameters), in parameter
+    order.  A partial gradient (a sequence-parallel norm's: every tensor rank holds part of the
+    sum) is first summed over the tensor ranks, so that the data-parallel program reduces whole
+    gradients."""
     out = []
-    for p in module.parameters():
+    for p in (module.parameters() if isinstance(module, torch.nn.Module) else module):
         g = p.grad
         if g is None:
             continue
