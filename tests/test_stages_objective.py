@@ -333,6 +333,15 @@ def test_the_relaxations_are_computed_the_same_way_twice(case):
     if case is None:
         return
     plan, schedules = case
+    with pytest.MonkeyPatch.context() as mp:
+        # the relaxations read the range tables, which leave out what a tied copy's ZeRO
+        # collectives add where the tie is split over meshes (a plan's own times add them, so
+        # the relaxations stay below): the reference formulas read the same values
+        mp.setattr(Partition, "_with_copies", lambda self, attr, part: self._per_stage(attr))
+        _relaxations_twice(Partition(plan.costs, plan.stages, plan.mesh), schedules)
+
+
+def _relaxations_twice(plan, schedules):
     pair = PairProblem(plan.costs, schedules)
     if not all(fits_band(pair, plan)):
         return

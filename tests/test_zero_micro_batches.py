@@ -152,11 +152,21 @@ def test_a_tied_copy_is_gathered_and_reduce_scattered_with_its_layer(sharding):
     z = costs.zero
     both = PARAMS[3] + PARAMS[0]
     rs = (_affine_of(tab.data_reducescatter, both) - _affine_of(tab.data_reducescatter, PARAMS[3])) * (B - 1) / B
-    assert cc.backward_weight.at(2, 3) == pytest.approx(weight[2] + weight[3] + rs, rel=1e-12)
-    assert cc.backward_weight.at(0, 3) == pytest.approx(weight.sum(), rel=1e-12)      # the table itself, no copy
-    assert cc.backward_weight.at(1, 2) == pytest.approx(weight[1] + weight[2], rel=1e-12)
     ag = _affine_of(tab.data_allgather, both) - _affine_of(tab.data_allgather, PARAMS[3])
     assert (z.forward_gathers > 0) == (sharding == "zero-3")
-    assert cc.forward.at(2, 3) == pytest.approx(fwd[2] + fwd[3] + z.forward_gathers * ag, rel=1e-12)
-    assert cc.backward_act.at(2, 3) == pytest.approx(act[2] + act[3] + z.backward_gathers * ag, rel=1e-12)
     assert rs > 0 and (sharding == "zero-2" or ag > 0)
+    extra_f, extra_a, extra_w = cc.copy_collectives
+    assert extra_w[3] == pytest.approx(rs, rel=1e-12) and not extra_w[:3].any()
+    assert extra_f[3] == pytest.approx(z.forward_gathers * ag, rel=1e-12)
+    assert extra_a[3] == pytest.approx(z.backward_gathers * ag, rel=1e-12)
+    # the plan adds them to the stage holding the copy away from the shared layer's mesh
+    from solver_planner.stages.partition import Partition, StagePlan
+
+    split = Partition(costs, [StagePlan(0, 1, c), StagePlan(2, 3, c)])
+    assert split.copies == [(0, 3, 1)]
+    assert split.backward_weight[1] == pytest.approx(weight[2] + weight[3] + rs, rel=1e-12)
+    assert split.forward[1] == pytest.approx(fwd[2] + fwd[3] + z.forward_gathers * ag, rel=1e-12)
+    assert split.backward_act[1] == pytest.approx(act[2] + act[3] + z.backward_gathers * ag, rel=1e-12)
+    assert split.backward_weight[0] == pytest.approx(weight[0] + weight[1], rel=1e-12)
+    # the ranges stay without them (a lower bound for any plan, the copy's or not)
+    assert cc.backward_weight.at(2, 3) == pytest.approx(weight[2] + weight[3], rel=1e-12)

@@ -324,6 +324,12 @@ class ConfigCosts:
     grad_bytes: Ranges | None = None   # [k, i]: gradient bytes per device, tied copies included
     bucket_cap: float = 25 * 2**20
     optimizer: Ranges | None = None   # [k, i]: the optimizer step, after the reductions (in the tails)
+    # per layer: what a copy it holds adds to F, BA and BW (ZeRO's gathers and reduce-scatters
+    # of the copy).  Not in forward/backward_act/backward_weight, which a range cannot know:
+    # a chunk holding the copy needs none when the shared layer's chunk is on its mesh (ZB-V);
+    # the plan adds them where its ties are split over meshes (Partition.copies), and the
+    # search's bounds, without them, stay below.
+    copy_collectives: tuple = ()
     # the reduction may start during the last backward (gradient_overlap; not under torch's
     # pipelining of FSDP2, which reduces after it: .memory.zero_run)
     overlap: bool = True
@@ -602,10 +608,7 @@ class StageCosts:
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
         forward, backward_act, backward_weight = Sums(fwd), Sums(act_grad), Sums(weight)
-        if extra is not None:
-            forward, backward_act, backward_weight = (forward + self._copy_bytes(extra[0]),
-                                                      backward_act + self._copy_bytes(extra[1]),
-                                                      backward_weight + self._copy_bytes(extra[2]))
+        zeros = np.zeros(m.num_layers)
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
             forward=forward, backward_act=backward_act, backward_weight=backward_weight,
@@ -613,6 +616,7 @@ class StageCosts:
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             layer_backward_copy=backward_copy, layer_weight_copy=weight_copy,
+            copy_collectives=(zeros, zeros, zeros) if extra is None else extra,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
         )

@@ -120,17 +120,27 @@ class Partition:
                 out[p] = v
         return out
 
+    def _with_copies(self, attr: str, part: int) -> list[float]:
+        """:meth:`_per_stage`, plus what each tied copy held away from its shared layer's mesh
+        adds (its ZeRO collectives, :attr:`.costs.ConfigCosts.copy_collectives` ``[part]``)."""
+        out = self._per_stage(attr)
+        for _, b, q in self.copies:
+            extra = self.table(q).copy_collectives
+            if extra:
+                out[q] += float(extra[part][b])
+        return out
+
     @cached_property
     def forward(self) -> list[float]:
-        return self._per_stage("forward")
+        return self._with_copies("forward", 0)
 
     @cached_property
     def backward_act(self) -> list[float]:
-        return self._per_stage("backward_act")
+        return self._with_copies("backward_act", 1)
 
     @cached_property
     def backward_weight(self) -> list[float]:
-        return self._per_stage("backward_weight")
+        return self._with_copies("backward_weight", 2)
 
     @cached_property
     def backward(self) -> list[float]:
