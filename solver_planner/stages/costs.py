@@ -607,11 +607,10 @@ class StageCosts:
         opt = self.optimizer_time(c)
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
-        forward, backward_act, backward_weight = Sums(fwd), Sums(act_grad), Sums(weight)
         zeros = np.zeros(m.num_layers)
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
-            forward=forward, backward_act=backward_act, backward_weight=backward_weight,
+            forward=Sums(fwd), backward_act=Sums(act_grad), backward_weight=Sums(weight),
             static=static, activation=activation, transient=transient,
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
