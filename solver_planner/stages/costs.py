@@ -146,8 +146,11 @@ SHARDED_STEP_PROGRAM = "ReduceScatter(root, InsideGroup); AllGather(root, Inside
 RANK_HOSTS = 4         # hosts on which P² programs are ranked
 KEEP_PROGRAMS = 3      # best programs then costed on the stage's real mesh
 _SYNTH: dict = {}      # synthesis hierarchy -> programs (synthesis depends on nothing else)
-# cost model -> {(hosts, devices per host, tensor): the programs costed on that small mesh}:
-# every mesh shape ranked on the same RANK_HOSTS hosts shares one ranking
+# topology -> {(hosts, devices per host, tensor): the programs costed on that small mesh}:
+# every mesh shape ranked on the same RANK_HOSTS hosts shares one ranking.  Keyed on the
+# topology, not the cost model: a program's collectives and copies are priced from the
+# topology alone (the compute model and its dtype do not enter), and `check` builds a cost
+# model per run over the same topology (ranking was 40% of checking a small plan).
 _RANKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -244,7 +247,7 @@ class CostTables:
         return Lowering(matrix, [hosts, levels[1]], self.topology.level_names, [0])
 
     def _programs(self, hosts: int) -> list[tuple[float, float, str, object]]:
-        memo = _RANKED.setdefault(self.cost, {})
+        memo = _RANKED.setdefault(self.cost.topology, {})
         key = (hosts, self.topology.levels[1].count, self.tensor)
         if key not in memo:
             memo[key] = self._cost_programs(hosts)
