@@ -444,3 +444,29 @@ def test_the_launch_layout_is_a_valid_construction(tied, reduced):
                 [v + 1 for v in value] if isinstance(value, list) else value + 1
             found = launch_problems(bad, topo, stages)
             assert found and found[0][0][:3] == ("launch", "ranks", 3), (key, found)
+
+
+def test_the_search_s_budgets_are_recorded_and_every_edit_of_them_refused(tmp_path):
+    """`plan --budget / --sim-budget`: the file records the limits the search ran under (only
+    when asked: files from before these options have neither), `check` runs the search again
+    under them, and refuses each edit, the default one and a deleted key included (a larger
+    budget finds a faster plan on this instance)."""
+    model = CLUSTERS.parent / "models" / "gpt3-2.6b.yaml"
+    topo, spec = load_topology(P3), load_model_spec(model)
+    for option, key, value, default in (("--budget", "budget", 30, 2000), ("--sim-budget", "simulations", 1, 300000)):
+        path = tmp_path / f"{key}.yaml"
+        result = run_cli("plan", P3, model, "-s", "1f1b", option, value, "-o", path)
+        assert result.returncode == 0, result.stderr
+        doc = yaml.safe_load(path.read_text())
+        opts = doc["search"]["options"]
+        assert opts[key] == value and not ({"budget", "simulations"} - {key}) & set(opts)
+        assert doc["search"]["status"] == "FEASIBLE" and doc["search"]["gap"] > 0.1
+        assert check_plan(topo, spec, doc).exit_code == 0
+        for new in (default, 0, -3, True, str(value), 2.5, None, "gone"):
+            edited = copy.deepcopy(doc)
+            if new == "gone":
+                del edited["search"]["options"][key]
+            else:
+                edited["search"]["options"][key] = new
+            rep = check_plan(topo, spec, edited)
+            assert rep.exit_code == 1 and names(rep, ("search", "options", key)), (key, new, rep.first_failure)

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
 from ..errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
 from ..spec import deciding_key, load_cluster_spec, load_model_spec, load_yaml
 from ..spec.plausible import implausible
@@ -18,6 +19,11 @@ JSON_OPT = typer.Option(False, "--json", help="Print JSON for machines instead o
 DEVICES_OPT = typer.Option(None, "--devices", min=1, show_default=False,
                            help="Use at most this many of the cluster's devices (its first ones; default: all). Plans"
                                 " use as many as equal meshes can tile; the output says how many idle and why.")
+# the stage search's limits, for `stages` and for `plan` (whose file records them for `check`)
+BUDGET_OPT = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
+                          help="Subspaces the branch and bound solves before it stops with a gap.")
+SIM_BUDGET_OPT = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
+                              help="Simulated tasks per listed plan before the search stops with a gap.")
 COMPUTE_OPT = typer.Option(
     "efficiency", "--compute", help="How compute is timed: efficiency (kernel efficiency, launch overhead and memory"
     " traffic from the cluster's device.compute or device preset; the roofline when it has none), roofline"

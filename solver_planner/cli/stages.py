@@ -9,9 +9,9 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import (COMPUTE_OPT, DEVICES_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, SIM_BUDGET_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
                      handles_errors, model_of, print_json, topology_of, warn, write_trace)
-from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, SCHEDULES
+from ..choices import DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
 from ..stages.meshes import format_meshes
 
@@ -90,10 +90,8 @@ def stages(
                                " --top or --target)."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
-    budget: int = typer.Option(DEFAULT_BUDGET, "--budget", min=1,
-                               help="Subspaces the branch and bound solves before it stops with a gap."),
-    sim_budget: int = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
-                                   help="Simulated tasks per listed plan before the search stops with a gap."),
+    budget: int = BUDGET_OPT,
+    sim_budget: int = SIM_BUDGET_OPT,
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     compute: str = COMPUTE_OPT,
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace"

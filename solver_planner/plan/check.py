@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field as datafield
 from typing import Any
 
-from ..choices import COMPUTE_MODELS, CROSS_MESH, SCHEDULES, STAGE_METHODS
+from ..choices import COMPUTE_MODELS, CROSS_MESH, DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES, STAGE_METHODS
 from ..targets.base import TARGETS
 from ..cost import CostModel
 from ..errors import InfeasibleError, PlannerError, RefusedError
@@ -288,6 +288,12 @@ class _Checker:
             meshes = field(opts, ("meshes",), str) if "meshes" in opts else "equal"
             if meshes not in ("equal", "unequal"):
                 raise FieldError(("meshes",), f"{show(meshes)} is not equal or unequal")
+            budget = field(opts, ("budget",), int) if "budget" in opts else DEFAULT_BUDGET
+            if budget < 1:
+                raise FieldError(("budget",), f"{budget} subspaces: the search needs at least 1")
+            simulations = field(opts, ("simulations",), int) if "simulations" in opts else DEFAULT_SIMULATIONS
+            if simulations < 1:
+                raise FieldError(("simulations",), f"{simulations} simulated tasks: the search needs at least 1")
             if not 1 <= candidates <= 50 or not 0 < time_limit <= 86400 or not 0 <= seed < 2**31:
                 raise FieldError((), "candidates must be 1..50, time_limit in (0, 86400] s and seed in 0..2^31-1")
         except FieldError as exc:
@@ -296,7 +302,8 @@ class _Checker:
         except PlannerError as exc:
             self.fail("search", where + ("config",), str(exc))
             return None
-        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices, meshes)
+        return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices, meshes,
+                             budget, simulations)
 
     def partition(self, options: SearchOptions | None) -> Partition:
         if self.unequal:
