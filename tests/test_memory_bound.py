@@ -134,19 +134,6 @@ def test_the_stage_search_estimate_is_what_it_must_hold(tmp_path):
         assert "least (mesh, micro-batch) pair" in est.what
 
 
-@pytest.mark.slow
-def test_a_model_of_1024_layers_ends_within_the_bound(tmp_path):
-    """1 024 layers on 1 024 GPUs: the search was killed by the kernel at 24 GB, then ended at
-    its 8 GiB bound; its tables are now range tables, its stages start on block boundaries
-    (past 256 layers) and each pair's arrays count against a shared budget, and it finishes
-    under the bound set from outside.  10 000 layers: tests/test_stages_deep.py."""
-    result = subprocess.run([sys.executable, "-m", "solver_planner", "stages", str(CLUSTERS / "dgx-a100-128x8.yaml"),
-                             str(deep(tmp_path, 1024)), "--no-baselines"], capture_output=True, text=True, cwd=ROOT,
-                            preexec_fn=outside_limit(memory.STAGES_BOUND))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-
-
 def test_a_stage_search_over_its_bound_is_refused_before_it_starts(monkeypatch):
     """When even its least pair would pass the bound, the search does not start."""
     from typer.testing import CliRunner
@@ -194,10 +181,14 @@ def test_a_stage_search_running_out_inside_the_bound_exits_2(monkeypatch):
 def test_plan_and_check_on_the_largest_cluster_under_the_bound(tmp_path):
     """GPT-3 175B on 100 000 GPUs (the most a spec accepts), end to end, each command with its
     address space limited to the 8 GiB bound from outside: `plan` writes the plan file (99 840
-    devices used) and `check` re-derives every value of it."""
+    devices used) and `check` re-derives every value of it, re-running the search with the
+    budget the file records.  The budget is a tenth of the default, for the suite's time: the
+    search's arrays are built per pair whatever the budget, and the default budget's run
+    (about 2 minutes each, 0.6 GB) is what benchmarks/scale.py measures for the README."""
     cluster, _ = dgx(tmp_path, 12_500)
     model, plan = ROOT / "specs" / "models" / "gpt3-175b.yaml", tmp_path / "plan.yaml"
-    for argv in (["plan", cluster, model, "-s", "1f1b", "-o", plan], ["check", cluster, model, plan]):
+    for argv in (["plan", cluster, model, "-s", "1f1b", "--budget", "200", "-o", plan],
+                 ["check", cluster, model, plan]):
         result = subprocess.run([sys.executable, "-m", "solver_planner", *map(str, argv)], capture_output=True,
                                 text=True, cwd=ROOT, preexec_fn=outside_limit(memory.STAGES_BOUND))
         assert result.returncode == 0, (argv[0], result.stdout[-2000:], result.stderr[-2000:])
