@@ -54,7 +54,7 @@ def reduce_tensors(program: dict[str, Any], grads: list[torch.Tensor], groups, r
 def reduce_after_backward(program: dict[str, Any] | None, module, groups, rank: int) -> None:
     """The program once on all of the stage's gradients (``gradient_overlap: false``)."""
     if program is not None:
-        reduce_tensors(program, local_gradients(module), groups, rank)
+        reduce_tensors(program, local_gradients(module.parameters()), groups, rank)
 
 
 def _pieces(grads: list[torch.Tensor], elements: int) -> list[list[torch.Tensor]]:

@@ -152,13 +152,12 @@ def stage_module(shape: ModelShape, first: int, last: int, mesh, tensor: int, re
     return module
 
 
-def local_gradients(module: torch.nn.Module | list) -> list[torch.Tensor]:
-    """Each parameter's local gradient (of a module, or of a list of parameters), in parameter
-    order.  A partial gradient (a sequence-parallel norm's: every tensor rank holds part of the
-    sum) is first summed over the tensor ranks, so that the data-parallel program reduces whole
-    gradients."""
+def local_gradients(params) -> list[torch.Tensor]:
+    """Each parameter's local gradient, in the order given.  A partial gradient (a sequence-
+    parallel norm's: every tensor rank holds part of the sum) is first summed over the tensor
+    ranks, so that the data-parallel program reduces whole gradients."""
     out = []
-    for p in (module.parameters() if isinstance(module, torch.nn.Module) else module):
+    for p in params:
         g = p.grad
         if g is None:
             continue

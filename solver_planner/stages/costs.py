@@ -610,7 +610,6 @@ class StageCosts:
         opt = self.optimizer_time(c)
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
-        zeros = np.zeros(m.num_layers)
         return ConfigCosts(
             config=c, data=d, samples=self.samples(t),
             forward=Sums(fwd), backward_act=Sums(act_grad), backward_weight=Sums(weight),
@@ -618,7 +617,7 @@ class StageCosts:
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             layer_backward_copy=backward_copy, layer_weight_copy=weight_copy,
-            copy_collectives=(zeros, zeros, zeros) if extra is None else extra,
+            copy_collectives=extra or (),
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
         )
