@@ -451,8 +451,12 @@ def test_the_search_s_budgets_are_recorded_and_every_edit_of_them_refused(tmp_pa
     when asked: files from before these options have neither), `check` runs the search again
     under them, and refuses each edit, the default one and a deleted key included (a larger
     budget finds a faster plan on this instance)."""
+    from solver_planner.stages.report import plan_stages
+
     model = CLUSTERS.parent / "models" / "gpt3-2.6b.yaml"
     topo, spec = load_topology(P3), load_model_spec(model)
+    exact = plan_stages(topo, spec, "1f1b")          # the default budgets prove this instance
+    assert exact.result.status.value == "OPTIMAL"
     for option, key, value, default in (("--budget", "budget", 30, 2000), ("--sim-budget", "simulations", 1, 300000)):
         path = tmp_path / f"{key}.yaml"
         result = run_cli("plan", P3, model, "-s", "1f1b", option, value, "-o", path)
@@ -461,6 +465,8 @@ def test_the_search_s_budgets_are_recorded_and_every_edit_of_them_refused(tmp_pa
         opts = doc["search"]["options"]
         assert opts[key] == value and not ({"budget", "simulations"} - {key}) & set(opts)
         assert doc["search"]["status"] == "FEASIBLE" and doc["search"]["gap"] > 0.1
+        # what the smaller budget claims holds against the proven optimum
+        assert doc["search"]["bound"] <= exact.best.time * (1 + 1e-9) <= doc["search"]["objective"] * (1 + 2e-9)
         assert check_plan(topo, spec, doc).exit_code == 0
         for new in (default, 0, -3, True, str(value), 2.5, None, "gone"):
             edited = copy.deepcopy(doc)

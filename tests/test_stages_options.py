@@ -266,3 +266,27 @@ def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp
     spec = load_model_spec(SPECS / "models" / "gpt3-2.6b.yaml")
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"recompute": "auto"})})
     assert layer_model(spec).options.recompute == ("none", "selective", "full")
+
+
+@pytest.mark.parametrize("compute, dtype", [("roofline", "float32"), ("peak", "bfloat16"), ("efficiency", "float16")])
+def test_gradient_programs_ranked_once_per_topology_are_each_cost_model_s_own(compute, dtype):
+    """P² programs are ranked once per topology (check builds a cost model per run), since
+    their collectives and copies do not depend on the compute model or its dtype: the ranking
+    kept from one cost model is the one computed afresh with another."""
+    from solver_planner.cost import CostModel
+    from solver_planner.stages import costs as costs_module
+    from solver_planner.stages.costs import CostTables
+
+    topo = load_topology(CLUSTERS / "p2-a100-2x16.yaml")
+    shape = MeshShape(2, 16)
+
+    def ranked(cost):
+        return [t.gradient_programs for t in (CostTables(topo, cost, shape, tensor, True) for tensor in (1, 2, 4))]
+
+    costs_module._RANKED.pop(topo, None)
+    fresh = ranked(CostModel(topo, compute, dtype))
+    assert all(len(p) > 1 for p in fresh)              # P² programs beside the flat all-reduce
+    costs_module._RANKED.pop(topo, None)
+    first = ranked(CostModel(topo))
+    kept = ranked(CostModel(topo, compute, dtype))       # read from what the first one ranked
+    assert first == fresh and kept == fresh
