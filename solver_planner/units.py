@@ -231,3 +231,16 @@ def format_rows(rows: tuple[int, ...]) -> str:
         parts.append(str(rows[i]) if i == j else f"{rows[i]}-{rows[j]}")
         i = j + 1
     return "[" + ",".join(parts) + "]"
+
+
+def format_meshes(mesh: list) -> str:
+    """``2x4``, or each stage's shape when they differ (runs of one shape as ``1x8 x3``)."""
+    if not mesh or not isinstance(mesh[0], list):
+        return "x".join(map(str, mesh))
+    out: list[list] = []
+    for m in mesh:
+        if out and out[-1][0] == m:
+            out[-1][1] += 1
+        else:
+            out.append([m, 1])
+    return " ".join("x".join(map(str, m)) + (f" x{n}" if n > 1 else "") for m, n in out)

@@ -85,7 +85,7 @@ def test_distir_table_2_pure_strategy_winners_and_best_configurations_on_both_sp
 
 def test_the_unequal_mesh_example_is_what_stages_prints():
     # `solver-planner stages specs/clusters/aws-p3.8xlarge-2.yaml specs/models/gpt3-2.6b.yaml --meshes unequal`
-    from solver_planner.stages.meshes import format_meshes as meshes_text
+    from solver_planner.units import format_meshes as meshes_text
 
     text = README[README.index("**Unequal sub-meshes**"):README.index("**Plans on part of a cluster**")]
     head = re.search(r"gpt3-2.6b on aws-p3.8xlarge-2: (\d+) stages of (.*) meshes, (\d+) micro-batches", text).groups()

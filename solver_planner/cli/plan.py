@@ -15,7 +15,6 @@ from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, SIM_BUDGET_OPT, JSON_
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
-from ..stages.meshes import format_meshes
 
 
 def _progress(text: str) -> None:
@@ -179,7 +178,7 @@ def _print(doc: dict) -> None:
     chunks = f" x {v} model chunks" if v > 1 else ""
     n = len(doc["stages"]) // v
     out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {units.format_count(n, 'stage')}{chunks} of"
-              f" {format_meshes(doc['mesh'])} meshes, {doc['microbatches']} micro-batches of"
+              f" {units.format_meshes(doc['mesh'])} meshes, {doc['microbatches']} micro-batches of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
                  if s["kind"] == "eager-1f1b" else ""))

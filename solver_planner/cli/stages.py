@@ -13,7 +13,6 @@ from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, SIM_BUDGET_OPT, JSON_
                      handles_errors, model_of, print_json, topology_of, warn, write_trace)
 from ..choices import DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
-from ..stages.meshes import format_meshes
 
 
 def _progress(text: str) -> None:
@@ -158,7 +157,7 @@ def stages(
 def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
     c = data["config"]
-    out.print(f"[bold]{model}[/] on {cluster}: {units.format_count(c['pipeline'], 'stage')} of {format_meshes(data['mesh'])} meshes,"
+    out.print(f"[bold]{model}[/] on {cluster}: {units.format_count(c['pipeline'], 'stage')} of {units.format_meshes(data['mesh'])} meshes,"
               f" {c['microbatches']} micro-batches of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
     idle = data.get("devices", {})

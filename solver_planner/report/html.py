@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Sequence
 
 from .style import figure, svg_text
-from ..stages.meshes import format_meshes
 
 __all__ = ["plan_report", "write_plan_report", "link_utilisation", "MAX_BOUNDARIES"]
 
@@ -260,7 +259,7 @@ def plan_report(plan, doc: dict, commands: Sequence[str] = ()) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>{e(doc['model'])} on {e(doc['cluster'])}: plan</title><style>{CSS}</style></head><body>",
              f"<h1>{e(doc['model'])} on {e(doc['cluster'])}</h1>",
-             f"<p>{units.format_count(len(doc['stages']), 'stage')} of {format_meshes(doc['mesh'])}"
+             f"<p>{units.format_count(len(doc['stages']), 'stage')} of {units.format_meshes(doc['mesh'])}"
              f" meshes, {doc['microbatches']}"
              f" micro-batches of {doc['microbatch_size']}, schedule {e(s['kind'])}; iteration"
              f" <b>{e(units.format_time(doc['iteration_time']))}</b> (simulated), {doc['throughput']:.1f} samples/s,"

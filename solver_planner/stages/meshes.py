@@ -25,7 +25,7 @@ from math import gcd
 from ..topology import Topology
 from .costs import MeshShape, StageCosts, _affine, port_names
 
-__all__ = ["Layout", "MeshCosts", "pack", "format_meshes"]
+__all__ = ["Layout", "MeshCosts", "pack"]
 
 # cost model -> {(what, meshes...): value}: every layout that puts a mesh at the same place shares it
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -215,16 +215,3 @@ class MeshCosts:
             c = self._cost.collective("allreduce", groups, nbytes)
             self._memo[key] = (c.time if self.comm else 0.0, port_names(c.resources))
         return self._memo[key]
-
-
-def format_meshes(mesh: list) -> str:
-    """``2x4``, or each stage's shape when they differ (runs of one shape as ``1x8 x3``)."""
-    if not mesh or not isinstance(mesh[0], list):
-        return "x".join(map(str, mesh))
-    out: list[list] = []
-    for m in mesh:
-        if out and out[-1][0] == m:
-            out[-1][1] += 1
-        else:
-            out.append([m, 1])
-    return " ".join("x".join(map(str, m)) + (f" x{n}" if n > 1 else "") for m, n in out)
