@@ -76,6 +76,34 @@ def test_range_tables_are_their_definitions(monkeypatch_values, seed, lazy):
         ranges.DENSE = old
 
 
+SPECIAL = st.sampled_from([0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan])
+CELL = st.one_of(SPECIAL, st.floats(-1e6, 1e6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([np.minimum, np.maximum, np.add, np.subtract, np.multiply, np.where]),
+       st.lists(CELL, min_size=3, max_size=3), st.lists(CELL, min_size=3, max_size=3), SPECIAL,
+       st.sampled_from(["tables", "table first", "number first"]))
+def test_a_cell_read_as_plain_numbers_is_numpy_s_value(fn, xs, ys, number, form):
+    """Ranges.at of a table of a function (its plain-number stand-in for numpy's, and
+    min(x, inf) read as x): the value the vectorised ``values`` gives, NaN and infinities
+    included."""
+    with np.errstate(all="ignore"):
+        if fn is np.where:
+            fn = lambda c, x, y: np.where(c > 0, x, y)       # costs._where's form, three arguments
+            args = (ranges.Sums(xs), ranges.Maxes(ys), number)
+        else:
+            a, b = ranges.Maxes(xs), ranges.Maxes(ys)
+            args = {"tables": (a, b), "table first": (a, number), "number first": (number, b)}[form]
+        table = ranges.apply(fn, *args)
+        k, i = np.triu_indices(3)
+        want = np.asarray(table.values(k, i), dtype=float)
+        got = np.array([table.at(int(x), int(y)) for x, y in zip(k, i)])
+    assert np.array_equal(np.isnan(want), np.isnan(got))
+    ok = ~np.isnan(want)
+    assert np.array_equal(want[ok], got[ok])      # a zero's sign aside: numpy's own depends on its loop
+
+
 def test_a_deep_table_is_never_built_as_a_square():
     deep = ranges.Sums(np.ones(ranges.DENSE + 1))
     assert float(deep[3, 10]) == 8.0 and deep._dense is None

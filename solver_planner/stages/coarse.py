@@ -15,6 +15,8 @@ bound of a coarse pair's plans that it did not search.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 
 import numpy as np
@@ -163,7 +165,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         chain = f + a + (w - split_part)              # forward and chain of one layer
         work = np.concatenate([[0.0], np.cumsum(f + a + w)])
         late = np.concatenate([[0.0], np.cumsum(B * (f + a + w) - split_part)])
-        rows.append((chain, work, late) + _memory_floor(c, cfg))
+        rows.append((chain, work.tolist(), late.tolist()) + _memory_floor(c, cfg))
         forwards.append(f)
         # the phase term's own parts: forwards, chain ops and split-off weight parts, as
         # prefix sums
@@ -209,6 +211,9 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     # the phase and cycle terms' transfers (forward before p, its drain's back, both ways
     # after it), at their least over p and every later stage: never falling with p
     XPD = np.minimum.accumulate((before + back_before + after)[::-1])[::-1]
+    # plain lists: the greedy splits below read these one number at a time, millions of times
+    FC, XA, FW, CL, XPD = (np.asarray(x, dtype=float).tolist() for x in (FC, XA, FW, CL, XPD))
+    phases = [tuple(x.tolist() for x in ph) for ph in phases]
     mem = c.device_memory
     if pair.deferred is not None:
         # ZB-H1 defers weight parts past the chain by a stage-dependent count: drop the term
@@ -235,8 +240,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
     def tail_end(j: int, k: int, hi: int, tau: float) -> int:
         """The last layer i <= hi with ``T2 = B w + G`` at most tau (G: the gradient tail,
         which B w outgrows when the stage takes a layer more, :mod:`.costs`)."""
-        T2 = tails[j]
-        return _last_fitting(lambda i: float(T2[k, i]), k, hi, tau)
+        return _last_fitting(functools.partial(tails[j].at, k), k, hi, tau)     # cells k <= i
 
     def phase_end(p: int, j: int, k: int, hi: int, tau: float, off: float) -> int:
         """The last layer i <= hi with stage p's phase term at most tau (k - 1: none).  The
@@ -287,10 +291,11 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         each of them is never easier at a later stage)."""
         best, timely = k - 1, False
         for j, (chain, work, late, static, act, trans) in enumerate(rows):
-            # the last layer i with B (work[i+1] - work[k]) <= tau, and the fill term
-            hi = int(np.searchsorted(work, work[k] + tau / B, side="right")) - 2
+            # the last layer i with B (work[i+1] - work[k]) <= tau, and the fill term (bisect
+            # on lists: numpy's searchsorted costs ten times as much for one value)
+            hi = bisect.bisect_right(work, work[k] + tau / B) - 2
             if p > 0 and late is not None:
-                hi = min(hi, int(np.searchsorted(late, late[k] + tau - FC[k] - XA[p] - off, side="right")) - 2)
+                hi = min(hi, bisect.bisect_right(late, late[k] + tau - FC[k] - XA[p] - off) - 2)
             hi = min(hi, L - 1 - (S - 1 - p))
             if tails is not None and hi >= k and hi > best:
                 hi = tail_end(j, k, hi, tau)

@@ -502,10 +502,17 @@ class StageCosts:
         the recomputed forward), weight gradients with the gradient addition
         (:func:`.operators.layer_pass_times`: operator by operator where a layer lists its
         operators, :mod:`solver_planner.compute`; :meth:`accumulation_times`)."""
-        comp = self.tables[c.tensor].cost.compute
-        fwd, act_grad, weight = layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
-                                                 self.model.options.sequence_parallel)
-        return fwd, act_grad, weight + self.accumulation_times(c)
+        # kept: every simulation of a plan reads each stage's (one per chunk, each check twice)
+        key = ("kernels", c)
+        if key not in self._transfers:
+            comp = self.tables[c.tensor].cost.compute
+            fwd, act_grad, weight = layer_pass_times(self.model, comp, c.tensor, self.samples(c.tensor), c.recompute,
+                                                     self.model.options.sequence_parallel)
+            out = (fwd, act_grad, weight + self.accumulation_times(c))
+            for a in out:
+                a.flags.writeable = False       # shared by every caller
+            self._transfers[key] = out
+        return self._transfers[key]
 
     def gradient_columns(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Per layer, the bytes a device reduces of its gradients and of its tied copies',

@@ -118,7 +118,7 @@ class Ranges(abc.ABC):
     def _op(self, other, op, swap=False):
         if isinstance(other, np.ndarray) and other.ndim:        # a square: as numpy would
             return op(other, np.asarray(self)) if swap else op(np.asarray(self), other)
-        return apply((lambda a, b: op(b, a)) if swap else op, self, other)
+        return apply(op, other, self) if swap else apply(op, self, other)
 
     def __add__(self, other):
         return self._op(other, operator.add)
@@ -300,18 +300,59 @@ class CopyBytes(Ranges):
         return out
 
 
+def _least(a, b):
+    return a if a <= b or a != a else b             # np.minimum's, NaN included
+
+
+def _most(a, b):
+    return a if a >= b or a != a else b             # np.maximum's, NaN included
+
+
+# numpy's element-wise functions as their plain-number equivalents, for one cell: a ufunc
+# called on two Python numbers costs ten times these
+_ON_NUMBERS = {np.minimum: _least, np.maximum: _most, np.add: operator.add, np.subtract: operator.sub,
+               np.multiply: operator.mul}
+# the function's identity: min(x, inf) is x, whatever x (NaN too)
+_IDENTITY = {np.minimum: math.inf, np.maximum: -math.inf}
+
+
+def _cell_reader(fn, args):
+    """``(k, i) -> fn of the args' cells`` as one closure per table, for :meth:`_Apply.at`:
+    the deep-model bound reads millions of cells of tables nested a few levels deep, and a
+    generator over the arguments per level cost three times the arithmetic."""
+    identity = _IDENTITY.get(fn)
+    if identity is not None and len(args) == 2:
+        for x, y in (args, args[::-1]):
+            if isinstance(x, Ranges) and isinstance(y, (float, np.floating)) and y == identity:
+                return x.at
+    fn = _ON_NUMBERS.get(fn, fn)
+    reads = [isinstance(a, Ranges) for a in args]
+    if reads == [True, True]:
+        a, b = args[0].at, args[1].at
+        return lambda k, i: float(fn(a(k, i), b(k, i)))
+    if reads == [True, False]:
+        a, y = args[0].at, args[1]
+        return lambda k, i: float(fn(a(k, i), y))
+    if reads == [False, True]:
+        x, b = args[0], args[1].at
+        return lambda k, i: float(fn(x, b(k, i)))
+    if reads == [True]:
+        a = args[0].at
+        return lambda k, i: float(fn(a(k, i)))
+    parts = [(a.at, True) if r else (a, False) for a, r in zip(args, reads)]
+    return lambda k, i: float(fn(*[g(k, i) if r else g for g, r in parts]))
+
+
 class _Apply(Ranges):
     def __init__(self, fn, args, below: float):
         super().__init__(next(a.n for a in args if isinstance(a, Ranges)))
         self.fn = fn
         self.args = args
         self.below = below
+        self.at = _cell_reader(fn, args)        # :meth:`Ranges.at`, as one closure
 
     def values(self, k, i):
         return self.fn(*(a.values(k, i) if isinstance(a, Ranges) else a for a in self.args))
-
-    def at(self, k, i):
-        return float(self.fn(*(a.at(k, i) if isinstance(a, Ranges) else a for a in self.args)))
 
 
 class _Below(Ranges):
