@@ -55,8 +55,9 @@ one reduction of all the stage's gradients follows the last backward.
 from __future__ import annotations
 
 import functools
+import operator
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import numpy as np
@@ -68,7 +69,7 @@ from ..reduction.dsl import format_program
 from ..reduction.hierarchy import Lowering
 from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
-from ..topology import Topology
+from ..topology import Resource, Topology
 from .layers import LayerModel
 from . import ranges
 from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
@@ -779,13 +780,16 @@ class StageCosts:
 
 
 _PORT_NAMES: dict = {}
+_RESOURCE_ORDER = operator.attrgetter(*(f.name for f in fields(Resource) if f.compare))   # its order=True
 
 
 def port_names(resources) -> list[str]:
     """Ports as their names: the simulator only compares them, and a string hashes once
     (a dataclass hashes on every lookup)."""
     out = []
-    for r in sorted(resources):
+    # Resource's own order (its fields in turn), read once per port: its generated __lt__
+    # builds two tuples per comparison, a fifth of a 100 000-GPU search
+    for r in sorted(resources, key=_RESOURCE_ORDER):
         name = _PORT_NAMES.get(r)
         if name is None:
             name = _PORT_NAMES[r] = str(r)
