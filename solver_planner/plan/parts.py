@@ -12,6 +12,7 @@ hierarchy (§3.4) is where the gradient program is written and proved (§3.5, z3
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from ..errors import PlannerError
@@ -59,10 +60,9 @@ class StagePart:
         if self.stage < 0:
             self.stage = self.index
 
-    def coords(self) -> list[tuple[int, int]]:
+    def coords(self) -> tuple[tuple[int, int], ...]:
         """(data, tensor) coordinates of each device of the stage, in device order."""
-        counts = list(self.mesh)
-        return [self.matrix.axis_coords(counts, j) for j in range(len(self.devices))]
+        return _coords(self.matrix, tuple(self.mesh), len(self.devices))
 
     def grid(self) -> list[list[int]]:
         """``grid[i][j]``: the device of data replica ``i`` and tensor position ``j``."""
@@ -70,6 +70,13 @@ class StagePart:
         for dev, (i, j) in zip(self.devices, self.coords()):
             out[i][j] = dev
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _coords(matrix: ParallelismMatrix, mesh: tuple[int, int], n: int) -> tuple[tuple[int, int], ...]:
+    # a function of the matrix and the sub-mesh alone, which every stage of an equal-mesh
+    # plan shares: on 100 000 GPUs, 64 stages of 1 536 devices were each worked out afresh
+    return tuple(matrix.axis_coords(list(mesh), j) for j in range(n))
 
 
 def stage_matrix(mesh: tuple[int, int], data: int, tensor: int) -> tuple[ParallelismMatrix, int]:
