@@ -48,6 +48,18 @@ MEMORY_LIMIT = 3 * 2**30        # address space of one case, on top of what the 
 TIMEOUT = 30.0                   # seconds of one case
 
 
+# What the fuzzed commands import: the CLI imports a command's solvers only when the command
+# runs, so these are loaded once before forking, and each case starts at once.
+PRELOAD = ("solver_planner.cli", "solver_planner.plan", "solver_planner.stages", "solver_planner.placement",
+           "solver_planner.reduction", "solver_planner.resharding", "solver_planner.simulate",
+           "solver_planner.subcluster", "solver_planner.collective_arrays", "z3")
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
 # -- which commands read which spec ------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -433,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=10, help="failures printed in full")
     opts = parser.parse_args(argv)
 
-    importlib.import_module("solver_planner.cli")  # once, before forking: each case starts at once
+    preload()
 
     all_targets = targets()
     texts = {t.spec: t.spec.read_text(encoding="utf-8") for t in all_targets}

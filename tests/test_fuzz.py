@@ -7,7 +7,6 @@ CI runs, derandomized there by tests/conftest.py's profile) every command.
 ``python benchmarks/fuzz.py`` runs 10 000.
 """
 
-import importlib
 import random
 import sys
 import tempfile
@@ -32,7 +31,7 @@ QUICK_CASES = 30
 
 @pytest.fixture(scope="module")
 def workdir():
-    importlib.import_module("solver_planner.cli")  # once, before forking: each case starts at once
+    fuzz.preload()          # once, before forking: each case starts at once
     with tempfile.TemporaryDirectory() as tmp:
         yield Path(tmp)
 
