@@ -390,7 +390,7 @@ class StageCosts:
                         and self.micro_size % (shape.size // t) == 0 and model.tensor_refusal(t) is None
                         for r in model.options.recompute]
         self._configs: dict[StageConfig, ConfigCosts] = {}
-        self._transfers: dict[tuple, tuple[float, float]] = {}
+        self._transfers: dict[tuple, tuple] = {}      # transfer prices, and per-config layer and kernel times
 
     @property
     def key(self) -> tuple:
