@@ -2,22 +2,26 @@
 composition changes nothing but the boundaries, and eager-1F1B never loses to 1F1B."""
 
 import copy
+import importlib
+import math
 import json
 import random
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import CLUSTERS, SPECS, run_cli
 from plan_mutations import exempt
+from test_stages_meshes import unequal_plans
+from solver_planner.errors import InfeasibleError
 from solver_planner.plan import compose, make_plan
 from solver_planner.plan.compose import BREAKDOWN_PARTS, breakdown
 from solver_planner.plan.check import check_plan
 from solver_planner.plan.planfile import PlanFileError, plan_document, read_plan, write_document, write_plan
 from solver_planner.spec import load_model_spec
-from solver_planner.stages import simulate_schedule
+from solver_planner.stages import family, simulate_schedule
 from solver_planner.stages.report import Config
 from solver_planner.topology import load_topology
 
@@ -458,3 +462,34 @@ def test_check_json_is_one_object_with_the_error(tmp_path, reduced):
     assert r.returncode == 1
     out = json.loads(r.stdout)                  # one object: the report, with the error in it
     assert out["ok"] is False and out["error"]["code"] == 1 and "iteration" in out["error"]["message"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(unequal_plans())
+def test_each_distinct_order_simulated_once_is_every_member_simulated(drawn):
+    """simulate_plan simulates each distinct set of op orders once (eager-1F1B's higher
+    eagerness levels repeat orders once the micro-batches cap every warm-up): the times it
+    reports per member, and the member it picks, are those of simulating every member."""
+    assume(drawn is not None)
+    compose_module = importlib.import_module("solver_planner.plan.compose")     # the module, not the function
+    part, _ = drawn
+    fam = family("eager-1f1b", part.costs.stages)
+    want = {}
+    for s in fam:
+        r = simulate_schedule(part, s)
+        want[str(s)] = r.iteration_time if max(r.peak_memory) <= part.costs.device_memory else math.inf
+    calls = []
+    compose_module.simulate_schedule = lambda *a: calls.append(a[1]) or simulate_schedule(*a)
+    try:
+        run, tried = compose_module.simulate_plan(part, fam, None)
+    except InfeasibleError:
+        assert all(t == math.inf for t in want.values())
+        return
+    finally:
+        compose_module.simulate_schedule = simulate_schedule
+    assert tried == want
+    fastest = min(want.values())
+    assert run.schedule == next(s for s in fam if want[str(s)] == fastest) and run.iteration_time == fastest
+    if part.costs.microbatches == 1:
+        # one micro-batch: every warm-up is 1 whatever the eagerness; with and without weight delaying
+        assert len(calls) == 2 < len(fam) or len(fam) == 2
