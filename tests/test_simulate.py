@@ -200,3 +200,17 @@ def test_per_resource_views():
     tl = sim.run()
     assert [r.id for r in tl.on("nic")] == [a, c]
     assert tl.busy_time("nic") == 5.0 and tl.busy_time("link") == 4.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), max_size=10, unique=True), min_size=1, max_size=25))
+def test_resource_classes_are_the_definition_s_numbering(holds):
+    """The engine's resource classes, counted in C where one tuple alone holds a resource,
+    are numbered and ordered exactly as the resource-by-resource definition numbers them
+    (the simulation breaks ties by them)."""
+    from solver_planner.simulate.engine import _resource_classes, _resource_classes_each
+
+    sim = Simulation()
+    for n, res in enumerate(holds):
+        sim.add(f"t{n}", 1.0, [f"r{r}" for r in res])
+    assert _resource_classes(sim.tasks) == _resource_classes_each(sim.tasks)

@@ -16,6 +16,8 @@ small even with 100 000 tasks on one resource (``benchmarks/simulator.py``).
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from itertools import chain, compress
 from typing import Any, Hashable, Iterable
 
 from ..errors import PlannerError
@@ -39,6 +41,10 @@ class Simulation:
 
     def __init__(self) -> None:
         self.tasks: list[Task] = []
+        # a tuple of resources seen before (by identity: the caller's own object, kept alive
+        # here) -> its resources once each; a pipeline's gradient buckets pass one stage's
+        # tuple of ports again and again
+        self._held: dict[int, tuple[tuple, tuple]] = {}
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -74,8 +80,15 @@ class Simulation:
         if dep_ids and (min(dep_ids) < 0 or max(dep_ids) >= tid):
             bad = next(d for d in dep_ids if not 0 <= d < tid)
             raise ValueError(f"task {name!r}: dependency {bad} is not an earlier task id (0..{tid - 1})")
+        if type(resources) is tuple:
+            seen = self._held.get(id(resources))
+            if seen is None or seen[0] is not resources:
+                seen = self._held[id(resources)] = (resources, tuple(dict.fromkeys(resources)))
+            held = seen[1]
+        else:
+            held = tuple(dict.fromkeys(resources))
         self.tasks.append(Task(
-            name, float(duration), tuple(dict.fromkeys(resources)), dep_ids, float(release),
+            name, float(duration), held, dep_ids, float(release),
             float(tid if priority is None else priority), tuple(devices), stream, category, dict(args) if args else {},
         ))
         return tid
@@ -198,7 +211,56 @@ def _resource_classes(tasks: list[Task]) -> tuple[list[tuple[int, ...]], int]:
     number of classes.  Integers, because list lookups are cheaper than dict lookups.
 
     Worked out per distinct resource tuple (a pipeline has thousands of tasks but a few
-    dozen tuples): two resources are in one class when the same tuples hold them."""
+    dozen tuples): two resources are in one class when the same tuples hold them.  Classes
+    are numbered by where their first resource first appears (tuples in task order), and
+    each task lists its classes by where each first appears in its tuple: the simulation
+    breaks ties by these positions, so the numbering is part of its result.
+
+    A resource only one tuple holds (most of them: a stage's gradient buckets hold thousands
+    of NIC ports on a large cluster that nothing else uses) is in that tuple's own class, so
+    only the resources several tuples share are looked at one by one; the rest is counted in
+    C (:class:`collections.Counter`, ``map``, ``compress``)."""
+    sig_of: dict[tuple, int] = {}
+    sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
+    sigs = list(sig_of)
+    counts = Counter(chain.from_iterable(sigs))
+    shared_of = (1).__lt__
+    # per tuple: the position of its first resource no other tuple holds (None: none), and
+    # the positions and resources of those other tuples hold too
+    layout = []
+    users: dict[Hashable, list[int]] = {}
+    for k, sig in enumerate(sigs):
+        many = list(map(shared_of, map(counts.__getitem__, sig)))
+        try:
+            single = many.index(False)
+        except ValueError:
+            single = None
+        shared = list(compress(sig, many))
+        for r in shared:
+            users.setdefault(r, []).append(k)
+        layout.append((single, list(compress(range(len(sig)), many)), shared))
+    klass: dict[tuple[int, ...], int] = {}
+    of: dict[Hashable, int] = {}          # the class of each shared resource
+    per_sig = []
+    for k, (single, positions, shared) in enumerate(layout):
+        order: list[int] = []
+        placed = single is None
+        for at, r in zip(positions, shared):
+            if not placed and single < at:
+                order.append(klass.setdefault((k,), len(klass)))
+                placed = True
+            c = of.get(r)
+            if c is None:
+                c = of[r] = klass.setdefault(tuple(users[r]), len(klass))
+            order.append(c)
+        if not placed:
+            order.append(klass.setdefault((k,), len(klass)))
+        per_sig.append(tuple(dict.fromkeys(order)))
+    return [per_sig[k] for k in sig_ids], len(klass)
+
+
+def _resource_classes_each(tasks: list[Task]) -> tuple[list[tuple[int, ...]], int]:
+    """:func:`_resource_classes` resource by resource (the definition; tests compare the two)."""
     sig_of: dict[tuple, int] = {}
     sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
     users: dict[Hashable, list[int]] = {}
