@@ -747,13 +747,15 @@ class StageCosts:
             tab.memo[key] = port_names({r for a, b in tab.lane_pairs(src, dst) for r in tab.cost.route(a, b).resources})
         return tab.memo[key]
 
-    def reduction_resources(self, t: int, p: int) -> list:
-        """The ports stage ``p``'s gradient reduction holds (its data-parallel groups)."""
+    def reduction_resources(self, t: int, p: int) -> tuple[str, ...]:
+        """The ports stage ``p``'s gradient reduction holds (its data-parallel groups); one
+        tuple per stage, which the simulator takes as it is for every bucket (on 100 000 GPUs
+        a stage's buckets hold thousands of ports each)."""
         tab = self.tables[t]
         key = ("reduction", p)
         if key not in tab.memo:
             res = tab.cost.collective("allreduce", tab.data_groups(p), 1.0).resources if tab.data > 1 else ()
-            tab.memo[key] = port_names(res)
+            tab.memo[key] = tuple(port_names(res))
         return tab.memo[key]
 
     def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
