@@ -180,7 +180,11 @@ class Topology:
 
     def host(self, d: int) -> int:
         """Index of the host (instance of :attr:`host_level`) holding device ``d``."""
-        return self.instance(d, self.host_level)
+        # :meth:`instance` without looking the level up: a boundary's broadcast chains ask
+        # this millions of times on a large cluster
+        if not 0 <= d < self.num_devices:
+            self._check_device(d)
+        return d // self._stride[self.host_level]
 
     @property
     def num_hosts(self) -> int:

@@ -12,6 +12,8 @@ splits; the resharding paper §5.1.1 handles uneven ones this way.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from math import prod
 from typing import Sequence
@@ -147,8 +149,9 @@ class Layout:
         if len(self.spec) != len(self.shape):
             raise ValueError(f"sharding spec {self.spec} has {len(self.spec)} entries for a tensor of rank {len(self.shape)}")
 
-    @property
+    @functools.cached_property
     def tilings(self) -> tuple[DimTiling, ...]:
+        # computed once per layout: :meth:`holders` reads it for each device of the mesh
         return tuple(DimTiling(n, self.spec.parts(d, self.mesh.shape)) for d, n in enumerate(self.shape))
 
     def box_of(self, row: int, col: int) -> Box:
