@@ -202,13 +202,27 @@ def test_per_resource_views():
     assert tl.busy_time("nic") == 5.0 and tl.busy_time("link") == 4.0
 
 
+def _resource_classes_each(tasks) -> tuple[list[tuple[int, ...]], int]:
+    """The engine's resource classes worked out resource by resource (the definition)."""
+    sig_of: dict[tuple, int] = {}
+    sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
+    users: dict = {}
+    for sig, k in sig_of.items():
+        for r in sig:
+            users.setdefault(r, []).append(k)
+    klass: dict[tuple[int, ...], int] = {}
+    of = {r: klass.setdefault(tuple(u), len(klass)) for r, u in users.items()}
+    per_sig = [tuple(dict.fromkeys(of[r] for r in sig)) for sig in sig_of]
+    return [per_sig[k] for k in sig_ids], len(klass)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 12), max_size=10, unique=True), min_size=1, max_size=25))
 def test_resource_classes_are_the_definition_s_numbering(holds):
     """The engine's resource classes, counted in C where one tuple alone holds a resource,
     are numbered and ordered exactly as the resource-by-resource definition numbers them
     (the simulation breaks ties by them)."""
-    from solver_planner.simulate.engine import _resource_classes, _resource_classes_each
+    from solver_planner.simulate.engine import _resource_classes
 
     sim = Simulation()
     for n, res in enumerate(holds):

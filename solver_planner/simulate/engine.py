@@ -258,16 +258,3 @@ def _resource_classes(tasks: list[Task]) -> tuple[list[tuple[int, ...]], int]:
         per_sig.append(tuple(dict.fromkeys(order)))
     return [per_sig[k] for k in sig_ids], len(klass)
 
-
-def _resource_classes_each(tasks: list[Task]) -> tuple[list[tuple[int, ...]], int]:
-    """:func:`_resource_classes` resource by resource (the definition; tests compare the two)."""
-    sig_of: dict[tuple, int] = {}
-    sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
-    users: dict[Hashable, list[int]] = {}
-    for sig, k in sig_of.items():
-        for r in sig:
-            users.setdefault(r, []).append(k)
-    klass: dict[tuple[int, ...], int] = {}
-    of = {r: klass.setdefault(tuple(u), len(klass)) for r, u in users.items()}
-    per_sig = [tuple(dict.fromkeys(of[r] for r in sig)) for sig in sig_of]
-    return [per_sig[k] for k in sig_ids], len(klass)
