@@ -219,12 +219,15 @@ def _resource_classes_each(tasks) -> tuple[list[tuple[int, ...]], int]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 12), max_size=10, unique=True), min_size=1, max_size=25))
 def test_resource_classes_are_the_definition_s_numbering(holds):
-    """The engine's resource classes, counted in C where one tuple alone holds a resource,
-    are numbered and ordered exactly as the resource-by-resource definition numbers them
-    (the simulation breaks ties by them)."""
+    """The engine's resource classes, counted in C where one tuple alone holds a resource
+    (small simulations) or refined with numpy (large ones: here every size takes both), are
+    numbered and ordered exactly as the resource-by-resource definition numbers them (the
+    simulation breaks ties by them)."""
     from solver_planner.simulate.engine import _resource_classes
 
     sim = Simulation()
     for n, res in enumerate(holds):
         sim.add(f"t{n}", 1.0, [f"r{r}" for r in res])
-    assert _resource_classes(sim.tasks) == _resource_classes_each(sim.tasks)
+    want = _resource_classes_each(sim.tasks)
+    assert _resource_classes(sim.tasks) == want
+    assert _resource_classes(sim.tasks, large=-1) == want
