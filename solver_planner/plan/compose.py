@@ -108,8 +108,9 @@ def simulate_plan(plan: Partition, schedules: list[Schedule], transfers) -> tupl
     memory = plan.costs.device_memory
     # A simulation reads its schedule only through the meshes' op orders (stages/pipeline.py),
     # and eager-1F1B's larger eagerness levels give the same orders once every stage's warm-up
-    # is capped by the micro-batches: each distinct order is simulated once (65 stages of 8
-    # micro-batches: 6 of 16 members).  Equal times keep the first member, as before.
+    # is capped by the micro-batches: each distinct order is simulated once (GPT-3 175B on
+    # 100 000 GPUs, 65 stages of 8 micro-batches: 8 distinct of 16 members).  Equal times keep
+    # the first member, as before.
     seen: dict[tuple, float] = {}
     for s in schedules:
         key = tuple(map(tuple, mesh_orders(plan, s, transfers)))

@@ -46,8 +46,9 @@ class UnitCost:
 
 
 # per cost model: (strategy, sender, receivers, bytes) -> its UnitCost.  A boundary's unit
-# tasks are costed when its instance is built and again when its schedule is replayed (check
-# does both for each of a plan's boundaries: on 100 000 GPUs, 25 000 broadcast chains a time)
+# tasks are costed when its instance is built and again when its schedule is replayed; check
+# does both for each of a plan's boundaries (on 100 000 GPUs the replays alone cost 25 000
+# broadcast chains again)
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 MEMO_ENTRIES = 200_000
 

@@ -223,8 +223,7 @@ def _resource_classes(tasks: list[Task], large: int = LARGE) -> tuple[list[tuple
     sig_of: dict[tuple, int] = {}
     sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
     sigs = list(sig_of)
-    found = _refined(sigs) if sum(map(len, sigs)) > large else _counted(sigs)
-    per_sig, count = found
+    per_sig, count = _refined(sigs) if sum(map(len, sigs)) > large else _counted(sigs)
     return [per_sig[k] for k in sig_ids], count
 
 
