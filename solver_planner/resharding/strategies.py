@@ -48,9 +48,10 @@ class UnitCost:
 # per cost model: (strategy, sender, receivers, bytes) -> its UnitCost.  A boundary's unit
 # tasks are costed when its instance is built and again when its schedule is replayed; check
 # does both for each of a plan's boundaries (on 100 000 GPUs the replays alone cost 25 000
-# broadcast chains again)
+# broadcast chains again).  A replay follows its build, so a few thousand entries serve;
+# the cap keeps the memo to tens of MB (an entry holds its ports and hops, about 2 KB)
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-MEMO_ENTRIES = 200_000
+MEMO_ENTRIES = 20_000
 
 
 def unit_cost(cost: CostModel, strategy: Strategy | str, sender: int, receivers: Sequence[int],
