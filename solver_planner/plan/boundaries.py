@@ -113,7 +113,7 @@ def solve_boundaries(plan: Partition, parts: list[StagePart], topology: Topology
         if res is not None:
             plan_ = res.solution
             used = {r for i in range(len(plan_.tasks)) for r in plan_.unit_cost(i).resources}
-            out.append(Boundary(kind, src, dst, problem, res, twin.time, tuple(port_names(used))))
+            out.append(Boundary(kind, src, dst, problem, res, twin.time, port_names(used)))
             continue
         if progress is not None:
             progress(f"resharding {problem.name}")
@@ -130,7 +130,7 @@ def boundary_of(kind: str, src: int, dst: int, problem: ReshardingProblem, res: 
     overlap or a wrong duration), the replayed makespan and the ports it holds."""
     timeline = check_resharding(res.solution, cost)
     ports = sorted({r for rec in timeline.records for r in rec.resources})
-    return Boundary(kind, src, dst, problem, res, timeline.makespan, tuple(port_names(ports)))
+    return Boundary(kind, src, dst, problem, res, timeline.makespan, port_names(ports))
 
 
 def transfers_of(boundaries: list[Boundary], mesh: tuple[int, ...], synchronous: bool = False

@@ -647,7 +647,7 @@ class _Checker:
         bound = res.bound
         status = Status.OPTIMAL if sched.makespan <= round(bound / TIME_UNIT) else Status.FEASIBLE
         result = SolveResult(status, res.method, plan, plan.makespan, bound, 0.0, [plan], {})
-        ports = tuple(port_names({r for rec in timeline.records for r in rec.resources}))
+        ports = port_names({r for rec in timeline.records for r in rec.resources})
         self.ok(name, f"{len(tasks)} unit tasks, feasible, replayed in {timeline.makespan * 1e3:.3f} ms"
                       f" ({status.value}, bound {bound * 1e3:.3f} ms by {res.method})")
         return result, timeline.makespan, ports

@@ -411,7 +411,7 @@ class StageCosts:
         """One micro-batch's tensor of ``per_sample`` bytes per sample from mesh ``src`` to ``dst``."""
         return self.transfer_time(t_src, src, dst, per_sample * self.samples(t_src))
 
-    def pipe_ports(self, t_src: int, src: int, t_dst: int, dst: int) -> list:
+    def pipe_ports(self, t_src: int, src: int, t_dst: int, dst: int) -> tuple[str, ...]:
         return self.transfer_resources(t_src, src, dst)
 
     @property
@@ -739,7 +739,7 @@ class StageCosts:
         a, b = self.transfer(t_src, src, dst)
         return a + b * nbytes
 
-    def transfer_resources(self, t_src: int, src: int, dst: int) -> list:
+    def transfer_resources(self, t_src: int, src: int, dst: int) -> tuple[str, ...]:
         """The ports a transfer from stage ``src`` to stage ``dst`` holds."""
         tab = self.tables[t_src]
         key = ("ports", src, dst)
@@ -748,17 +748,15 @@ class StageCosts:
         return tab.memo[key]
 
     def reduction_resources(self, t: int, p: int) -> tuple[str, ...]:
-        """The ports stage ``p``'s gradient reduction holds (its data-parallel groups); one
-        tuple per stage, which the simulator takes as it is for every bucket (on 100 000 GPUs
-        a stage's buckets hold thousands of ports each)."""
+        """The ports stage ``p``'s gradient reduction holds (its data-parallel groups)."""
         tab = self.tables[t]
         key = ("reduction", p)
         if key not in tab.memo:
             res = tab.cost.collective("allreduce", tab.data_groups(p), 1.0).resources if tab.data > 1 else ()
-            tab.memo[key] = tuple(port_names(res))
+            tab.memo[key] = port_names(res)
         return tab.memo[key]
 
-    def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
+    def tie_sync(self, plan, a: int, b: int) -> tuple[float, tuple[str, ...]]:
         """(time, ports) of all-reducing the gradient of layer ``b``'s copy of layer ``a``'s
         parameters between the two stages (Megatron's embedding group: device j of one stage
         with device j of the other)."""
@@ -766,7 +764,7 @@ class StageCosts:
         sa, sb = plan.mesh[own[a]], plan.mesh[own[b]]      # the meshes of the two chunks
         return self.tie_between(b, sa, sb, plan.stages[own[b]].tensor)
 
-    def tie_between(self, b: int, sa: int, sb: int, tb: int) -> tuple[float, list]:
+    def tie_between(self, b: int, sa: int, sb: int, tb: int) -> tuple[float, tuple[str, ...]]:
         """:meth:`tie_sync` of layer ``b``'s copy held on mesh ``sb`` (tensor degree ``tb``),
         its original on mesh ``sa``."""
         nbytes = self.model.layers[b].tied_params / tb if self.comm else 0.0
@@ -785,9 +783,11 @@ _PORT_NAMES: dict = {}
 _RESOURCE_ORDER = operator.attrgetter(*(f.name for f in fields(Resource) if f.compare))   # its order=True
 
 
-def port_names(resources) -> list[str]:
+def port_names(resources) -> tuple[str, ...]:
     """Ports as their names: the simulator only compares them, and a string hashes once
-    (a dataclass hashes on every lookup)."""
+    (a dataclass hashes on every lookup).  A tuple: the cost tables hand out one per route or
+    reduction, and the simulator takes a tuple it has seen as it is (on 100 000 GPUs a
+    stage's gradient buckets and transfers hold thousands of ports each)."""
     out = []
     # Resource's own order (its fields in turn), read once per port: its generated __lt__
     # builds two tuples per comparison, a fifth of a 100 000-GPU search
@@ -796,7 +796,7 @@ def port_names(resources) -> list[str]:
         if name is None:
             name = _PORT_NAMES[r] = str(r)
         out.append(name)
-    return out
+    return tuple(out)
 
 
 def bucket_split(x, cap: float, bucket_time):

@@ -181,14 +181,14 @@ class MeshCosts:
         a, b = self.pipe(t_src, src, t_dst, dst)
         return a + b * per_sample * self.micro_size
 
-    def pipe_ports(self, t_src: int, src: int, t_dst: int, dst: int) -> list:
+    def pipe_ports(self, t_src: int, src: int, t_dst: int, dst: int) -> tuple[str, ...]:
         key = ("pipe ports", self._where(src), t_src, self._where(dst), t_dst)
         if key not in self._memo:
             self._memo[key] = port_names({r for a, b, _ in self._flows(t_src, src, t_dst, dst)
                                           for r in self._cost.route(a, b).resources})
         return self._memo[key]
 
-    def reduction_resources(self, t: int, mesh: int) -> list:
+    def reduction_resources(self, t: int, mesh: int) -> tuple[str, ...]:
         """The ports mesh ``mesh``'s gradient reduction holds (its data-parallel groups)."""
         key = ("reduction", self._where(mesh), t)
         if key not in self._memo:
@@ -198,12 +198,12 @@ class MeshCosts:
             self._memo[key] = port_names(res)
         return self._memo[key]
 
-    def tie_sync(self, plan, a: int, b: int) -> tuple[float, list]:
+    def tie_sync(self, plan, a: int, b: int) -> tuple[float, tuple[str, ...]]:
         own = plan.owner
         sa, sb = plan.mesh[own[a]], plan.mesh[own[b]]
         return self.tie_between(b, sa, sb, plan.stages[own[b]].tensor)
 
-    def tie_between(self, b: int, sa: int, sb: int, tb: int) -> tuple[float, list]:
+    def tie_between(self, b: int, sa: int, sb: int, tb: int) -> tuple[float, tuple[str, ...]]:
         """All-reduce of layer ``b``'s tied copy (on mesh ``sb``, tensor degree ``tb``) with its
         original (on mesh ``sa``): device j of one mesh with device j of the other, for j below
         the smaller mesh's size (on equal meshes, Megatron's embedding group)."""

@@ -222,11 +222,11 @@ class Partition:
         return self.costs.pipe_time(self.stages[q].tensor, self.mesh[q], self.stages[p].tensor, self.mesh[p],
                                     self.channels[p, q])
 
-    def transfer_ports(self, p: int, q: int) -> list:
+    def transfer_ports(self, p: int, q: int) -> tuple[str, ...]:
         """The ports one micro-batch's tensors from stage (chunk) ``p`` to ``q`` hold (none
         between chunks of one mesh)."""
         if self.mesh[p] == self.mesh[q]:
-            return []
+            return ()
         return self.costs.pipe_ports(self.stages[p].tensor, self.mesh[p], self.stages[q].tensor, self.mesh[q])
 
     @cached_property

@@ -173,7 +173,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         reduces = c.comm and cc.data > 1
         overlap = cc.overlap and reduces
         copy_layers = {b for _, b, q in plan.copies if q == p}
-        res = c.reduction_resources(st.tensor, mesh[p]) if reduces else []
+        res = c.reduction_resources(st.tensor, mesh[p]) if reduces else ()
         prev_red: int | None = None
 
         def reduce(times: list[float], after: int, label: str) -> None:
