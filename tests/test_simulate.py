@@ -231,3 +231,25 @@ def test_resource_classes_are_the_definition_s_numbering(holds):
     want = _resource_classes_each(sim.tasks)
     assert _resource_classes(sim.tasks) == want
     assert _resource_classes(sim.tasks, large=-1) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), max_size=10, unique=True), min_size=1, max_size=25))
+def test_port_classes_are_the_definition_s(holds):
+    """The stage search's port classes (the engine's, per list of ports, with the lists holding
+    each class and whether a list shares one), against the definition list by list."""
+    from solver_planner.stages.ports import port_classes
+
+    class Costs:            # the memo's key: any object
+        pass
+
+    lists = [tuple(f"r{r}" for r in res) for res in holds]
+    users: dict = {}
+    for k, ports in enumerate(lists):
+        for res in ports:
+            users.setdefault(res, []).append(k)
+    klass: dict = {}
+    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
+    classes = [tuple(dict.fromkeys(of[res] for res in ports)) for ports in lists]
+    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(lists))]
+    assert port_classes(Costs(), lists) == (classes, shared, list(klass))

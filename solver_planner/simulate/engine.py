@@ -222,9 +222,16 @@ def _resource_classes(tasks: list[Task], large: int = LARGE) -> tuple[list[tuple
     breaks ties by these positions, so the numbering is part of its result."""
     sig_of: dict[tuple, int] = {}
     sig_ids = [sig_of.setdefault(t.resources, len(sig_of)) for t in tasks]
-    sigs = list(sig_of)
-    per_sig, count = _refined(sigs) if sum(map(len, sigs)) > large else _counted(sigs)
+    per_sig, count = resource_classes(list(sig_of), large)
     return [per_sig[k] for k in sig_ids], count
+
+
+def resource_classes(sigs: list[tuple], large: int = LARGE) -> tuple[list[tuple[int, ...]], int]:
+    """For tuples of resources (each resource once in a tuple): each tuple's classes, the
+    resources that exactly the same tuples hold, numbered by where their first resource first
+    appears and listed by where each first appears in the tuple; and how many there are.  The
+    stage search's port bound and fast simulator (:mod:`solver_planner.stages.ports`) use it too."""
+    return _refined(sigs) if sum(map(len, sigs)) > large else _counted(sigs)
 
 
 def _counted(sigs: list[tuple]) -> tuple[list[tuple[int, ...]], int]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import weakref
 
+from ..simulate.engine import resource_classes
+
 __all__ = ["port_classes"]
 
 # per StageCosts: {ids of the lists: (the lists, their classes)}; the lists are kept, so
@@ -28,15 +30,13 @@ def port_classes(costs, lists: list) -> tuple[list[tuple[int, ...]], list[bool],
     hit = memo.get(key)
     if hit is not None and all(a is b or not (len(a) or len(b)) for a, b in zip(hit[0], lists)):
         return hit[1]
-    users: dict = {}
-    for k, ports in enumerate(lists):
-        for res in dict.fromkeys(ports):
-            users.setdefault(res, []).append(k)
-    klass: dict = {}
-    of = {res: klass.setdefault(tuple(u), len(klass)) for res, u in users.items()}
-    classes = [tuple(dict.fromkeys(of[res] for res in ports)) for ports in lists]
-    shared = [any(len(u) > 1 for u in klass if k in u) for k in range(len(lists))]
-    out = (classes, shared, list(klass))
+    classes, count = resource_classes([tuple(dict.fromkeys(ports)) for ports in lists])
+    holders: list[list[int]] = [[] for _ in range(count)]
+    for k, cs in enumerate(classes):
+        for c in cs:
+            holders[c].append(k)
+    shared = [any(len(holders[c]) > 1 for c in cs) for cs in classes]
+    out = (classes, shared, [tuple(h) for h in holders])
     if len(memo) >= MEMO_ENTRIES:
         memo.clear()
     memo[key] = (list(lists), out)
