@@ -2,12 +2,13 @@
 
 Every configuration trains 2 steps with the same seed and data as a single-process run of the
 same model (the second step starts from the first one's parameters and optimizer state, so
-both the update and what the optimizer keeps are compared).  Bounds: each step's loss within 1e-6 (relative); every parameter after the last
-step within 1e-5 (relative) with SGD, and within 1e-4 with Adam -- Adam divides each element's
-update by the gradient's own running size, so an element whose gradient is near zero turns the
-rounding of a different fp32 summation order (data-parallel and tensor-parallel partial sums,
-micro-batches) into a step of up to the learning rate; one process summing its micro-batches
-in reverse order already differs by up to 6e-6.
+both the update and what the optimizer keeps are compared). Bounds: each step's loss within
+1e-6 (relative); every parameter after the last step within 1e-5 (relative) with SGD, and
+within 1e-4 with Adam -- Adam divides each element's update by the gradient's own running
+size, so an element whose gradient is near zero turns the rounding of a different fp32
+summation order (data-parallel and tensor-parallel partial sums, micro-batches) into a step of
+up to the learning rate; one process summing its micro-batches in reverse order already
+differs by up to 6e-6.
 """
 
 from __future__ import annotations
