@@ -340,7 +340,16 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         # start at b + 1 at the latest, so one test per piece covers every end in it
         ends = np.unique(np.linspace(0, last, min(GRID, last + 1) + 1).astype(int))
         pieces = [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])] or [(0, last)]
-        return any(rest(b + 1, tau, drain(a)) for a, b in pieces)
+        (a, b), others = pieces[0], pieces[1:]
+        if rest(b + 1, tau, drain(a)):
+            return True             # most thresholds that pass do on the first piece
+        # every piece at once, relaxed: the latest start of any and the least drain (a later
+        # start and a smaller drain only help).  A threshold that fails it fails every piece,
+        # so it is not tested piece by piece (a failing threshold tested all of them: half
+        # of a 10 000-layer search's time)
+        if not others or not rest(last + 1, tau, drain(0)):
+            return False
+        return any(rest(b + 1, tau, drain(a)) for a, b in others)
 
     if not math.isfinite(upper):
         # grow a threshold until the greedy split passes: past every term only memory can
