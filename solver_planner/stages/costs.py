@@ -55,9 +55,8 @@ one reduction of all the stage's gradients follows the last backward.
 from __future__ import annotations
 
 import functools
-import operator
 import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -780,7 +779,6 @@ class StageCosts:
 
 
 _PORT_NAMES: dict = {}
-_RESOURCE_ORDER = operator.attrgetter(*(f.name for f in fields(Resource) if f.compare))   # its order=True
 
 
 def port_names(resources) -> tuple[str, ...]:
@@ -789,9 +787,7 @@ def port_names(resources) -> tuple[str, ...]:
     reduction, and the simulator takes a tuple it has seen as it is (on 100 000 GPUs a
     stage's gradient buckets and transfers hold thousands of ports each)."""
     out = []
-    # Resource's own order (its fields in turn), read once per port: its generated __lt__
-    # builds two tuples per comparison, a fifth of a 100 000-GPU search
-    for r in sorted(resources, key=_RESOURCE_ORDER):
+    for r in sorted(resources):         # a Resource is a tuple: compared in C
         name = _PORT_NAMES.get(r)
         if name is None:
             name = _PORT_NAMES[r] = str(r)
