@@ -345,8 +345,9 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
             return True             # most thresholds that pass do on the first piece
         # every piece at once, relaxed: the latest start of any and the least drain (a later
         # start and a smaller drain only help).  A threshold that fails it fails every piece,
-        # so it is not tested piece by piece (a failing threshold tested all of them: half
-        # of a 10 000-layer search's time)
+        # so it is not tested piece by piece (a failing threshold tested all of them; on
+        # 3 000 layers at --budget 100 this took the stage search from 109 s to 83 s, on
+        # 10 000 at the default budget from 124 s to 119 s, the same output)
         if not others or not rest(last + 1, tau, drain(0)):
             return False
         return any(rest(b + 1, tau, drain(a)) for a, b in others)
