@@ -92,10 +92,11 @@ class Resource(NamedTuple):
     """One direction of one port of an interconnect, or one directed segment of a ring
     interconnect: what concurrent transfers share.
 
-    A named tuple, not a dataclass: the same fields, order, equality, hash values and repr,
-    but hashed and compared in C.  On 100 000 GPUs the cost tables hand out about 1.3 million
-    ports to sort and name per ``plan``; a frozen dataclass builds a tuple on every hash and
-    two on every comparison."""
+    A named tuple, not a dataclass: the same fields, order, hash values and repr (it also
+    equals a plain tuple of its fields, which nothing compares it with), but hashed and
+    compared in C.  On 100 000 GPUs ``check`` sorts and names about 1.3 million ports the
+    cost tables hand out; a frozen dataclass builds a tuple on every hash and two on every
+    comparison."""
 
     interconnect: str
     instance: int
