@@ -129,8 +129,8 @@ def boundary_of(kind: str, src: int, dst: int, problem: ReshardingProblem, res: 
     """A solved boundary: its schedule replayed in the simulator (which fails loudly on an
     overlap or a wrong duration), the replayed makespan and the ports it holds."""
     timeline = check_resharding(res.solution, cost)
-    ports = sorted({r for rec in timeline.records for r in rec.resources})
-    return Boundary(kind, src, dst, problem, res, timeline.makespan, port_names(ports))
+    ports = {r for rec in timeline.records for r in rec.resources}
+    return Boundary(kind, src, dst, problem, res, timeline.makespan, port_names(ports))     # sorts them
 
 
 def transfers_of(boundaries: list[Boundary], mesh: tuple[int, ...], synchronous: bool = False

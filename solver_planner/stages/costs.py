@@ -68,7 +68,7 @@ from ..reduction.dsl import format_program
 from ..reduction.hierarchy import Lowering
 from ..reduction.ranking import StepCoster
 from ..reduction.synthesis import synthesize_traced
-from ..topology import Resource, Topology
+from ..topology import Topology
 from .layers import LayerModel
 from . import ranges
 from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
@@ -782,8 +782,8 @@ _PORT_NAMES: dict = {}
 
 
 def port_names(resources) -> tuple[str, ...]:
-    """Ports as their names: the simulator only compares them, and a string hashes once
-    (a dataclass hashes on every lookup).  A tuple: the cost tables hand out one per route or
+    """Ports as their names, in the ports' order: the simulator only compares them, and a
+    string keeps its hash (a :class:`Resource` hashes its three fields on every lookup).  A tuple: the cost tables hand out one per route or
     reduction, and the simulator takes a tuple it has seen as it is (on 100 000 GPUs a
     stage's gradient buckets and transfers hold thousands of ports each)."""
     out = []
