@@ -612,6 +612,22 @@ def test_the_fine_bound_reads_each_first_stage_drain_where_its_piece_starts(case
         assert bound <= min(r1) * (1 + 1e-9)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(drained_chains(), st.booleans())
+def test_ruling_out_every_piece_at_once_gives_the_bound_piece_by_piece(case, phase):
+    """fine_bound rules a threshold out for every piece of the first stage's ends with one
+    relaxed test (the latest start and the least drain of any piece) before testing them one
+    by one: the bound is exactly the one testing every piece, with and without the phase."""
+    from solver_planner.stages import coarse
+
+    costs, schedules = case
+    pair = PairProblem(costs, schedules)
+    fast = fine_bound(pair, math.inf, phase=phase)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coarse, "RELAXED_PIECES", False)
+        assert fine_bound(pair, math.inf, phase=phase) == fast
+
+
 @SETTINGS
 @given(instances(max_layers=6))
 def test_the_fine_bound_holds_where_memory_is_all_that_is_left(case):

@@ -26,6 +26,8 @@ from .objective import deferred_weights
 __all__ = ["EXACT", "UNITS", "coarse_cuts", "fine_bound", "least_memory_floor"]
 
 GRID = 8              # pieces of the first stage's possible ends fine_bound tests per threshold
+RELAXED_PIECES = True  # fine_bound rules a threshold out for every piece with one relaxed test
+                       # (False: piece by piece, as the tests compare)
 EXACT = 256           # up to this many layers every layer may start a stage
 UNITS = 128           # past it, the blocks stages may start on (at least one per stage): the
                       # programs' work grows as units^2 (each stage's first and last unit)
@@ -348,7 +350,7 @@ def fine_bound(pair, upper: float, tol: float = 1e-3, phase: bool = True) -> flo
         # so it is not tested piece by piece (a failing threshold tested all of them; on
         # 3 000 layers at --budget 100 this took the stage search from 109 s to 83 s, on
         # 10 000 at the default budget from 124 s to 119 s, the same output)
-        if not others or not rest(last + 1, tau, drain(0)):
+        if not others or (RELAXED_PIECES and not rest(last + 1, tau, drain(0))):
             return False
         return any(rest(b + 1, tau, drain(a)) for a, b in others)
 
