@@ -2,7 +2,7 @@
 with exit 0-3, no traceback, a file:line in every spec error, within the time limit.
 
 The quick test (30 cases, in the ``-m "not slow"`` subset) mutates specs for the commands
-that take under a second on the shipped specs; the slow test (600 cases, in the full suite
+that take under a second on the shipped specs; the slow test (300 cases, in the full suite
 CI runs, derandomized there by tests/conftest.py's profile) every command.
 ``python benchmarks/fuzz.py`` runs 10 000.
 """
@@ -80,7 +80,7 @@ def test_mutated_specs_quick(workdir, case, rng):
 
 
 @pytest.mark.slow
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=st.sampled_from(EVERY), rng=st.randoms(use_true_random=False))
 def test_mutated_specs_every_command(workdir, case, rng):
     _check(case, rng, workdir, timeout=60)
