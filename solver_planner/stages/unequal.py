@@ -213,8 +213,6 @@ class UnequalSpace:
             best = np.full((N + 1, S + 1, T + 2), np.inf)
             for j, sh in enumerate(self.shapes):
                 n0 = sh.shape.size
-                if n0 > N:
-                    continue
                 t = flag_of.get(j)
                 moves = [(MIX, 0)] if t is None else [(t, 1 + 2 * t), (MIX, 2 + 2 * t)]
                 for target, m in moves:
@@ -380,8 +378,6 @@ class UnequalSpace:
             rest = Z[k + 1:]                # rows i: the rest after a stage k..i
             for j, sh in enumerate(self.shapes):
                 n0 = sh.shape.size
-                if n0 > N:
-                    continue
                 t = sh.w_min[k, k:, 1:]
                 t = np.where(t <= cap, t, np.inf)
                 # Z(i + 1, n - size, s - 1), for the cells with n >= size and s >= 1 only (the
