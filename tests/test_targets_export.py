@@ -547,6 +547,13 @@ def test_torchtitan_refusals(cfg, reason):
     assert why is not None and reason in why, why
 
 
+def test_every_way_a_model_differs_from_torchtitans_llama_is_named_at_once():
+    """A spec fixed from one refusal should not meet the next on the next run: tied
+    embeddings, biases and LayerNorm are named together."""
+    why = tt_target.allows(llama3_8b("torchtitan", tied_embeddings=True, bias=True, norm="layernorm"))
+    assert "tied_embeddings True vs False" in why and "transformer.bias" in why and "transformer.norm" in why, why
+
+
 @pytest.mark.parametrize("chunks, sharding, runs", [(2, "zero-3", True), (4, "none", True), (4, "zero-3", False)])
 def test_torchtitan_runs_fsdp2_with_at_most_3_chunks_a_rank(chunks, sharding, runs):
     cfg = llama3_8b("torchtitan", optimizer_sharding=sharding, schedule="interleaved-1f1b", virtual_stages=chunks)

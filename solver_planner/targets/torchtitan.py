@@ -156,15 +156,20 @@ def allows(cfg: TargetConfig) -> str | None:
         # the plan priced no pass for it; torchtitan runs one
         return ("torchtitan adds each micro-batch's weight gradients through autograd; fused accumulation"
                 " (training.gradient_accumulation: fused) is Megatron-LM's")
+    # every way the model differs from what torchtitan builds, in one message: a user who
+    # fixes the spec from it should not meet the next difference on the next run
     flavor, how = flavor_for(cfg)
+    model = []
     if flavor is None:
-        return ("torchtitan 0.3.0 takes model dimensions only from its config registry "
-                f"(model_spec is not a command-line option); {how}")
+        model.append("torchtitan 0.3.0 takes model dimensions only from its config registry "
+                     f"(model_spec is not a command-line option); {how}")
     if cfg.bias is not False:
-        return "torchtitan's Llama has no linear biases; the plan's model has them (transformer.bias)"
+        model.append("torchtitan's Llama has no linear biases; the plan's model has them (transformer.bias)")
     if (cfg.position, cfg.norm) != ("rotary", "rmsnorm"):
-        return (f"torchtitan's Llama has rotary positions and RMSNorm; the plan's model has {cfg.position}"
-                f" positions and {cfg.norm} (transformer.position, transformer.norm)")
+        model.append(f"torchtitan's Llama has rotary positions and RMSNorm; the plan's model has {cfg.position}"
+                     f" positions and {cfg.norm} (transformer.position, transformer.norm)")
+    if model:
+        return "; ".join(model)
     if cfg.recompute == "selective-op":
         # SelectiveAC counts mm/linear calls: how many products a block runs decides which it re-runs
         if not cfg.fused_qkv:
