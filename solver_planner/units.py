@@ -206,13 +206,13 @@ def format_flop_rate(n: float) -> str:
     return format_flops(n) + "/s"
 
 
-def format_count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless one.
+def format_count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural (``plural``, or ``noun`` + s) unless one.
 
-    >>> format_count(1, "stage"), format_count(4, "stage")
-    ('1 stage', '4 stages')
+    >>> format_count(1, "stage"), format_count(4, "stage"), format_count(1, "micro-batch", "micro-batches")
+    ('1 stage', '4 stages', '1 micro-batch')
     """
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def format_rows(rows: tuple[int, ...]) -> str:

@@ -123,3 +123,10 @@ def test_a_plan_file_given_alone_is_named_with_its_cluster_and_model(tmp_path, c
     res = run_cli(command, CLUSTERS / "aws-p3.8xlarge-2.yaml")
     assert res.returncode == 2 and res.stderr.startswith("error: Missing argument 'model'.") \
         and "plan file" not in res.stderr
+
+
+def test_one_micro_batch_is_singular():
+    """`stages` of the tiny GPT on eight CPU processes: one stage of one micro-batch, said so."""
+    r = run_cli("stages", CLUSTERS / "local-2x4.yaml", SPECS / "models" / "gpt-tiny.yaml", "--no-baselines")
+    assert r.returncode == 0, r.stderr
+    assert "1 stage of 2x4 meshes, 1 micro-batch of 16," in r.stdout, r.stdout

@@ -88,8 +88,9 @@ def _progress(steps: int, world: int):
 
 def _show(data: dict) -> None:
     out = console()
-    table = Table(title=f"{data['world']} {data['backend']} processes, {data['schedule']}, {data['microbatches']}"
-                        f" micro-batches of {data['microbatch_size']}")
+    table = Table(title=f"{data['world']} {data['backend']} processes, {data['schedule']}, "
+                        f"{units.format_count(data['microbatches'], 'micro-batch', 'micro-batches')} of"
+                        f" {data['microbatch_size']}")
     for col in ("step", "loss", "one process", "relative difference", "time"):
         table.add_column(col, justify="right")
     for s in data["steps"]:
