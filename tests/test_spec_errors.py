@@ -421,3 +421,21 @@ def test_a_switch_is_true_or_false(value):
     err = str(error_of(load_model_spec, text))
     assert ":5: training.sequence_parallel: expected true or false" in err
     assert load_model_spec("spec.yaml", text.replace(f"parallel: {value}", "parallel: yes")).training.sequence_parallel
+
+
+@pytest.mark.parametrize("training, hint", [
+    ("dtype: bf16", "got 'bf16' (did you mean 'bfloat16'?)"),
+    ("dtype: FP16", "got 'FP16' (did you mean 'float16'?)"),
+    ("optimizer: AdamW", "got 'AdamW' (did you mean 'adam'? It covers AdamW"),
+    ("optimizer: sdg", "got 'sdg' (did you mean 'sgd'?)"),
+    ("dtype: int8", "got 'int8'"),
+])
+def test_a_choice_written_as_other_tools_write_it_gets_the_spelling_here(tmp_path, training, hint):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, sequence: 16, vocab: 256}\n"
+                    f"training: {{global_batch: 8, {training}}}\n")
+    with pytest.raises(SpecError) as err:
+        load_model_spec(path)
+    message = err.value.issues[0].message
+    assert hint in message, message
+    assert ("did you mean" in message) == (training != "dtype: int8"), message

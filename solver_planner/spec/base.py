@@ -123,6 +123,28 @@ _TYPE_MESSAGES = {
 M = TypeVar("M", bound=BaseModel)
 
 
+# the spellings other tools use for a value the specs spell otherwise (what users write
+# first), each with what to say about it
+_ALIASES = {"bf16": ("bfloat16", ""), "fp16": ("float16", ""), "half": ("float16", ""), "fp32": ("float32", ""),
+            "float": ("float32", ""), "adamw": ("adam", " It covers AdamW: the same state and step cost.")}
+
+
+def _meant(value: Any, ctx: dict) -> str:
+    """`` (did you mean 'bfloat16'?)`` for a known alias or a close spelling of one of the
+    choices ``ctx['expected']`` names; empty otherwise."""
+    import difflib
+    import re
+
+    if not isinstance(value, str):
+        return ""
+    choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+    target, note = _ALIASES.get(value.strip().lower(), (None, ""))
+    if target not in choices:
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+        target, note = (close[0], "") if close else (None, "")
+    return f" (did you mean {target!r}?{note})" if target else ""
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -163,7 +185,7 @@ def _message(err: dict[str, Any]) -> str:
         bound = next(iter(ctx.values()))
         return f"expected a value {op} {bound}, got {_short(err.get('input'))}"
     if kind == "literal_error":
-        return f"expected {ctx.get('expected')}, got {_short(err.get('input'))}"
+        return f"expected {ctx.get('expected')}, got {_short(err.get('input'))}{_meant(err.get('input'), ctx)}"
     if kind == "too_long" and "max_length" in ctx:
         return f"expected at most {ctx['max_length']:,} entries, got {ctx.get('actual_length', 'more')}"
     if kind in ("too_short", "too_long"):
