@@ -421,8 +421,10 @@ def _gantt(ax, records, stage_size, stages: int, lo: float, hi: float, scale: fl
     return write
 
 
-MEMORY_PARTS = (("weights", OKABE_ITO[0]), ("gradients", OKABE_ITO[4]), ("optimizer", OKABE_ITO[5]),
-                ("activations", OKABE_ITO[1]))
+# the colours the pipeline's bars give the same things (activations: the forwards'; gradients:
+# their reduction's; optimizer state: its step's), the static weights neutral
+MEMORY_PARTS = (("weights", "#666666"), ("gradients", KINDS["gradient reduction"][0]),
+                ("optimizer", KINDS["optimizer step"][0]), ("activations", KINDS["forward"][0]))
 
 
 def _memory(ax, peak, device_memory: float, split: list[dict[str, float]] | None = None, reserved: float = 0.0
@@ -493,8 +495,11 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
     ax.legend(loc="upper center", fontsize=6, ncols=2)
 
 
-BREAKDOWN_COLOURS = {"compute": OKABE_ITO[0], "tensor_parallel": OKABE_ITO[4], "pipeline_transfer": OKABE_ITO[1],
-                     "gradient_reduction": OKABE_ITO[5], "optimizer": OKABE_ITO[2], "idle": "#bdbdbd"}
+# as the pipeline's bars colour the same things (pipeline transfers: its communication lane);
+# tensor parallelism, which has no bar of its own, the one colour left
+BREAKDOWN_COLOURS = {"compute": KINDS["forward"][0], "tensor_parallel": OKABE_ITO[6],
+                     "pipeline_transfer": KINDS["communication"][0], "gradient_reduction": KINDS["gradient reduction"][0],
+                     "optimizer": KINDS["optimizer step"][0], "idle": "#bdbdbd"}
 
 
 def _breakdown(ax, breakdown: dict, scale, unit) -> None:
