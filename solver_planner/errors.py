@@ -83,12 +83,17 @@ class OptionError(PlannerError):
     """The options ask for something impossible for this cluster and model (exit 2)."""
 
 
-def unknown_choice(what: str, value, choices) -> str:
-    """``unknown method 'cpsat'; expected one of: ... (did you mean 'cp-sat'?)``."""
+def closest(value, choices, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The choices spelled most like ``value``, best first (what every "did you mean" offers)."""
     import difflib
 
+    return difflib.get_close_matches(str(value), [str(c) for c in choices], n=n, cutoff=cutoff)
+
+
+def unknown_choice(what: str, value, choices) -> str:
+    """``unknown method 'cpsat'; expected one of: ... (did you mean 'cp-sat'?)``."""
     choices = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+    close = closest(value, choices)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"unknown {what} {str(value)!r}; expected one of: {', '.join(choices)}{hint}"
 

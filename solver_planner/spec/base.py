@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, Wi
 from pydantic_core import PydanticCustomError
 
 from .. import units
-from ..errors import SpecError, SpecIssue
+from ..errors import SpecError, SpecIssue, closest
 from .source import Source, format_path
 
 __all__ = ["NAME_PATTERN", "SpecModel", "Bytes", "Bandwidth", "Duration", "Flops", "FlopRate", "Integer", "Number",
@@ -132,7 +132,6 @@ _ALIASES = {"bf16": ("bfloat16", ""), "fp16": ("float16", ""), "half": ("float16
 def _meant(value: Any, ctx: dict) -> str:
     """`` (did you mean 'bfloat16'?)`` for a known alias or a close spelling of one of the
     choices ``ctx['expected']`` names; empty otherwise."""
-    import difflib
     import re
 
     if not isinstance(value, str):
@@ -140,7 +139,7 @@ def _meant(value: Any, ctx: dict) -> str:
     choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
     target, note = _ALIASES.get(value.strip().lower(), (None, ""))
     if target not in choices:
-        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+        close = closest(value, choices)
         target, note = (close[0], "") if close else (None, "")
     return f" (did you mean {target!r}?{note})" if target else ""
 

@@ -10,12 +10,13 @@ more memory.  :func:`apply_preset` records which keys the preset filled in, for 
 from __future__ import annotations
 
 import copy
-import difflib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..errors import closest
 
 __all__ = ["PRESETS_FILE", "presets", "preset_names", "apply_preset", "MERGED_KEYS"]
 
@@ -50,7 +51,7 @@ def apply_preset(data: Any, source) -> list[str]:
         return []
     table = presets()
     if not isinstance(name, str) or name not in table:
-        close = difflib.get_close_matches(str(name), list(table), n=3, cutoff=0.5)
+        close = closest(name, table, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise source.error(("device", "preset"), f"no device preset named {name!r}{hint} (presets:"
                            f" {', '.join(preset_names())})")
