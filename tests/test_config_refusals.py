@@ -105,10 +105,10 @@ def test_unequal_meshes_give_the_equal_searchs_reason_and_name_its_space():
     res = run("stages", cluster, spec, "--meshes", "unequal", "--stages", "40")
     assert res.exit_code == 1
     assert "40 stages need at least 40 devices" in res.output and "fits" not in res.output
-    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--no-baselines", "--json")
+    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--json")
     assert res.exit_code == 0
     assert json.loads(res.stdout)["best_1f1b"]["meshes"] == "equal"
-    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b", "--no-baselines")
+    res = run("stages", cluster, spec, "--meshes", "unequal", "-s", "eager-1f1b")
     assert "best 1F1B plan on equal meshes" in res.output
 
 

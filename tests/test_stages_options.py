@@ -180,7 +180,7 @@ def test_bucketed_reduction_overlapping_backward_is_never_slower():
 
 
 def test_weight_delaying_hides_gradient_transfers_on_a_slow_link():
-    rep = plan_stages(load_topology(P3), load_model_spec(GPT), "eager-1f1b")
+    rep = plan_stages(load_topology(P3), load_model_spec(GPT), "eager-1f1b", baselines=True)
     d = rep.as_dict()
     assert d["weight_delay"] and d["iteration_time"] < d["best_1f1b"]["iteration_time"]
     assert any("weight delay" in s for s in d["schedules_tried"])

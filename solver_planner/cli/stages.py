@@ -88,7 +88,8 @@ def stages(
                                " on up to all the devices (1f1b, eager-1f1b, gpipe; not with --config, --split,"
                                " --top or --target)."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
-                                   help="Also the best pure data, tensor and pipeline plans (DistIR Table 2)."),
+                                   help="Also the best pure data, tensor and pipeline plans (DistIR Table 2) and, under"
+                                   " eager-1f1b, the best 1F1B plan for comparison."),
     budget: int = BUDGET_OPT,
     sim_budget: int = SIM_BUDGET_OPT,
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
