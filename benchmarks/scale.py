@@ -163,12 +163,16 @@ def deep_plan_rows(gpus: int, workdir: Path) -> Rows:
 
 def plan_rows(gpus: int, workdir: Path) -> Rows:
     """The whole `plan` of GPT-3 175B (1F1B, a plan file written), then `check` of that file
-    (the rows run in order, so the file exists when `check` runs)."""
+    (the rows run in order, so the file exists when `check` runs); then the same with `plan`'s
+    default schedule family (eager-1F1B), what a user who gives no `-s` runs."""
     cluster, _ = specs(gpus, workdir)
     model = ROOT / "specs" / "models" / "gpt3-175b.yaml"
     planfile = workdir / f"plan-{gpus}.yaml"
     yield "GPT-3 175B, 1F1B: plan -o plan.yaml", ["plan", str(cluster), str(model), "-s", "1f1b", "-o", str(planfile)]
     yield "GPT-3 175B: check plan.yaml", ["check", str(cluster), str(model), str(planfile)]
+    eager = workdir / f"plan-eager-{gpus}.yaml"
+    yield "GPT-3 175B, default (eager-1F1B): plan -o", ["plan", str(cluster), str(model), "-o", str(eager)]
+    yield "GPT-3 175B, default: check its plan", ["check", str(cluster), str(model), str(eager)]
 
 
 FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,

@@ -281,7 +281,7 @@ def _eager(solve: Callable, one_f_one_b: Callable, compare: bool) -> tuple:
     when the eager search stops short (a gap, or no plan found within the limits): if the
     best 1F1B plan is then faster, the eager search is run again from it, so the answer is
     never slower than the best 1F1B plan.  (It used to run first, every time: on random
-    16-device instances it was up to 70% of the command and never changed the eager plan,
+    16-device instances it was up to 80% of the command and never changed the eager plan,
     ``benchmarks/small_gaps.py``.)"""
     try:
         first = solve(None)
