@@ -16,7 +16,8 @@ from solver_planner.units import format_bytes, format_time
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 topo, spec = sp.load(SPECS / "clusters" / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml")
 
-rep = sp.stages(topo, spec, schedule="eager-1f1b")
+# baselines: also the best 1F1B plan (and DistIR's pure strategies), for the comparison below
+rep = sp.stages(topo, spec, schedule="eager-1f1b", baselines=True)
 plan = rep.as_dict()
 print(f"{spec.name} on {topo.name}: {len(plan['stages'])} stages of {'x'.join(map(str, plan['mesh']))} meshes,"
       f" {plan['config']['microbatches']} micro-batches of {plan['microbatch_size']}, {plan['schedule']}")
