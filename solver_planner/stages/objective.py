@@ -340,14 +340,14 @@ def _playout_bound(plan: Partition, schedule: Schedule, memo: dict | None, f, ch
         work[p] = nf * fp + nc * cp + nw * wp
     # back from stage p to stage r < p: m's gradient reaches r at e_p(m) + x(p->p-1) + the
     # chain ops and transfers of the stages in between (Q), where every neighbour is joined
-    gap = [0.0] + [grad[i - 1, i] if (i - 1, i) in grad else math.nan for i in range(1, S)]
+    joined = [True] + [(i - 1, i) in grad for i in range(1, S)]
+    gap = np.array([grad[i - 1, i] if joined[i] and i else 0.0 for i in range(S)])
     Q = np.concatenate([[0.0], np.cumsum([ch[i] + gap[i] for i in range(1, S)])])   # Q[i]: stages 1..i
-    broken = np.concatenate([[0], np.cumsum([math.isnan(x) for x in gap[1:]])])
+    broken = np.cumsum([not x for x in joined])         # stages i, j joined all along: same count
     pp, rr = np.arange(S)[:, None], np.arange(S)[None, :]
     ok = (rr < pp) & (broken[pp] == broken[rr])
     if ok.any():
-        with np.errstate(invalid="ignore"):
-            lead = np.where(ok, Q[np.maximum(pp - 1, 0)] - Q[rr] + np.nan_to_num(np.asarray(gap))[pp], -np.inf)
+        lead = np.where(ok, Q[np.maximum(pp - 1, 0)] - Q[rr] + gap[pp], -np.inf)
         reach = (ends[:, None, :] + work[None, :, :]).max(axis=2)        # [p, r]: max over m
         best = max(best, float((reach + lead + np.asarray(D)[None, :]).max()))
     return best
