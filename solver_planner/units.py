@@ -206,13 +206,15 @@ def format_flop_rate(n: float) -> str:
     return format_flops(n) + "/s"
 
 
-def format_count(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun``, plural (``plural``, or ``noun`` + s) unless one.
+def format_count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one (English's ``-es`` after a sibilant).
 
-    >>> format_count(1, "stage"), format_count(4, "stage"), format_count(1, "micro-batch", "micro-batches")
-    ('1 stage', '4 stages', '1 micro-batch')
+    >>> format_count(1, "stage"), format_count(4, "stage"), format_count(1, "micro-batch"), format_count(2, "micro-batch")
+    ('1 stage', '4 stages', '1 micro-batch', '2 micro-batches')
     """
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}{'es' if noun.endswith(('s', 'x', 'z', 'ch', 'sh')) else 's'}"
 
 
 def format_rows(rows: tuple[int, ...]) -> str:

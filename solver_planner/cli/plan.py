@@ -178,7 +178,7 @@ def _print(doc: dict) -> None:
     chunks = f" x {v} model chunks" if v > 1 else ""
     n = len(doc["stages"]) // v
     out.print(f"[bold]{doc['model']}[/] on {doc['cluster']}: {units.format_count(n, 'stage')}{chunks} of"
-              f" {units.format_meshes(doc['mesh'])} meshes, {units.format_count(doc['microbatches'], 'micro-batch', 'micro-batches')} of"
+              f" {units.format_meshes(doc['mesh'])} meshes, {units.format_count(doc['microbatches'], 'micro-batch')} of"
               f" {doc['microbatch_size']}, {s['kind']}"
               + (f" (eagerness {s['eagerness']}{', weight delay' if s['weight_delay'] else ''})"
                  if s["kind"] == "eager-1f1b" else ""))

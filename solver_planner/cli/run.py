@@ -89,7 +89,7 @@ def _progress(steps: int, world: int):
 def _show(data: dict) -> None:
     out = console()
     table = Table(title=f"{data['world']} {data['backend']} processes, {data['schedule']}, "
-                        f"{units.format_count(data['microbatches'], 'micro-batch', 'micro-batches')} of"
+                        f"{units.format_count(data['microbatches'], 'micro-batch')} of"
                         f" {data['microbatch_size']}")
     for col in ("step", "loss", "one process", "relative difference", "time"):
         table.add_column(col, justify="right")

@@ -159,7 +159,7 @@ def _print(data: dict, model: str, cluster: str) -> None:
     out = console()
     c = data["config"]
     out.print(f"[bold]{model}[/] on {cluster}: {units.format_count(c['pipeline'], 'stage')} of {units.format_meshes(data['mesh'])} meshes,"
-              f" {units.format_count(c['microbatches'], 'micro-batch', 'micro-batches')} of {data['microbatch_size']}, {data['schedule']}"
+              f" {units.format_count(c['microbatches'], 'micro-batch')} of {data['microbatch_size']}, {data['schedule']}"
               f" (d,t,p,k = {_config(data)})")
     idle = data.get("devices", {})
     if idle.get("idle"):
