@@ -301,11 +301,12 @@ def _eager(solve: Callable, one_f_one_b: Callable, compare: bool) -> tuple:
         if first is None:
             raise
         return first, None
+    shown = base if seeds is None else None       # cut off by the eager plans: no comparison
     faster = [c for c in base.solutions if c.schedule.kind == "1f1b"]
     if first is None or (faster and faster[0].time < first[0].solution.time * (1 - TOLERANCE)):
         # seeded with the 1F1B plans, the eager search returns one at least as fast
-        return solve(faster or base.solutions), (base if seeds is None else None)
-    return first, (base if seeds is None else None)
+        return solve(faster or base.solutions), shown
+    return first, shown
 
 
 def _with_unequal(search: StageSearch, cluster: Topology, method: str, incumbents, args: dict, progress,
