@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema, model_validator
@@ -132,8 +133,6 @@ _ALIASES = {"bf16": ("bfloat16", ""), "fp16": ("float16", ""), "half": ("float16
 def _meant(value: Any, ctx: dict) -> str:
     """`` (did you mean 'bfloat16'?)`` for a known alias or a close spelling of one of the
     choices ``ctx['expected']`` names; empty otherwise."""
-    import re
-
     if not isinstance(value, str):
         return ""
     choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
