@@ -7,7 +7,8 @@ of random FLOPs, parameters, activations and tensor-parallel all-reduces (the la
 to the first in 40% of them), a global batch of 8-128, no/ZeRO-1/ZeRO-3 optimizer sharding,
 recomputation off or chosen by the search; 1F1B for odd seeds, eager-1F1B for even ones.
 The search runs in this process with the defaults `solver-planner stages` uses (`--method
-auto`, default budgets).  Columns: status, gap, wall seconds, and what bounds the gap.
+auto`, default budgets).  Columns: status, gap, wall seconds, and what stopped the search short of OPTIMAL
+(the subspace budget, or the gap reached once the bound stopped rising).
 
     python benchmarks/small_gaps.py                 # seeds 0-59, about a minute on one core
     python benchmarks/small_gaps.py --seeds 0-199
@@ -86,7 +87,8 @@ def main() -> None:
             try:
                 res = plan_stages(topo, spec, schedule, budget=args.budget, simulations=args.sim_budget).result
                 status, gap = res.status.value, res.gap
-                note = ("budget" if res.info.get("budget_exhausted") else "") if status != "OPTIMAL" else ""
+                note = ("" if status == "OPTIMAL" else "budget" if res.info.get("budget_exhausted")
+                        else "gap reached" if "stopped_at_gap" in res.info else "")
             except PlannerError as exc:
                 status, gap, note = type(exc).__name__.replace("Error", "").upper(), None, str(exc)[:40]
             wall = time.perf_counter() - start

@@ -7,7 +7,7 @@ starts in a fraction of a second; the solvers load when the command runs).
 
 __all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
            "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS",
-           "DEFAULT_TOP_GAP"]
+           "DEFAULT_TOP_GAP", "DEFAULT_GAP"]
 
 STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
@@ -22,3 +22,4 @@ COMPUTE_MODELS = ("efficiency", "roofline", "peak")
 DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it stops with a gap
 DEFAULT_SIMULATIONS = 300_000  # simulated tasks per listed plan before the stage search stops with a gap
 DEFAULT_TOP_GAP = 0.01         # relative: a listed plan after the first is its pair's best within this
+DEFAULT_GAP = 0.01             # relative: the stage search stops at this gap once its bound stops rising

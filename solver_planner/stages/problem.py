@@ -241,9 +241,15 @@ CACHES = _Caches()
 class PairProblem:
     """The plans of one :class:`StageCosts` under a family of schedules, for the solvers."""
 
-    def __init__(self, costs: StageCosts, schedules: list[Schedule]):
+    def __init__(self, costs: StageCosts, schedules: list[Schedule], last_tensor: int | None = None,
+                 fit_lives: tuple[int, ...] | None = None):
         self.costs = costs
         self.schedules = schedules
+        # the last stage's tensor degree when fixed (:meth:`variants`), else None
+        self.last_tensor = last_tensor
+        # the micro-batches per stage every cell must fit (a level of :meth:`variants`), else None
+        self.fit_lives = fit_lives
+        self._variants: list[PairProblem] | None = None
         self.S = costs.stages
         self.L = costs.model.num_layers
         self.B = costs.microbatches
@@ -294,6 +300,73 @@ class PairProblem:
         self._values.clear()
         self._last_terms = ((), None, None)
         self._minima = None           # over other cells now
+
+    def variants(self) -> list[PairProblem]:
+        """The pair's plans split into problems whose relaxation is tighter, by the last
+        stage's tensor degree and by the level of the family's members they fit
+        (:meth:`_levels`); empty when neither split applies.  Every plan that fits a member
+        lies in a variant holding that member and its last stage's degree, whose R bounds
+        it (the levels nest: a plan may lie in several).
+
+        * A layer tied to the model's last layer (the token table and the logits) waits on
+          its stage for the all-reduce of the copy's gradient with the last stage, whose bytes
+          are the copy's over that stage's tensor degree.  Without the last stage's
+          configuration, :meth:`_tie_floor` takes the least over every degree; with it
+          fixed the wait is exact.  On random tied 16-GPU models whose embedding all-reduce
+          crosses the hosts (benchmarks/small_gaps.py, seed 52), plans whose last stage has a
+          smaller degree than the floor's had R 18% under their objective.
+        * Under eager-1F1B, R took each term's least over every member, also over members
+          that no plan through the cells the programs chose fits in memory.  On GPT-3 175B
+          on 100 000 GPUs the gap went from 1.05% to 0.38%, with a faster plan."""
+        if self._variants is None:
+            self._variants = []
+            if self.last_tensor is not None or self.fit_lives is not None or self.sparse or self.coarse:
+                return self._variants
+            degrees = sorted({cfg.tensor for cfg in self.configs})
+            tied = (self.S > 1 and len(degrees) > 1 and bool(self.costs.comm)
+                    and any(b == self.L - 1 and a < b for a, b in self.costs.model.ties()))
+            levels = self._levels()
+            if not tied and len(levels) < 2:
+                return self._variants
+            for members, lives in levels if len(levels) > 1 else [(self.schedules, None)]:
+                for t in degrees if tied else [None]:
+                    v = PairProblem(self.costs, members, last_tensor=t, fit_lives=lives)
+                    if self.fixed is not None:
+                        v.fix_layers(tuple(last - first + 1 for first, last in self.fixed))
+                    self._variants.append(v)
+        return self._variants
+
+    def _levels(self) -> list[tuple[list[Schedule], tuple[int, ...]]]:
+        """The family's members by the micro-batches they keep, when those form a chain (each
+        member keeps at least as many on every stage as the one before: eager-1F1B's
+        eagerness): per level, the members keeping at most its counts and the counts.  A plan
+        fits a member only if every stage fits its counts, so a plan's members are those up
+        to its deepest level; a level's problem keeps only the cells that fit its counts, and
+        takes each term's least over its members only (the family's least otherwise mixes
+        members: the cycle of one, the link of another that does not fit the plan)."""
+        lives = {s: tuple(self.member_live(s, p) for p in range(self.S)) for s in self.schedules}
+        chain = sorted(set(lives.values()))
+        if any(not all(u <= v for u, v in zip(x, y)) for x, y in zip(chain, chain[1:])):
+            return []
+        # a level whose cells all fit the next level's counts too holds no plan the next one
+        # does not (with fewer members): left out
+        kept = [low for low, high in zip(chain, chain[1:]) if self._loses_cells(low, high)]
+        return [([s for s in self.schedules if all(u <= v for u, v in zip(lives[s], top))], top)
+                for top in kept + chain[-1:]]
+
+    def _loses_cells(self, low: tuple[int, ...], high: tuple[int, ...]) -> bool:
+        """Whether some cell that fits keeping ``low[p]`` micro-batches on its stage does not
+        fit keeping ``high[p]``."""
+        c = self.costs
+        for p in range(self.S):
+            if low[p] == high[p]:
+                continue
+            for j, cfg in enumerate(self.configs):
+                ok = self.fits_mask(p, j)
+                if (ok & ~(self._square(c.memory(cfg, high[p]), p) <= c.device_memory)
+                        & (self._square(c.memory(cfg, low[p]), p) <= c.device_memory)).any():
+                    return True
+        return False
 
     def drop_caches(self) -> None:
         """Forget every array built (see :class:`_Caches`); they are rebuilt on demand."""
@@ -350,7 +423,10 @@ class PairProblem:
         return Partition(self.costs, list(stages))
 
     def live_min(self, p: int) -> int:
-        """Fewest micro-batches stage p keeps under any schedule of the family."""
+        """Fewest micro-batches stage p keeps under any schedule of the family (a level of
+        :meth:`variants`: under its deepest member)."""
+        if self.fit_lives is not None:
+            return self.fit_lives[p]
         return min(live_count(s, self.S, p, self.B) if s.kind == "zb-h1" else
                    warmup(s, self.S, p, self.B) + (1 if s.split else 0) for s in self.schedules)
 
@@ -387,9 +463,15 @@ class PairProblem:
             ok[1:, :] = False
         if p == S - 1:
             ok[:, :n - 1] = False
+            if self.last_tensor is not None and self.configs[j].tensor != self.last_tensor:
+                ok[:] = False
         return ok
 
     _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF", "XG")
+
+    def member_live(self, s: Schedule, p: int) -> int:
+        """The micro-batches stage p keeps under member ``s``, at least."""
+        return live_count(s, self.S, p, self.B)
 
     def stage(self, p: int) -> dict[str, np.ndarray]:
         """Stage p's terms on its band, each (configs, n, n); ``T2`` and the increments are inf
@@ -1094,17 +1176,23 @@ class PairProblem:
             holds_original = (k <= a) & (a <= i) & (i < b)
             copies = range(max(p + 1, S - L + b), min(S - 1, b) + 1)
             if len(copies) and holds_original.any():
-                least = min(self.costs.tie_between(b, p, sb, tb)[0] for sb in copies for tb in degrees)
-                after = np.maximum(0.0, self._least_step(b) - opt)
+                # the copy's stage is the last one when b is the last layer: with its degree
+                # fixed (variants), so are the all-reduce's bytes and the degree of its step
+                last = self.last_tensor if copies[0] == S - 1 else None
+                least = min(self.costs.tie_between(b, p, sb, tb)[0] for sb in copies
+                            for tb in (degrees if sb < S - 1 or last is None else [last]))
+                after = np.maximum(0.0, self._least_step(b, last) - opt)
                 out = np.maximum(out, np.where(holds_original, least + after, 0.0))
         return out
 
-    def _least_step(self, layer: int) -> float:
+    def _least_step(self, layer: int, tensor: int | None = None) -> float:
         """The least optimizer step of a stage holding ``layer``: that layer's alone (with the
-        tied copy's bytes it holds there), in the configuration where it is least."""
-        key = ("least step", layer)
+        tied copy's bytes it holds there), in the configuration where it is least (of tensor
+        degree ``tensor`` when given)."""
+        key = ("least step", layer, tensor)
         if key not in self._stage:
-            self._stage[key] = min(float(self._config_arrays(j)["opt"][layer, layer]) for j in range(len(self.configs)))
+            self._stage[key] = min(float(self._config_arrays(j)["opt"][layer, layer]) for j, cfg in enumerate(self.configs)
+                                   if tensor in (None, cfg.tensor))
         return self._stage[key]
 
     def stage_arrays(self, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

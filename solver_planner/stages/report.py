@@ -17,7 +17,8 @@ from .devices import DeviceUse, choose_devices
 from .layers import LayerModel, layer_model
 from .memory import memory_warnings
 from .schedule import VIRTUAL
-from .search import DEFAULT_BUDGET, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, TOLERANCE, Candidate, StageSearch, plan_partition
+from .search import (DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, TOLERANCE, Candidate,
+                     StageSearch, plan_partition)
 
 __all__ = ["StagesReport", "plan_stages", "parse_config", "parse_split", "plan_row", "Config", "device_use"]
 
@@ -354,7 +355,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                 baselines: bool = False, budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
                 progress: Callable[[str], None] | None = None, compute: str = "efficiency",
                 top_gap: float = DEFAULT_TOP_GAP, target: str = "native", devices: int | None = None,
-                meshes: str = "equal") -> StagesReport:
+                meshes: str = "equal", gap: float = DEFAULT_GAP) -> StagesReport:
     """Plan ``model`` on ``topology``: the fastest simulated plan (and the ``top`` fastest),
     or one given configuration; with ``baselines``, the best pure strategies (DistIR) and
     for eager-1F1B the best 1F1B plan (searched anyway when the eager search stops short).
@@ -363,7 +364,9 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     ``devices``: at most this many of the cluster's devices (its first ones); the plans use
     the most that equal meshes can tile (:mod:`.devices`; the report's ``use`` says how
     many and why the rest idle).  ``meshes="unequal"``: stages may also take sub-meshes of
-    different shapes (Alpa's space, :mod:`.unequal`), on up to all the devices."""
+    different shapes (Alpa's space, :mod:`.unequal`), on up to all the devices.  ``gap``:
+    the search stops once its plan is proven within this relative gap and its bound has
+    stopped rising (:func:`.search.plan_partition`); 0 searches until OPTIMAL or a budget."""
     lm = layer_model(model, target)
     if meshes not in ("equal", "unequal"):
         raise OptionError(unknown_choice("meshes", meshes, ["equal", "unequal"]))
@@ -419,7 +422,7 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
     if layer_counts is not None:
         restrict["layer_counts"] = tuple(layer_counts)
     args = dict(time_limit=time_limit, seed=seed, top=top, budget=budget, simulations=simulations,
-                progress=progress, top_gap=top_gap)
+                progress=progress, top_gap=top_gap, gap=gap)
     base = None
     search = StageSearch(lm, topology, schedule, comm, stages=stages, compute=compute, **restrict)
 
