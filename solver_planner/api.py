@@ -363,7 +363,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
            budget: int | None = None, simulations: int | None = None, top_gap: float | None = None,
            progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-           devices: int | None = None, meshes: str = "equal") -> StagesReport:
+           devices: int | None = None, meshes: str = "equal", gap: float | None = None) -> StagesReport:
     """Cut the model's layers into pipeline stages on equal sub-meshes (or unequal ones), choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
     simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
@@ -402,6 +402,9 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         With ``top > 1``: each listed plan after the first is its pair's best within this
         relative gap (default 0.01), or as close as its share of the budgets gets; each
         plan's ``pair_bound`` proves it.  0 asks for exact ones.
+    gap : float, optional
+        The search stops once its plan is proven within this relative gap and its bound has
+        stopped rising (default 0.01); 0 searches until OPTIMAL or a budget.
     progress : callable, optional
         Called with a line of text as the search advances.
     compute : {'efficiency', 'roofline', 'peak'}
@@ -451,8 +454,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     from .stages.report import plan_stages
 
     topo, spec = load(cluster, model)
-    limits = {k: v for k, v in (("budget", budget), ("simulations", simulations), ("top_gap", top_gap))
-              if v is not None}
+    limits = {k: v for k, v in (("budget", budget), ("simulations", simulations), ("top_gap", top_gap),
+                                ("gap", gap)) if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
                        compute=compute, devices=devices, meshes=meshes, **limits)

@@ -476,3 +476,26 @@ def test_the_search_s_budgets_are_recorded_and_every_edit_of_them_refused(tmp_pa
                 edited["search"]["options"][key] = new
             rep = check_plan(topo, spec, edited)
             assert rep.exit_code == 1 and names(rep, ("search", "options", key)), (key, new, rep.first_failure)
+
+
+def test_the_gap_the_search_may_stop_at_is_recorded_and_checked(tmp_path):
+    """`plan --gap`: recorded when not the default, read back by `check` (which runs the
+    search again at it), and a value the search refuses is refused at its field."""
+    model = CLUSTERS.parent / "models" / "gpt3-2.6b.yaml"
+    topo, spec = load_topology(P3), load_model_spec(model)
+    path = tmp_path / "gap.yaml"
+    result = run_cli("plan", P3, model, "-s", "1f1b", "--gap", "0", "-o", path)
+    assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(path.read_text())
+    assert doc["search"]["options"]["gap"] == 0.0
+    assert check_plan(topo, spec, doc).exit_code == 0
+    default = tmp_path / "default.yaml"
+    assert run_cli("plan", P3, model, "-s", "1f1b", "-o", default).returncode == 0
+    assert "gap" not in yaml.safe_load(default.read_text())["search"]["options"]
+    for new in (-0.1, 1.0, True, "0.01", None, float("nan")):
+        edited = copy.deepcopy(doc)
+        edited["search"]["options"]["gap"] = new
+        rep = check_plan(topo, spec, edited)
+        assert rep.exit_code == 1 and names(rep, ("search", "options", "gap")), (new, rep.first_failure)
+    bad = run_cli("plan", P3, model, "--gap", "1.5")
+    assert bad.returncode == 2 and "--gap" in bad.stderr

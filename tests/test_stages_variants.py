@@ -199,3 +199,16 @@ def test_seed_52_is_proven_optimal_with_the_variants():
             topo, spec, schedule, _ = small_gaps.instance(52, Path(tmp))
             res = plan_stages(topo, spec, schedule, gap=0.0).result
     assert res.status.value == "FEASIBLE" and res.info["budget_exhausted"]
+
+
+def test_the_command_s_gap_reaches_the_search():
+    import json
+
+    from conftest import CLUSTERS, SPECS, run_cli
+
+    out = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml", "--gap", "0.25",
+                  "--no-baselines", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["search"]["stop_gap"] == 0.25
+    bad = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml", "--gap", "-1")
+    assert bad.returncode == 2 and "--gap" in bad.stderr

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .. import units
 from ..errors import unknown_choice
-from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, SIM_BUDGET_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, GAP_OPT, SIM_BUDGET_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
                      error_object, fail, handles_errors, model_of, print_json, topology_of, warn, write_trace)
 from ..choices import CROSS_MESH as STRATEGIES
 from ..choices import SCHEDULES
@@ -59,6 +59,7 @@ def plan(
     seed: int = typer.Option(0, "--seed", help="Solver seed (one worker: reproducible)."),
     budget: int = BUDGET_OPT,
     sim_budget: int = SIM_BUDGET_OPT,
+    gap: float = GAP_OPT,
     compute: str = COMPUTE_OPT,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the plan file (YAML) here."),
     trace: Optional[Path] = typer.Option(None, "--trace",
@@ -110,7 +111,7 @@ def plan(
                                parse_config(config) if config is not None else None,
                                parse_split(split) if split is not None else None, time_limit, seed, proof_timeout,
                                candidates, progress=_progress, compute=compute, target=target, devices=devices,
-                               meshes=meshes, budget=budget, simulations=sim_budget)
+                               meshes=meshes, budget=budget, simulations=sim_budget, gap=gap)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, SIM_BUDGET_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
+from .common import (BUDGET_OPT, COMPUTE_OPT, DEVICES_OPT, GAP_OPT, SIM_BUDGET_OPT, JSON_OPT, TRACE_DETAIL_OPT, check_output, check_plot, check_trace_detail, console,
                      handles_errors, model_of, print_json, topology_of, warn, write_trace)
 from ..choices import DEFAULT_TOP_GAP, SCHEDULES
 from ..choices import STAGE_METHODS as METHODS
@@ -92,6 +92,7 @@ def stages(
                                    " eager-1f1b, the best 1F1B plan for comparison."),
     budget: int = BUDGET_OPT,
     sim_budget: int = SIM_BUDGET_OPT,
+    gap: float = GAP_OPT,
     no_comm: bool = typer.Option(False, "--no-comm", help="Price every communication at zero (what-if)."),
     compute: str = COMPUTE_OPT,
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the simulated iteration as a Perfetto trace"
@@ -132,7 +133,7 @@ def stages(
                               top=top, config=cfg, layer_counts=parse_split(split) if split is not None else None,
                               baselines=baselines, budget=budget, simulations=sim_budget, progress=_progress,
                               compute=compute, top_gap=top_gap, target=target, devices=devices,
-                              meshes=meshes)
+                              meshes=meshes, gap=gap)
     finally:
         if sys.stderr.isatty():
             typer.echo("\r\x1b[K", err=True, nl=False)

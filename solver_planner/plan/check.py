@@ -34,7 +34,8 @@ import math
 from dataclasses import dataclass, field as datafield
 from typing import Any
 
-from ..choices import COMPUTE_MODELS, CROSS_MESH, DEFAULT_BUDGET, DEFAULT_SIMULATIONS, SCHEDULES, STAGE_METHODS
+from ..choices import (COMPUTE_MODELS, CROSS_MESH, DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, SCHEDULES,
+                       STAGE_METHODS)
 from ..targets.base import TARGETS
 from ..cost import CostModel
 from ..errors import InfeasibleError, PlannerError, RefusedError
@@ -294,6 +295,9 @@ class _Checker:
             simulations = field(opts, ("simulations",), int) if "simulations" in opts else DEFAULT_SIMULATIONS
             if simulations < 1:
                 raise FieldError(("simulations",), f"{simulations} simulated tasks: the search needs at least 1")
+            gap = field(opts, ("gap",), float) if "gap" in opts else DEFAULT_GAP
+            if not 0 <= gap < 1:
+                raise FieldError(("gap",), f"{gap!r}: the gap the search may stop at must be in [0, 1)")
             if not 1 <= candidates <= 50 or not 0 < time_limit <= 86400 or not 0 <= seed < 2**31:
                 raise FieldError((), "candidates must be 1..50, time_limit in (0, 86400] s and seed in 0..2^31-1")
         except FieldError as exc:
@@ -303,7 +307,7 @@ class _Checker:
             self.fail("search", where + ("config",), str(exc))
             return None
         return SearchOptions(method, stages, config, split, candidates, time_limit, seed, target, devices, meshes,
-                             budget, simulations)
+                             budget, simulations, gap)
 
     def partition(self, options: SearchOptions | None) -> Partition:
         if self.unequal:

@@ -20,7 +20,7 @@ from ..stages import Partition, PipelineRun, Schedule, family, simulate_schedule
 from ..stages.pipeline import mesh_orders
 from ..stages.schedule import VIRTUAL
 from ..stages.devices import DeviceUse
-from ..choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS
+from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS
 from ..stages.report import Config, plan_stages
 from ..topology import Topology
 from .boundaries import Boundary, solve_boundaries, transfers_of
@@ -188,6 +188,7 @@ class SearchOptions:
     meshes: str = "equal"           # "unequal": Alpa's space too (stages/unequal.py)
     budget: int = DEFAULT_BUDGET    # subspaces the branch and bound solves before it stops
     simulations: int = DEFAULT_SIMULATIONS      # simulated tasks per listed plan
+    gap: float = DEFAULT_GAP        # the search stops at this gap once its bound stops rising
 
     def as_dict(self) -> dict:
         return {"method": self.method, "stages": self.stages,
@@ -198,7 +199,8 @@ class SearchOptions:
                 **({"meshes": self.meshes} if self.meshes != "equal" else {}),
                 # written when asked for (plan files from before these options have neither)
                 **({"budget": self.budget} if self.budget != DEFAULT_BUDGET else {}),
-                **({"simulations": self.simulations} if self.simulations != DEFAULT_SIMULATIONS else {})}
+                **({"simulations": self.simulations} if self.simulations != DEFAULT_SIMULATIONS else {}),
+                **({"gap": self.gap} if self.gap != DEFAULT_GAP else {})}
 
 
 def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: SearchOptions,
@@ -209,7 +211,7 @@ def search_stages(topology: Topology, model: ModelSpec, schedule: str, options: 
     o = options
     rep = plan_stages(topology, model, schedule, o.method, o.time_limit, o.seed, stages=o.stages, config=o.config,
                       layer_counts=o.split, top=max(1, o.candidates), compute=compute, target=o.target,
-                      devices=o.devices, meshes=o.meshes, budget=o.budget, simulations=o.simulations)
+                      devices=o.devices, meshes=o.meshes, budget=o.budget, simulations=o.simulations, gap=o.gap)
     search = {"options": o.as_dict(), "status": rep.result.status.value, "method": rep.result.method,
               "bound": rep.result.bound, "gap": rep.result.gap, "objective": rep.best.time,
               "candidates": len(rep.result.solutions)}
@@ -260,7 +262,8 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
               time_limit: float = 10.0, seed: int = 0, proof_timeout: float = 30.0, candidates: int = 1,
               progress: Callable[[str], None] | None = None, compute: str = "efficiency",
               target: str = "native", devices: int | None = None, meshes: str = "equal",
-              budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS) -> TrainingPlan:
+              budget: int = DEFAULT_BUDGET, simulations: int = DEFAULT_SIMULATIONS,
+              gap: float = DEFAULT_GAP) -> TrainingPlan:
     """Plan ``model`` on ``topology`` end to end.
 
     The stage planner lists its ``candidates`` fastest plans for the ``schedule`` family
@@ -277,7 +280,7 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
     ``devices``: at most this many of the cluster's devices; the plan runs on the first ones
     the stage search uses (``plan.use`` says how many and why the rest idle).
     ``meshes="unequal"``: stages may take sub-meshes of different shapes (Alpa's space).
-    ``budget``, ``simulations``: the stage search's limits (``stages --budget/--sim-budget``).
+    ``budget``, ``simulations``, ``gap``: the stage search's limits (``stages --budget/--sim-budget/--gap``).
     """
     say = progress or (lambda _t: None)
     if schedule is None:
@@ -286,13 +289,13 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
         say("searching every schedule the target runs")
         first = plan_stages(topology, model, None, method, time_limit, seed, stages=stages, config=config,
                             layer_counts=layer_counts, compute=compute, target=target, devices=devices,
-                            budget=budget, simulations=simulations)
+                            budget=budget, simulations=simulations, gap=gap)
         schedule = first.best.schedule.kind
     if cross_mesh == "free" and not overlap:
         # a free transfer takes no time: synchronous or not, the iteration is the same
         raise OptionError("--no-overlap with --cross-mesh free: free transfers have nothing to overlap")
     options = SearchOptions(method, stages, config, None if layer_counts is None else tuple(layer_counts),
-                            candidates, time_limit, seed, target, devices, meshes, budget, simulations)
+                            candidates, time_limit, seed, target, devices, meshes, budget, simulations, gap)
     t0 = time.perf_counter()
     say("searching stages")
     rep, search = search_stages(topology, model, schedule, options, compute)

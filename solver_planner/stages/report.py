@@ -209,7 +209,8 @@ class StagesReport:
 
 
 def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str, time_limit: float, seed: int,
-               comm: bool, best: float, budget: int, simulations: int, compute: str = "efficiency") -> dict:
+               comm: bool, best: float, budget: int, simulations: int, compute: str = "efficiency",
+               gap: float = DEFAULT_GAP) -> dict:
     """DistIR Table 2: the best pure data, tensor and pipeline plans (or why there is none)."""
     N, M = topology.num_devices, topology.devices_per_host
     whole = MeshShape(N // M, M) if N >= M else MeshShape(1, N)
@@ -236,7 +237,7 @@ def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str
         search = StageSearch(model, topology, schedule, comm, compute=compute, **restrict)
         try:
             res = plan_partition(search, method if method != "brute-force" else "dp", time_limit, seed,
-                                 budget=budget, simulations=simulations)
+                                 budget=budget, simulations=simulations, gap=gap)
         except PlannerError as exc:
             shortfall = getattr(exc, "shortfall", None)
             out[name] = {"possible": False, "config": label,
@@ -448,6 +449,6 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                           compute=search.cost.compute.mode, use=use, topology=topology)
     if baselines and config is None and layer_counts is None and target == "native":
         report.baselines = _baselines(topology, lm, schedule, method, time_limit, seed, comm, result.objective,
-                                      budget, simulations, compute)
+                                      budget, simulations, compute, gap)
     return report
 

@@ -363,7 +363,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         for cand in incumbents or []:
             if any(p.costs.shape == cand.plan.costs.shape and p.B == cand.plan.costs.microbatches for p in pairs):
                 board.add(cand)
-        info = {"pairs": len(pairs), "solver": chosen, "method_requested": method}
+        info = {"pairs": len(pairs), "solver": chosen, "method_requested": method, "stop_gap": gap}
         if search.uniform is not None:
             chosen = info["solver"] = "uniform"
             bound, proven, empty = _uniform(search, pairs, board, progress, info)
