@@ -13,6 +13,7 @@ auto`, default budgets).  Columns: status, gap, wall seconds, and what stopped t
     python benchmarks/small_gaps.py                 # seeds 0-59, about a minute on one core
     python benchmarks/small_gaps.py --seeds 0-199
     python benchmarks/small_gaps.py --seeds 38 --budget 200000 --sim-budget 100000000   # larger budgets
+    python benchmarks/small_gaps.py --seeds 52 --gap 0       # search on to OPTIMAL (or the budget)
 
 Goal (the request for certificates that close): OPTIMAL or a gap of at most 1% within 2 s
 on every instance of at most 16 devices and 12 layers.  Printed, never asserted.
@@ -33,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solver_planner.choices import DEFAULT_BUDGET, DEFAULT_SIMULATIONS  # noqa: E402
+from solver_planner.choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS  # noqa: E402
 from solver_planner.errors import PlannerError  # noqa: E402
 from solver_planner.spec import load_model_spec  # noqa: E402
 from solver_planner.stages.report import plan_stages  # noqa: E402
@@ -77,6 +78,9 @@ def main() -> None:
                     help=f"subspaces solved before stopping with a gap (stages --budget; default {DEFAULT_BUDGET})")
     ap.add_argument("--sim-budget", type=int, default=DEFAULT_SIMULATIONS,
                     help=f"simulated tasks per listed plan (stages --sim-budget; default {DEFAULT_SIMULATIONS})")
+    ap.add_argument("--gap", type=float, default=DEFAULT_GAP,
+                    help=f"stop at this gap once the bound stops rising (stages --gap; default {DEFAULT_GAP:g}; 0: to"
+                         " OPTIMAL or the budget)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,7 +89,8 @@ def main() -> None:
             topo, spec, schedule, what = instance(seed, Path(tmp))
             start = time.perf_counter()
             try:
-                res = plan_stages(topo, spec, schedule, budget=args.budget, simulations=args.sim_budget).result
+                res = plan_stages(topo, spec, schedule, budget=args.budget, simulations=args.sim_budget,
+                                  gap=args.gap).result
                 status, gap = res.status.value, res.gap
                 note = ("" if status == "OPTIMAL" else "budget" if res.info.get("budget_exhausted")
                         else "gap reached" if "stopped_at_gap" in res.info else "")

@@ -493,7 +493,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
     tries: dict[int, int] = {}      # id(pair) -> its subspaces solved
     peak, calm = -math.inf, 0       # the bound of what is left at its last rise, subspaces since
     floor_coarse = None             # the least bound of the cuts coarse pairs do not search
-    split: list[PairProblem] = []   # the variants pairs were split into
+    split: dict[int, PairProblem] = {}      # the variants pairs were split into, by id
 
     def simulate(item, cutoff: float) -> None:
         nonlocal sims, since
@@ -567,12 +567,11 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
         key, _, sub = heapq.heappop(subs)
         pair = sub.pair
         if method == "dp" and tries.get(id(pair), 0) >= SPLIT_AFTER and pair.variants():
-            # a pair the search keeps coming back to: its subspaces are split by the last
-            # stage's tensor degree (each variant's R is at least the pair's), its tables built
-            # again per degree only where that can pay
-            if not any(v in split for v in pair.variants()):
-                split.extend(pair.variants())
+            # a pair the search keeps coming back to: each of its subspaces becomes the same
+            # subspace of every variant (tighter R; their tables are built only for pairs
+            # where the search spends more than a few subspaces)
             for v in pair.variants():
+                split[id(v)] = v
                 heapq.heappush(subs, (key, next(counter), Subspace(v, sub.prefix, sub.excluded, sub.bound)))
             continue
         tries[id(pair)] = tries.get(id(pair), 0) + 1
@@ -634,7 +633,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
     # gap is above the fastest plan, but a bound all the same)
     left = min(board.loose.values(), default=math.inf)
     info.update({"subspaces": solved, "simulations": sims, "simulated_tasks": tasks[0],
-                 "dp_runs": sum(p.dp_runs for p in pairs + split),
+                 "dp_runs": sum(p.dp_runs for p in pairs + list(split.values())),
                  "budget_exhausted": bool(subs or plans) and "stopped_at_gap" not in info})
     proven = not subs and not plans and open_bound == math.inf and not unsearched
     empty = not found and proven
