@@ -212,3 +212,26 @@ def test_the_command_s_gap_reaches_the_search():
     assert json.loads(out.stdout)["search"]["stop_gap"] == 0.25
     bad = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml", "--gap", "-1")
     assert bad.returncode == 2 and "--gap" in bad.stderr
+
+
+def test_the_text_says_why_a_feasible_search_stopped(capsys):
+    """A FEASIBLE result names what stopped the search: the gap reached (and how to search
+    on) or the budgets."""
+    import json
+
+    import importlib
+
+    from conftest import CLUSTERS, SPECS, run_cli
+
+    cli_stages = importlib.import_module("solver_planner.cli.stages")
+    out = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml",
+                  "--no-baselines", "--json")
+    data = json.loads(out.stdout)
+    for extra, said in (({"stopped_at_gap": 0.01}, "stopped within --gap 1%"),
+                        ({"budget_exhausted": True}, "stopped on its budgets")):
+        shown = dict(data, status="FEASIBLE", search={**data["search"], **extra})
+        cli_stages._print(shown, "m", "c")
+        text = capsys.readouterr().out
+        assert said in text, text
+    cli_stages._print(data, "m", "c")
+    assert "stopped" not in capsys.readouterr().out
