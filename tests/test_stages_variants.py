@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from solver_planner.stages import StageSearch, family, plan_partition, simulate_schedule
+from solver_planner.stages import StageSearch, plan_partition, simulate_schedule
 from solver_planner.stages import search as search_module
 from solver_planner.stages.objective import bounds, fits
 from solver_planner.stages.partition import StagePlan
