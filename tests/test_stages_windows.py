@@ -409,3 +409,28 @@ def test_one_cell_s_window_term_in_python_numbers_is_the_arrays(kind):
                         seen += 1
                         assert number == pytest.approx(float(array[0]), rel=1e-12, abs=1e-15), (p, W, sums)
         assert seen, kind
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "eager-1f1b"])
+def test_the_cells_round_trip_limits_of_every_warm_up_at_once_are_one_at_a_time(kind):
+    """``_ymax`` takes every warm-up count of the family in one set of arrays; on every stage's
+    cells, at limits below, at and above the plans', with and without windows, it is exactly
+    the count-by-count loop (``_ymax_of``)."""
+    from solver_planner.stages import family
+    from solver_planner.stages.problem import PairProblem
+
+    seen = 0
+    for plan in (chain(8, 64, [3e11] * 5 + [1.5e11] * 3, "100 GB/s"), _pairs_of_layers(6, 24)):
+        pair = PairProblem(plan.costs, family(kind, plan.costs.stages))
+        R = pair.relaxation(tuple(plan.stages))
+        for p in range(pair.S):
+            for tau in (0.5 * R, R, 1.5 * R, math.inf):
+                cells = pair._cells(p, tau if math.isfinite(tau) else 1e30)
+                if not len(cells["k"]):
+                    continue
+                for window in (cells["window"], {W: None for W in cells["window"]}):
+                    cells["window"] = window
+                    one, many = pair._ymax_of(cells, tau), pair._ymax(cells, tau)
+                    assert np.array_equal(one, many, equal_nan=True), (p, tau)
+                    seen += 1
+    assert seen
