@@ -1681,10 +1681,18 @@ class PairProblem:
         Ws, jp1, c0, K = stack
         with np.errstate(invalid="ignore"):     # both branches are computed; np.where keeps one
             lim = np.minimum((tau - c0) / jp1 - c["K3"], self._phase_ymaxes(c, Ws, tau))
-            windows = [c["window"][W] for W, _, _ in c["cycle"]]
-            if any(w is not None for w in windows):
-                win = np.stack([np.full(len(c["k"]), np.nan) if w is None else w for w in windows])
-                has = np.array([w is not None for w in windows])[:, None]
+            held = c.get("window_stack")
+            if held is None or held[0] is not c["window"]:
+                # the windows of the limit the cells were last asked at (_set_windows): stacked
+                # once per such dict, which the cache holds (so its id is not reused)
+                windows = [c["window"][W] for W, _, _ in c["cycle"]]
+                some = any(w is not None for w in windows)
+                held = c["window_stack"] = (
+                    c["window"], some,
+                    np.stack([np.full(len(c["k"]), np.nan) if w is None else w for w in windows]) if some else None,
+                    np.array([w is not None for w in windows])[:, None])
+            _, some, win, has = held
+            if some:
                 # R + max(R, K) <= T: R <= min(T - K, T / 2)
                 T = np.where(np.isfinite(win), tau - win, -np.inf)
                 lim = np.where(has, np.minimum(lim, np.minimum(T - K, T / 2) - c["XF"]), lim)
@@ -1708,20 +1716,25 @@ class PairProblem:
         return ymax
 
     def _phase_ymaxes(self, c: dict, Ws: np.ndarray, tau: float) -> np.ndarray:
-        """:meth:`_phase_ymax` of every warm-up count ``Ws`` (a column) at once."""
-        f, b, bc, G, xf = c["F"], c["Bk"], c["BC"], c["G"], c["XF"]
-        ch = b - bc
-        B = self.B
-        T = tau - G - ((B - Ws) * (f + ch) + np.maximum(0, B - Ws - 1) * bc + ch)
-        r1, r2 = Ws * f - f, (Ws - 1) * b
-        lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
-        g0 = Ws * f + (Ws - 1) * b
-        ghi = g0 + (hi - lo)
+        """:meth:`_phase_ymax` of every warm-up count ``Ws`` (a column) at once; what does
+        not depend on tau is kept with the cells (the same arithmetic, in the same order)."""
+        k = c.get("phase_stack")
+        if k is None:
+            f, b, bc, G = c["F"], c["Bk"], c["BC"], c["G"]
+            ch = b - bc
+            B = self.B
+            r1, r2 = Ws * f - f, (Ws - 1) * b
+            lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
+            g0 = Ws * f + (Ws - 1) * b
+            k = c["phase_stack"] = ((B - Ws) * (f + ch) + np.maximum(0, B - Ws - 1) * bc + ch, lo, hi, g0,
+                                    g0 + (hi - lo), B * f + (B - 1) * b + ch, (B - 1) * b, B * f, ch, B > Ws)
+        head, lo, hi, g0, ghi, fill, tail, fwd, ch, many_w = k
+        f, G = c["F"], c["G"]
+        T = tau - G - head
         many = np.where(T < g0, -np.inf, np.where(T <= ghi, lo + (T - g0), hi + (T - ghi) / 2))
         T = tau - G
-        ok = B * f + (B - 1) * b + ch <= T
-        few = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
-        return np.where(B > Ws, many, few) - xf
+        few = np.where(fill <= T, np.minimum(T - f - tail - ch, T - fwd - ch), -np.inf)
+        return np.where(many_w, many, few) - c["XF"]
 
     def _phase_ymax(self, c: dict, W: int, tau: float) -> np.ndarray:
         """Per cell, the largest incoming round trip y whose phase term stays at most tau."""
