@@ -345,7 +345,8 @@ class PairProblem:
         takes each term's least over its members only (the family's least otherwise mixes
         members: the cycle of one, the link of another that does not fit the plan).  Returns
         (members, the counts every cell must fit) per group of levels."""
-        lives = {s: tuple(self.member_live(s, p) for p in range(self.S)) for s in self.schedules}
+        # the fewest each keeps (a stage that delays its weight parts keeps one more)
+        lives = {s: tuple(live_count(s, self.S, p, self.B) for p in range(self.S)) for s in self.schedules}
         chain = sorted(set(lives.values()))
         if any(not all(u <= v for u, v in zip(x, y)) for x, y in zip(chain, chain[1:])):
             return []
@@ -367,16 +368,8 @@ class PairProblem:
     def _loses_cells(self, low: tuple[int, ...], high: tuple[int, ...]) -> bool:
         """Whether some cell that fits keeping ``low[p]`` micro-batches on its stage does not
         fit keeping ``high[p]``."""
-        c = self.costs
-        for p in range(self.S):
-            if low[p] == high[p]:
-                continue
-            for j, cfg in enumerate(self.configs):
-                ok = self.fits_mask(p, j)
-                if (ok & ~(self._square(c.memory(cfg, high[p]), p) <= c.device_memory)
-                        & (self._square(c.memory(cfg, low[p]), p) <= c.device_memory)).any():
-                    return True
-        return False
+        return any((self.fits_mask(p, j, low[p]) & ~self.fits_mask(p, j, high[p])).any()
+                   for p in range(self.S) if low[p] != high[p] for j in range(len(self.configs)))
 
     def drop_caches(self) -> None:
         """Forget every array built (see :class:`_Caches`); they are rebuilt on demand."""
@@ -465,10 +458,12 @@ class PairProblem:
             }
         return self._stage[key]
 
-    def fits_mask(self, p: int, j: int) -> np.ndarray:
-        """(n, n): stage p can hold layers k..i with configuration j (memory; layers left over)."""
+    def fits_mask(self, p: int, j: int, live: int | None = None) -> np.ndarray:
+        """(n, n): stage p can hold layers k..i with configuration j (memory, keeping ``live``
+        micro-batches, by default :meth:`live_min`; layers left over)."""
         c, S, n = self.costs, self.S, self.n
-        ok = self._square(c.memory(self.configs[j], self.live_min(p)), p) <= c.device_memory
+        live = self.live_min(p) if live is None else live
+        ok = self._square(c.memory(self.configs[j], live), p) <= c.device_memory
         if p == 0:
             ok[1:, :] = False
         if p == S - 1:
@@ -478,10 +473,6 @@ class PairProblem:
         return ok
 
     _KEYS = ("T1", "T2", "INC1", "INC2", "INC3", "K3", "Bk", "BC", "G", "F", "XF", "XG")
-
-    def member_live(self, s: Schedule, p: int) -> int:
-        """The micro-batches stage p keeps under member ``s``, at least."""
-        return live_count(s, self.S, p, self.B)
 
     def stage(self, p: int) -> dict[str, np.ndarray]:
         """Stage p's terms on its band, each (configs, n, n); ``T2`` and the increments are inf
@@ -1668,7 +1659,7 @@ class PairProblem:
         count at once, as ``(counts, cells)`` arrays: one count at a time, numpy's cost per
         call was most of it (GPT-3 175B on 16 384 GPUs under eager-1F1B, 5-7 counts per
         stage: 350 000 calls, a fifth of the search); element for element the same
-        arithmetic as :meth:`_ymax_of` (tested equal)."""
+        arithmetic as one count at a time (tests/test_stages_windows.py holds that loop)."""
         if not self.r3:
             return np.full(len(c["k"]), np.inf)
         if not c["cycle"]:
@@ -1698,32 +1689,16 @@ class PairProblem:
                 lim = np.where(has, np.minimum(lim, np.minimum(T - K, T / 2) - c["XF"]), lim)
         return lim.max(axis=0)
 
-    def _ymax_of(self, c: dict, tau: float) -> np.ndarray:
-        """:meth:`_ymax` one warm-up count at a time (the reference it is tested against)."""
-        if not self.r3:
-            return np.full(len(c["k"]), np.inf)
-        ymax = np.full(len(c["k"]), -np.inf)
-        for W, jp1, c0 in c["cycle"]:
-            cyc = (tau - c0) / jp1 - c["K3"]
-            lim = np.minimum(cyc, self._phase_ymax(c, W, tau))
-            window = c["window"][W]
-            if window is not None:
-                with np.errstate(invalid="ignore"):        # tau = inf and no plan through a cell
-                    T = np.where(np.isfinite(window), tau - window, -np.inf)
-                K = (W - 1) * (c["Bk"] - c["BC"])
-                lim = np.minimum(lim, np.minimum(T - K, T / 2) - c["XF"])
-            ymax = np.maximum(ymax, lim)
-        return ymax
-
     def _phase_ymaxes(self, c: dict, Ws: np.ndarray, tau: float) -> np.ndarray:
-        """:meth:`_phase_ymax` of every warm-up count ``Ws`` (a column) at once; what does
-        not depend on tau is kept with the cells (the same arithmetic, in the same order)."""
+        """Per cell and warm-up count in ``Ws`` (a column), the largest incoming round trip y
+        whose phase term (:func:`.objective.phase_time`) stays at most tau; what does not
+        depend on tau is kept with the cells."""
         k = c.get("phase_stack")
         if k is None:
             f, b, bc, G = c["F"], c["Bk"], c["BC"], c["G"]
             ch = b - bc
             B = self.B
-            r1, r2 = Ws * f - f, (Ws - 1) * b
+            r1, r2 = Ws * f - f, (Ws - 1) * b        # where max(f + R, W f) and max(R, (W-1) b) bend
             lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
             g0 = Ws * f + (Ws - 1) * b
             k = c["phase_stack"] = ((B - Ws) * (f + ch) + np.maximum(0, B - Ws - 1) * bc + ch, lo, hi, g0,
@@ -1735,24 +1710,6 @@ class PairProblem:
         T = tau - G
         few = np.where(fill <= T, np.minimum(T - f - tail - ch, T - fwd - ch), -np.inf)
         return np.where(many_w, many, few) - c["XF"]
-
-    def _phase_ymax(self, c: dict, W: int, tau: float) -> np.ndarray:
-        """Per cell, the largest incoming round trip y whose phase term stays at most tau."""
-        f, b, bc, G, xf = c["F"], c["Bk"], c["BC"], c["G"], c["XF"]
-        ch = b - bc
-        B = self.B
-        if B > W:
-            T = tau - G - ((B - W) * (f + ch) + max(0, B - W - 1) * bc + ch)
-            r1, r2 = W * f - f, (W - 1) * b          # where max(f + R, W f) and max(R, (W-1) b) bend
-            lo, hi = np.minimum(r1, r2), np.maximum(r1, r2)
-            g0 = W * f + (W - 1) * b
-            ghi = g0 + (hi - lo)
-            R = np.where(T < g0, -np.inf, np.where(T <= ghi, lo + (T - g0), hi + (T - ghi) / 2))
-        else:
-            T = tau - G
-            ok = B * f + (B - 1) * b + ch <= T
-            R = np.where(ok, np.minimum(T - f - (B - 1) * b - ch, T - B * f - ch), -np.inf)
-        return R - xf
 
     def terms(self, stages, limit: float | None = None) -> tuple[float, float, float, float, float]:
         """(R1, R2, R3, R4, R5) of a whole plan; ``limit``: R3's windows counted at that limit
