@@ -7,7 +7,7 @@ starts in a fraction of a second; the solvers load when the command runs).
 
 __all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
            "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS",
-           "DEFAULT_TOP_GAP", "DEFAULT_GAP"]
+           "DEFAULT_TOP_GAP", "DEFAULT_GAP", "STALL", "RISE"]
 
 STAGE_METHODS = ("auto", "dp", "cp-sat", "greedy", "brute-force")
 SCHEDULES = ("1f1b", "gpipe", "eager-1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
@@ -23,3 +23,5 @@ DEFAULT_BUDGET = 2000          # subspaces the stage search solves before it sto
 DEFAULT_SIMULATIONS = 300_000  # simulated tasks per listed plan before the stage search stops with a gap
 DEFAULT_TOP_GAP = 0.01         # relative: a listed plan after the first is its pair's best within this
 DEFAULT_GAP = 0.01             # relative: the stage search stops at this gap once its bound stops rising
+STALL = 64   # the stage search's bound has stopped rising after STALL subspaces
+RISE = 1e-3  # that together raised the bound of what is left by less than RISE (relative)

@@ -227,7 +227,8 @@ def test_the_text_says_why_a_feasible_search_stopped(capsys):
     out = run_cli("stages", CLUSTERS / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml",
                   "--no-baselines", "--json")
     data = json.loads(out.stdout)
-    for extra, said in (({"stopped_at_gap": 0.01}, "stopped within --gap 1%"),
+    for extra, said in (({"stopped_at_gap": 0.01, "stall": 64, "rise": 1e-3},
+                         "stopped within --gap 1%: the bound had not risen by 0.1% over the last 64 subspaces"),
                         ({"budget_exhausted": True}, "stopped on its budgets")):
         shown = dict(data, status="FEASIBLE", search={**data["search"], **extra})
         cli_stages._print(shown, "m", "c")

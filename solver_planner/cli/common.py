@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS
+from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, RISE, STALL
 from ..errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
 from ..spec import deciding_key, load_cluster_spec, load_model_spec, load_yaml
 from ..spec.plausible import implausible
@@ -26,7 +26,8 @@ SIM_BUDGET_OPT = typer.Option(DEFAULT_SIMULATIONS, "--sim-budget", min=1,
                               help="Simulated tasks per listed plan before the search stops with a gap.")
 GAP_OPT = typer.Option(DEFAULT_GAP, "--gap", min=0.0, max=0.99,
                        help="Stop once the plan is proven within this relative gap and the bound has stopped"
-                            " rising (64 subspaces without a 0.1% rise); 0 searches until OPTIMAL or a budget.")
+                            f" rising ({STALL} subspaces without a {RISE:.1%} rise); 0 searches until OPTIMAL or a"
+                            " budget.")
 COMPUTE_OPT = typer.Option(
     "efficiency", "--compute", help="How compute is timed: efficiency (kernel efficiency, launch overhead and memory"
     " traffic from the cluster's device.compute or device preset; the roofline when it has none), roofline"

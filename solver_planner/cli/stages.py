@@ -179,8 +179,8 @@ def _print(data: dict, model: str, cluster: str) -> None:
               f" {units.format_time(data['solve_time'])}; {_work(s)}{s.get('simulations', 0)} simulation(s)"
               f" over {s['pairs']} mesh/micro-batch pairs)")
     if data["status"] == "FEASIBLE" and "stopped_at_gap" in s:
-        out.print(f"  stopped within --gap {100 * s['stopped_at_gap']:g}%: the bound had not risen by 0.1% over the"
-                  f" last 64 subspaces (--gap 0 searches on to OPTIMAL or the budgets)")
+        out.print(f"  stopped within --gap {100 * s['stopped_at_gap']:g}%: the bound had not risen by {s['rise']:.1%}"
+                  f" over the last {s['stall']} subspaces (--gap 0 searches on to OPTIMAL or the budgets)")
     elif data["status"] == "FEASIBLE" and s.get("budget_exhausted"):
         out.print("  stopped on its budgets (--budget subspaces, --sim-budget simulated tasks)")
     if "coarse" in s:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, STAGE_METHODS
+from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, DEFAULT_TOP_GAP, RISE, STAGE_METHODS, STALL
 from ..cost import CostModel
 from ..memory import active_bound, stages_estimate
 from ..memory import check as check_memory
@@ -463,8 +463,6 @@ def _price(plan: Partition, schedules: list[Schedule], enough: float = math.inf)
 
 DIVE = 16   # subspaces solved between simulations of the most promising priced plan
 SPLIT_AFTER = 16   # subspaces of a pair solved before its plans are split by PairProblem.variants
-STALL = 64   # once nothing more can be simulated: the search stops after STALL subspaces
-RISE = 1e-3  # that together raised the bound of what is left by less than RISE (relative)
 
 
 def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time_limit: float, seed: int,
@@ -563,7 +561,7 @@ def _branch_and_bound(pairs: list[PairProblem], board: _Board, method: str, time
                     floor_coarse = min((fine_bound(p, math.inf) for p in pairs if p.coarse), default=math.inf)
                 best = board.ranked()[0].time
                 if best - min(now, floor_coarse) <= gap * best:
-                    info["stopped_at_gap"] = gap
+                    info.update(stopped_at_gap=gap, stall=STALL, rise=RISE)
                     break
         key, _, sub = heapq.heappop(subs)
         pair = sub.pair
