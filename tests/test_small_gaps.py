@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -32,3 +34,13 @@ def test_the_link_bound_closes_the_communication_bound_instances():
     assert " OPTIMAL " in rows[0] and "0.0%" in rows[0], out
     gap = float(rows[1].split("%")[0].split()[-1])
     assert gap <= 3.0, out
+
+
+@pytest.mark.slow
+def test_the_readme_s_gap_0_run_proves_seed_52():
+    # the README's `python benchmarks/small_gaps.py --seeds 52 --gap 0`: searched on past the
+    # default 1% stop, the tied 16-GPU model's plan is proven OPTIMAL
+    out = run("--seeds", "52", "--gap", "0")
+    row = out.splitlines()[1]
+    assert row.split()[0] == "52" and " OPTIMAL " in row and "0.0%" in row, out
+    assert "1 instances, 1 with a plan: 1 OPTIMAL" in out
