@@ -83,3 +83,29 @@ def test_the_playout_bound_is_below_the_simulated_time(case):
     plan, schedule = case
     sim = simulate_schedule(plan, schedule).iteration_time
     assert bounds(plan, schedule).value <= sim * (1 + REL), schedule
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 9), st.sampled_from(["1f1b", "eager-1f1b", "gpipe"]),
+       st.sets(st.integers(1, 11), max_size=3), st.randoms(use_true_random=False))
+def test_the_playout_s_backlog_of_every_stage_is_the_link_bound_s_per_stage(S, B, kind, cut, rnd):
+    """The playout bound's backlog (``_backlogs``, every stage at once) is the link bound's
+    (``_backlog``, one stage at a time, stopping at a stage not joined to the next) on the
+    same ends, for every stage, with links missing anywhere."""
+    import numpy as np
+
+    from solver_planner.stages.link import backlog_counts
+    from solver_planner.stages.schedule import family
+
+    schedule = family(kind, S)[0]
+    f, ch, bw, D = ([rnd.uniform(0.1, 2.0) for _ in range(S)] for _ in range(4))
+    grad = {(i - 1, i): rnd.uniform(0.0, 1.0) for i in range(1, S) if i not in cut}
+    act = dict(grad)
+    delays = [False] * S
+    ends = np.array([[rnd.uniform(0.0, 50.0) for _ in range(B)] for _ in range(S)])
+    work = np.array([nf * f[r] + nc * ch[r] + nw * bw[r]
+                     for r, (nf, nc, nw) in enumerate(backlog_counts(schedule, S, r, B) for r in range(S))])
+    every = objective._backlogs(ends, work, ch, grad, D)
+    for p in range(S):
+        one = objective._backlog(schedule, S, p, B, ends[p], f, ch, bw, act, grad, D, delays)
+        assert float(every[p].max()) == pytest.approx(one, rel=1e-12, abs=1e-12) or one == -float("inf") == every[p].max()

@@ -338,6 +338,14 @@ def _playout_bound(plan: Partition, schedule: Schedule, memo: dict | None, f, ch
         best = max(best, e[-1] + D[p])
         nf, nc, nw = backlog_counts(schedule, S, p, B, delays[p])
         work[p] = nf * fp + nc * cp + nw * wp
+    return max(best, float(_backlogs(ends, work, ch, grad, D).max()))
+
+
+def _backlogs(ends: np.ndarray, work: np.ndarray, ch, grad, D) -> np.ndarray:
+    """:func:`_backlog` of every stage at once, without its depth limit: ``[p, r]``, the
+    backlog stage p's chain ops ending at ``ends[p]`` (by micro-batch) leave on stage r < p
+    (``work[r]``: r's ops from its chain op of m to its last, by m; -inf where none)."""
+    S = len(ends)
     # back from stage p to stage r < p: m's gradient reaches r at e_p(m) + x(p->p-1) + the
     # chain ops and transfers of the stages in between (Q), where every neighbour is joined
     joined = [True] + [(i - 1, i) in grad for i in range(1, S)]
@@ -346,11 +354,9 @@ def _playout_bound(plan: Partition, schedule: Schedule, memo: dict | None, f, ch
     broken = np.cumsum([not x for x in joined])         # stages i, j joined all along: same count
     pp, rr = np.arange(S)[:, None], np.arange(S)[None, :]
     ok = (rr < pp) & (broken[pp] == broken[rr])
-    if ok.any():
-        lead = np.where(ok, Q[np.maximum(pp - 1, 0)] - Q[rr] + gap[pp], -np.inf)
-        reach = (ends[:, None, :] + work[None, :, :]).max(axis=2)        # [p, r]: max over m
-        best = max(best, float((reach + lead + np.asarray(D)[None, :]).max()))
-    return best
+    lead = np.where(ok, Q[np.maximum(pp - 1, 0)] - Q[rr] + gap[pp], -np.inf)
+    reach = (ends[:, None, :] + work[None, :, :]).max(axis=2)        # [p, r]: max over m
+    return reach + lead + np.asarray(D)[None, :]
 
 
 # stages back from a paced link the backlog is followed through (each costs O(B) per plan
