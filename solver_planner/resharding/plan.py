@@ -106,7 +106,9 @@ def build_instance(problem: ReshardingProblem, cost: CostModel, strategy: Strate
             uc = memo.get(key)
             if uc is None:
                 uc = memo[key] = unit_cost(cost, strategy, by_host[host], t.receivers, t.nbytes)
-            ids = tuple(sorted(resource_ids.setdefault(r, len(resource_ids)) for r in uc.resources))
+            # ports numbered in a fixed order (a frozenset's order follows the hash seed, and
+            # the numbers name the rows of reshard --plot)
+            ids = tuple(sorted(resource_ids.setdefault(r, len(resource_ids)) for r in sorted(uc.resources)))
             cands.append(Candidate(host, by_host[host], to_units(uc.time), ids))
             task_costs.append(uc)
         candidates.append(cands)
