@@ -104,6 +104,30 @@ def test_validate_checks_each_model_against_each_cluster():
     assert r.returncode == 2 and "local-2x4" in r.stderr
 
 
+def test_validate_warns_when_no_plan_can_fit_in_memory_and_the_floor_is_below_what_stages_needs():
+    """'fits' used to mean only that the axes multiply to the device count: GPT-3 39B on two
+    p3.8xlarge hosts 'fit' while `stages` said it needs 79.61 GiB per device.  The warning's
+    floor (weights and optimizer state spread over every device) is a lower bound of the
+    least `stages` finds."""
+    big = SPECS / "models" / "gpt3-39b.yaml"
+    r = run_cli("validate", P3, big, "--json")
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)["files"][1]
+    floor = entry["too_large"]["aws-p3.8xlarge-2"]["bytes_per_device_at_least"]
+    assert any("cannot fit in aws-p3.8xlarge-2's memory" in w for w in entry["warnings"])
+    r = run_cli("validate", P3, big)
+    assert r.returncode == 0 and "consistent with aws-p3.8xlarge-2" in r.stdout and "fits" not in r.stdout
+    assert "warning:" in r.stderr and "63.71 GiB per device" in r.stderr
+    s = run_cli("stages", P3, big)
+    assert s.returncode == 1
+    needs = float(re.search(r"needs ([0-9.]+) GiB per device", s.stderr).group(1))
+    assert floor / 2**30 <= needs
+    # a model that has a plan there gets no such warning
+    r = run_cli("validate", P3, SPECS / "models" / "gpt3-2.6b.yaml", "--json")
+    entry = json.loads(r.stdout)["files"][1]
+    assert entry["too_large"] == {} and not entry["warnings"]
+
+
 def test_unit_slips_are_warned_about(tmp_path):
     text = P3.read_text().replace("bandwidth: 10 Gbps", "bandwidth: 400").replace("latency: 25us", "latency: 5")
     slip = tmp_path / "slip.yaml"

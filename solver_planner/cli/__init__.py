@@ -63,10 +63,12 @@ def validate(
 ) -> None:
     """Check spec files, and each model against each cluster among them.
 
-    Every problem is reported as file:line: key.path: what was expected. A model must fit
-    the cluster given, or at least one of several (the summary names which); with no
-    cluster, the summary says it was not checked against one. Exits 2 if any file has a
-    problem.
+    Every problem is reported as file:line: key.path: what was expected. A model must be
+    consistent with the cluster given (axis sizes, meshes), or with at least one of several
+    (the summary names which); with no cluster, the summary says it was not checked against
+    one. A model whose weights and optimizer state cannot fit in a cluster's memory however
+    they are spread is warned about (stages and plan decide what fits). Exits 2 if any file
+    has a problem.
     """
     results = []
     clusters, models = [], []
@@ -114,8 +116,20 @@ def validate(
                 misfits.append((topo.name, exc))
         entry["fits"] = fits
         entry["does_not_fit"] = {name: str(exc.issues[0]) for name, exc in misfits}
+        # consistent is not enough: a model whose weights and optimizer state alone exceed
+        # the cluster's memory has no plan there (`stages` says by how much)
+        too_large = {topo.name: floor for topo in topos if topo.name in fits
+                     and (floor := static_floor(mspec, topo)) is not None and floor > topo.device.budget}
+        entry["too_large"] = {name: {"bytes_per_device_at_least": round(b)} for name, b in too_large.items()}
+        for topo in topos:
+            if topo.name in too_large:
+                entry.setdefault("warnings", []).append(
+                    f"{entry['file']}: model '{mspec.name}' cannot fit in {topo.name}'s memory: its weights and"
+                    f" optimizer state need at least {too_large[topo.name] / 2**30:.2f} GiB per device even spread"
+                    f" over all {topo.num_devices} devices ({topo.device.budget / 2**30:.2f} GiB usable); `stages`"
+                    f" prints the plan needing least")
         if fits:
-            entry["summary"] += f"; fits {', '.join(fits)}"
+            entry["summary"] += f"; consistent with {', '.join(fits)}"
             if misfits:
                 entry["summary"] += f"; not {', '.join(name for name, _ in misfits)}"
         else:
@@ -134,6 +148,17 @@ def validate(
                 typer.echo(f"error: {line}", err=True)
     if bad:
         raise typer.Exit(2)
+
+
+def static_floor(model, topology: Topology) -> float | None:
+    """:func:`.stages.memory.least_static_per_device` of a model with layers on ``topology``;
+    None for a model without layers."""
+    if not model.layers and model.transformer is None:
+        return None
+    from ..stages.layers import layer_model
+    from ..stages.memory import least_static_per_device
+
+    return least_static_per_device(layer_model(model), topology.num_devices)
 
 
 # -- cost -------------------------------------------------------------------------------

@@ -218,6 +218,16 @@ def static_split(params: np.ndarray, optimizer: np.ndarray, t: int, d: int, shar
     return P / t, G / t, O / t
 
 
+def least_static_per_device(model, devices: int) -> float:
+    """A floor on the fullest device of any plan of ``model`` (a :class:`.layers.LayerModel`)
+    on ``devices`` devices: its weights and optimizer state (fp32 main gradients included),
+    each byte held once somewhere, spread evenly.  Gradients, activations and tied copies
+    only add to it."""
+    P = model.column("params")
+    O = model.column("optimizer") + model.options.main_gradient_bytes * P
+    return float(P.sum() + O.sum()) / devices
+
+
 def stage_memory(partition, peak_memory) -> list[dict[str, float]]:
     """Each pipeline stage's peak bytes per device (``peak_memory``, the simulated pipeline's)
     split into ``weights``, ``gradients``, ``optimizer`` (the layers and tied copies of its
