@@ -227,6 +227,23 @@ def test_every_edit_of_what_a_plan_on_part_of_a_cluster_says_is_refused(idle):
         assert _refused(idle, new).exit_code == 1, gone
 
 
+def test_a_stage_missing_from_the_file_is_named_by_the_layers_no_stage_holds(reduced, interleaved, idle):
+    """A stage deleted (or a file cut short) used to be read as idle devices the file does
+    not account for; the layers left to no stage come first, for the first, a middle and
+    the last stage, on every device count, and with model chunks."""
+    for case in (reduced, interleaved, idle):
+        doc = case[2]
+        n = len(doc["stages"])
+        for gone in sorted({0, n // 2, n - 1}):
+            new = copy.deepcopy(doc)
+            lost = new["stages"].pop(gone)["layers"]
+            rep = _refused(case, new)
+            assert rep.exit_code == 1
+            held = lost[0] if lost[0] == lost[1] else f"{lost[0]}-{lost[1]}"
+            said = rep.first_failure.message
+            assert f"layers {held} " in said and "held by no stage" in said, said
+
+
 @pytest.mark.slow
 def test_every_edit_of_the_meshes_of_an_unequal_plan_is_refused(unequal, unequal_idle):
     """Each stage's mesh shape, the devices each stage holds, the search's meshes option, the

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass, field as datafield
 from typing import Any
 
+import numpy as np
+
 from ..choices import (COMPUTE_MODELS, CROSS_MESH, DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, SCHEDULES,
                        STAGE_METHODS)
 from ..targets.base import TARGETS
@@ -397,6 +399,7 @@ class _Checker:
         schedule = self.chunking()
         v = schedule.virtual
         entries = self.get(part_name, ("stages",), list)
+        self.layers_held(entries, lm.num_layers)
         if len(entries) != costs.stages * v and len(entries) % costs.stages == 0 and len(entries) > costs.stages:
             self.fail("iteration", "schedule.virtual", f"{v}, but the plan lists {len(entries)} model chunks on"
                                                        f" {costs.stages} stages")
@@ -415,6 +418,40 @@ class _Checker:
             raise _Stop
         mesh = tuple(mesh_of(schedule, costs.stages, k) for k in range(len(entries)))
         return costs, mesh, entries
+
+    def layers_held(self, entries: list, layers: int) -> None:
+        """Stages that leave layers to none are a stage missing from the file (one cut
+        short, or edited), which the device count read off the stage count would otherwise
+        report as idle devices: said first, naming the layers.  Malformed entries are left to
+        :meth:`stage_plans`, which names their fields."""
+        spans = []
+        for p in range(len(entries)):
+            try:
+                spans.append((field(self.doc, ("stages", p, "layers", 0), int),
+                              field(self.doc, ("stages", p, "layers", 1), int)))
+            except FieldError:
+                return
+        held = np.zeros(layers + 1, dtype=int)          # layers held by some stage, by differences
+        for first, last in spans:
+            if 0 <= first <= last:
+                held[min(first, layers)] += 1
+                held[min(last + 1, layers)] -= 1
+        none = np.flatnonzero(np.cumsum(held)[:layers] == 0)
+        if not spans or not len(none):
+            return          # every layer held (stages out of order are stage_plans' to say)
+        a = int(none[0])
+        breaks = np.flatnonzero(np.diff(none) > 1)       # the first run of layers no stage holds
+        b = int(none[breaks[0]] if len(breaks) else none[-1])
+        after = [p for p, (first, _) in enumerate(spans) if first > b]
+        if after:
+            p = after[0]
+            self.fail("stages", ("stages", p, "layers"),
+                      f"{show(entries[p]['layers'])}: layers {_span(a, b)} are held by no stage")
+        else:
+            self.fail("stages", ("stages", len(spans) - 1, "layers"),
+                      f"the stages end at layer {a - 1}; layers {_span(a, b)} of the model's {layers} are held by"
+                      " no stage")
+        raise _Stop
 
     def stage_plans(self, costs, mesh: tuple, entries: list) -> Partition:
         """Each stage's layers and configuration, checked against its mesh's tables."""
@@ -811,3 +848,7 @@ def _leaves(doc: Any) -> int:
     if isinstance(doc, list):
         return sum(_leaves(v) for v in doc)
     return 1
+
+
+def _span(a: int, b: int) -> str:
+    return f"{a}" if a == b else f"{a}-{b}"
