@@ -173,3 +173,14 @@ def test_an_edited_microbatch_size_leaves_the_other_parts_checked(tmp_path):
     res = run("check", cluster, model, plan, "--json")
     paths = [f["path"] for f in json.loads(res.stdout)["findings"] if f["status"] == "fail"]
     assert "microbatch_size" in paths and "launch.ranks[3].tensor" in paths
+
+
+def test_a_split_and_a_config_that_disagree_on_the_stage_count_are_refused_as_options():
+    """--config d,t,p,k with a --split of another length was refused as 'no plan: not
+    possible' (exit 1), where --stages and --split get the option error (exit 2)."""
+    cluster, spec = CLUSTERS / "aws-p3.8xlarge-2.yaml", MODELS / "gpt3-2.6b.yaml"
+    for extra in (["--config", "2,1,4,512"], ["-s", "interleaved-1f1b", "--config", "1,2,4,8"]):
+        res = run("stages", cluster, spec, *extra, "--split", "12,11,11")
+        assert res.exit_code == 2 and f"--split has 3 stages, --config {extra[-1]} says 4" in res.output, res.output
+    res = run("stages", cluster, spec, "--stages", "4", "--split", "12,11,11")
+    assert res.exit_code == 2 and "--split has 3 stages, --stages says 4" in res.output

@@ -397,6 +397,8 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
                                f" of {lm.global_batch}")
         if stages is not None and stages != config.pipeline:
             raise OptionError(f"--stages {stages} contradicts --config {config}")
+        if layer_counts is not None and len(layer_counts) != config.pipeline:
+            raise OptionError(f"--split has {len(layer_counts)} stages, --config {config} says {config.pipeline}")
     restrict: dict = {}
     if target != "native":
         from ..targets.search import restriction
