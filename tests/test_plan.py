@@ -222,6 +222,10 @@ def test_wrong_inputs_and_files(tmp_path, reduced):
         with pytest.raises(PlanFileError) as err:
             read_plan(bad)
         assert "\n" not in str(err.value) and str(bad) in str(err.value)
+    # a version this release does not read is named with its line
+    bad.write_text("format: solver-planner-plan\ncluster: c\nversion: 4\n")
+    with pytest.raises(PlanFileError, match=r"bad.yaml:3: version: the plan file's version is the integer 4"):
+        read_plan(bad)
     # the line of a forbidden character after multi-byte ones (libyaml counts bytes)
     bad.write_text("a: " + "é" * 23 + "\nb: 1\nc: 2\nd: 3\ne: \x07\n")
     with pytest.raises(PlanFileError, match=r"bad.yaml:5: not YAML: character"):

@@ -176,6 +176,9 @@ def read_plan(path: Path) -> dict[str, Any]:
         raise PlanFileError(f"{p}: not a plan file (expected 'format: {FORMAT}')", p)
     version = doc.get("version")
     if type(version) is not int or version != VERSION:    # 2.0 and true are not the integer 2
-        raise PlanFileError(f"{p}: version: the plan file's version is {kind_of(version)}; this version of"
-                            f" solver-planner reads the integer {VERSION} (write the plan again with 'plan -o')", p)
+        # the key's line, as every other error names one (a plan file's keys start lines)
+        line = next((n + 1 for n, row in enumerate(text.splitlines()) if row.startswith("version:")), None)
+        raise PlanFileError(f"{p}{'' if line is None else f':{line}'}: version: the plan file's version is"
+                            f" {kind_of(version)}; this version of solver-planner reads the integer {VERSION} (write"
+                            f" the plan again with 'plan -o')", p, line)
     return doc
