@@ -31,7 +31,8 @@ GAP_OPT = typer.Option(DEFAULT_GAP, "--gap", min=0.0, max=0.99,
 COMPUTE_OPT = typer.Option(
     "efficiency", "--compute", help="How compute is timed: efficiency (kernel efficiency, launch overhead and memory"
     " traffic from the cluster's device.compute or device preset; the roofline when it has none), roofline"
-    " (max(FLOPs / peak, bytes / memory bandwidth) per operator) or peak (FLOPs at peak).")
+    " (max(FLOPs / peak, bytes / memory bandwidth) per operator) or peak (FLOPs at peak). Without a memory"
+    " bandwidth (no preset, no device.memory_bandwidth) the roofline is the peak; the output names the model used.")
 
 
 def console() -> Console:

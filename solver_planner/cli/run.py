@@ -31,7 +31,8 @@ def run(
 ) -> None:
     """Train MODEL for --steps steps exactly as PLAN_FILE says, one local process per device
     of CLUSTER: its stages as torch.distributed.pipelining stages with torch's schedule (GPipe,
-    1F1B, or eager-1F1B as an action list), tensor parallelism with
+    1F1B, or eager-1F1B and ZB-H1 as action lists; not the chunked interleaved 1F1B and
+    ZB-V), tensor parallelism with
     torch.distributed.tensor.parallel, the plan's proven gradient program over each stage's
     data-parallel groups, its broadcast schedule at every stage boundary, FSDP2 where the plan
     shards the optimizer, activation checkpointing where it recomputes.  The plan is checked

@@ -31,10 +31,11 @@ def implausible(spec) -> list[str]:
     for i, ic in enumerate(getattr(spec, "interconnects", ()) or ()):
         if ic.bandwidth < MIN_BANDWIDTH:
             out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below"
-                       " 1 MB/s: a bare number is bytes per second (write e.g. '400 Gbps' or '50 GB/s')")
+                       " 1 MB/s, likely a unit slip (a number without a unit is bytes per second; write e.g. '400 Gbps' or"
+                       " '50 GB/s')")
         if ic.latency > MAX_LATENCY:
             out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
-                       " a bare number is seconds (write e.g. '5us')")
+                       " likely a unit slip (a number without a unit is seconds; write e.g. '5us')")
     device = getattr(spec, "device", None)
     if device is not None:
         out += _device_warnings(device, src)
@@ -46,24 +47,25 @@ def implausible(spec) -> list[str]:
     for i, red in enumerate(getattr(spec, "reductions", ()) or ()):
         if red.bytes < MIN_REDUCTION:
             out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
-                       " a bare number is bytes (write e.g. '8 MiB')")
+                       " likely a unit slip (a number without a unit is bytes; write e.g. '8 MiB')")
     return out
 
 
 def _device_warnings(device, src) -> list[str]:
     out = []
     if device.memory < MIN_MEMORY:
-        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: a bare"
-                   " number is bytes (write e.g. '80 GiB')")
+        out.append(f"{src.issue(('device', 'memory'), '')}memory {device.memory:g} bytes is below 1 MiB: likely a"
+                   " unit slip (a number without a unit is bytes; write e.g. '80 GiB')")
     rates = [(("device", "flops"), device.flops)]
     rates += [(("device", "dtype_flops", k), v) for k, v in device.dtype_flops.items()]
     for path, rate in rates:
         if rate < MIN_FLOPS:
-            out.append(f"{src.issue(path, '')}{rate:g} FLOP/s is below 100 MFLOP/s: a bare number is FLOP/s"
-                       " (write e.g. '312 TFLOP/s')")
+            out.append(f"{src.issue(path, '')}{rate:g} FLOP/s is below 100 MFLOP/s, likely a unit slip (a"
+                       " number without a unit is FLOP/s; write e.g. '312 TFLOP/s')")
     if device.memory_bandwidth is not None and device.memory_bandwidth < MIN_BANDWIDTH:
         out.append(f"{src.issue(('device', 'memory_bandwidth'), '')}memory bandwidth {device.memory_bandwidth:g}"
-                   " B/s is below 1 MB/s: a bare number is bytes per second (write e.g. '2039 GB/s')")
+                   " B/s is below 1 MB/s, likely a unit slip (a number without a unit is bytes per second; write"
+                   " e.g. '2039 GB/s')")
     if device.preset is None and device.memory_bandwidth is None and device.compute is None:
         out.append(f"{src.issue(('device',), '')}the device has neither a 'preset' nor a 'memory_bandwidth': compute"
                    " is timed at the peak FLOP/s and memory traffic is free, which flatters small kernels (add e.g."
