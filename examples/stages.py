@@ -11,7 +11,7 @@ The eager-1F1B family contains 1F1B, so its plan is never slower.
 from pathlib import Path
 
 from solver_planner import api as sp
-from solver_planner.units import format_bytes, format_time
+from solver_planner.units import format_bytes, format_span, format_time
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 topo, spec = sp.load(SPECS / "clusters" / "aws-p3.8xlarge-2.yaml", SPECS / "models" / "gpt3-2.6b.yaml")
@@ -25,9 +25,10 @@ print(f"{'stage':>5}  {'layers':<24} {'devices':<8} {'d':>2} {'t':>2}  {'fwd+bwd
 for i, st in enumerate(plan["stages"]):
     first, last = st["layers"]
     names = st["layer_names"]
-    print(f"{i:>5}  {f'{first}-{last} ({names[0]}..{names[1]})':<24} {'{}-{}'.format(*st['devices']):<8}"
+    # what plans may fill: the device's memory less the spec's device.memory_reserved
+    print(f"{i:>5}  {format_span(first, last, names):<24} {format_span(*st['devices'][:2]):<8}"
           f" {st['data']:>2} {st['tensor']:>2}  {format_time(st['time']):>9}"
-          f"  {format_bytes(st['memory']):>8} / {format_bytes(topo.device.memory)}")
+          f"  {format_bytes(st['memory']):>8} / {format_bytes(topo.device.budget)}")
 print(f"iteration {format_time(rep.run.iteration_time)} (simulated), bubble {rep.run.bubble_ratio:.1%};"
       f" {rep.result.status.value} ({rep.result.method}, gap {rep.result.gap:.2%},"
       f" {format_time(rep.result.wall_time)})")

@@ -217,6 +217,18 @@ def format_count(n: int, noun: str) -> str:
     return f"{n} {noun}{'es' if noun.endswith(('s', 'x', 'z', 'ch', 'sh')) else 's'}"
 
 
+def format_span(first: int, last: int, names: tuple[str, str] | None = None) -> str:
+    """``first-last`` (one number when they are equal), with the names of the two ends.
+
+    >>> format_span(0, 3, ("embed", "block")), format_span(11, 11, ("block", "block")), format_span(4, 4)
+    ('0-3 (embed..block)', '11 (block)', '4')
+    """
+    text = f"{first}" if first == last else f"{first}-{last}"
+    if names is None:
+        return text
+    return f"{text} ({names[0]})" if first == last else f"{text} ({names[0]}..{names[1]})"
+
+
 def format_rows(rows: tuple[int, ...]) -> str:
     """``(0, 1, 2, 5)`` -> ``[0-2,5]``: runs of consecutive chunks shortened.
 

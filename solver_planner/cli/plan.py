@@ -191,8 +191,8 @@ def _print(doc: dict) -> None:
     for st in doc["stages"]:
         first, last = st["layers"]
         name = str(st["index"]) if v == 1 else f"{st['pipeline_stage']} ({st['index']})"
-        table.add_row(name, f"{first}-{last} ({st['layer_names'][0]}..{st['layer_names'][1]})",
-                      f"{st['devices'][0]}-{st['devices'][-1]}", str(st["data"]), str(st["tensor"]),
+        table.add_row(name, units.format_span(first, last, st["layer_names"]),
+                      units.format_span(st["devices"][0], st["devices"][-1]), str(st["data"]), str(st["tensor"]),
                       str(st["matrix"]).replace(" ", ""), st["gradient_program"], st["proof"],
                       units.format_bytes(st["memory"]))
     out.print(table)
@@ -212,9 +212,12 @@ def _print(doc: dict) -> None:
               f" MFU {doc['mfu']:.1%}, bubble {doc['bubble_ratio']:.1%}")
     out.print("  critical path: " + ", ".join(f"{k.replace('_', ' ')} {units.format_time(v)}"
                                             for k, v in bd.items() if v > 0) + " (they add up to the iteration)")
-    out.print(f"  cross-mesh transfers {units.format_time(hid['cross_mesh_total'])} per iteration,"
-              f" {hid['hidden_fraction']:.1%} hidden; with them free the iteration takes"
-              f" {units.format_time(doc['cross_mesh_free_time'])}")
+    if doc["boundaries"]:
+        out.print(f"  cross-mesh transfers {units.format_time(hid['cross_mesh_total'])} per iteration,"
+                  f" {hid['hidden_fraction']:.1%} hidden; with them free the iteration takes"
+                  f" {units.format_time(doc['cross_mesh_free_time'])}")
+    else:
+        out.print("  no cross-mesh transfers (one stage)")
     if doc["cross_mesh"] == "free":
         out.print("  [yellow]cross-mesh communication priced as free[/]: an upper bound on speed (the cross-mesh"
                   " resharding paper's Signal Send/Recv), not a plan to run")

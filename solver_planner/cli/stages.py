@@ -37,7 +37,7 @@ def _plan_table(row: dict, memory: float) -> Table:
     for i, st in enumerate(row["stages"]):
         first, last = st["layers"]
         names = st["layer_names"]
-        table.add_row(str(i), f"{first}-{last} ({names[0]}..{names[1]})", f"{st['devices'][0]}-{st['devices'][1]}",
+        table.add_row(str(i), units.format_span(first, last, names), units.format_span(*st["devices"][:2]),
                       str(st["data"]), str(st["tensor"]), st["recompute"], units.format_time(st["time"]),
                       f"{units.format_bytes(st['memory'])} / {units.format_bytes(memory)}",
                       units.format_time(st["gradient_reduction"]), units.format_time(st["gradient_tail"]))

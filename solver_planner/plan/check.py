@@ -39,6 +39,7 @@ import numpy as np
 from ..choices import (COMPUTE_MODELS, CROSS_MESH, DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, SCHEDULES,
                        STAGE_METHODS)
 from ..targets.base import TARGETS
+from ..units import format_span
 from ..cost import CostModel
 from ..errors import InfeasibleError, PlannerError, RefusedError
 from ..reduction.dsl import format_program, parse_program
@@ -446,10 +447,10 @@ class _Checker:
         if after:
             p = after[0]
             self.fail("stages", ("stages", p, "layers"),
-                      f"{show(entries[p]['layers'])}: layers {_span(a, b)} are held by no stage")
+                      f"{show(entries[p]['layers'])}: layers {format_span(a, b)} are held by no stage")
         else:
             self.fail("stages", ("stages", len(spans) - 1, "layers"),
-                      f"the stages end at layer {a - 1}; layers {_span(a, b)} of the model's {layers} are held by"
+                      f"the stages end at layer {a - 1}; layers {format_span(a, b)} of the model's {layers} are held by"
                       " no stage")
         raise _Stop
 
@@ -848,7 +849,3 @@ def _leaves(doc: Any) -> int:
     if isinstance(doc, list):
         return sum(_leaves(v) for v in doc)
     return 1
-
-
-def _span(a: int, b: int) -> str:
-    return f"{a}" if a == b else f"{a}-{b}"

@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..units import format_count
 from .costs import StageConfig, StageCosts
 from .coarse import EXACT, UNITS, coarse_cuts, least_memory_floor
 from . import ranges
@@ -420,7 +421,7 @@ class PairProblem:
         return u - p, v - p
 
     def label(self) -> str:
-        return f"{self.S} stages of {self.costs.shape}, B={self.B}"
+        return f"{format_count(self.S, 'stage')} of {self.costs.shape}, B={self.B}"
 
     def plan(self, stages) -> Partition:
         return Partition(self.costs, list(stages))

@@ -200,12 +200,19 @@ class StagesReport:
             base = self.one_f_one_b.solution
             # the 1F1B search is over equal meshes (with --meshes unequal too: the eager plan
             # may then be on unequal ones, and the speed-up mixes the two spaces)
-            out["best_1f1b"] = {"iteration_time": base.time, "status": self.one_f_one_b.status.value,
+            one = self.one_f_one_b
+            out["best_1f1b"] = {"iteration_time": base.time, "status": one.status.value,
+                                "bound": _finite(one.bound), "gap": _finite(one.gap),
                                 "config": plan_config(base), "meshes": "equal"}
             out["eager_speedup"] = base.time / self.best.time
         if self.baselines:
             out["baselines"] = self.baselines
         return out
+
+
+def _finite(x: float | None) -> float | None:
+    """``x`` for JSON: None when it is unknown or infinite."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _baselines(topology: Topology, model: LayerModel, schedule: str, method: str, time_limit: float, seed: int,

@@ -46,6 +46,7 @@ from ..memory import check as check_memory
 from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
+from ..units import format_count
 from ..spec.base import MAX_MICROBATCHES
 from .coarse import EXACT, fine_bound
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
@@ -410,7 +411,7 @@ def plan_partition(search: StageSearch, method: str = "auto", time_limit: float 
         # when this is not below the last one (or infinite, when fewer are listed)
         others = min((v for k, v in board.loose.items() if k not in keys), default=math.inf)
         full = len(ranked) >= max(1, top)
-        info["top_gap"] = worst
+        info["listed_gap"] = worst      # the largest pair_gap of the list (not --top-gap, the one allowed)
         # reported as what it bounds on its own: with a full list, the plans dropped exactly
         # are only known not to beat the last listed plan
         info["unlisted_bound"] = min(others, listed[-1].time) if full else others
@@ -717,8 +718,9 @@ def _uniform(search: StageSearch, pairs: list[PairProblem], board: _Board, progr
         # the schedule's own plans need more than the 1F1B plan _shortfall would name
         # (chunked schedules keep more activations)
         plan = least["plan"]
-        raise _memory_shortfall(search.topology.device, least["peak"], f"{plan.costs.stages} stages on"
-                                f" {plan.costs.shape} meshes, {plan.costs.microbatches} micro-batches, {least['schedule']}")
+        raise _memory_shortfall(search.topology.device, least["peak"], f"{format_count(plan.costs.stages, 'stage')} on"
+                                f" {plan.costs.shape} meshes, {format_count(plan.costs.microbatches, 'micro-batch')},"
+                                f" {least['schedule']}")
     info.update({"plans_priced": priced, "simulations": sims, "space": search.space})
     return math.inf, True, empty
 
@@ -754,7 +756,8 @@ def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError
         return InfeasibleError(f"no stage plan fits in {_memory_text(device)} per device")
     pair, _ = where
     # a large or coarse pair's least is a lower bound over every split (coarse.py), not a plan's
-    return _memory_shortfall(device, best, f"{pair.S} stages on {pair.costs.shape} meshes, {pair.B} micro-batches",
+    return _memory_shortfall(device, best, f"{format_count(pair.S, 'stage')} on {pair.costs.shape} meshes,"
+                                           f" {format_count(pair.B, 'micro-batch')}",
                              at_least=pair.sparse or pair.coarse)
 
 

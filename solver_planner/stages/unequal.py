@@ -472,7 +472,7 @@ def search_unequal(search, equal=None, progress=None, covered=(), covered_bound:
         bound = min([b for b, *_ in spaces] + [best.time, covered_bound])
         # the equal search's account, or (no equal pair) what there was to search
         info = dict(equal.info) if equal is not None else {"pairs": 0, "solver": "dp", "simulations": 0}
-        for key in ("unlisted_bound", "top_gap", "top_proven"):    # the equal search's list: not this one's
+        for key in ("unlisted_bound", "listed_gap", "top_proven"):    # the equal search's list: not this one's
             info.pop(key, None)
         info.update(meshes="unequal", unequal_simulated=simulated,
                     unequal_bounds={B: b for b, B, *_ in sorted(spaces, key=lambda x: x[1])})
