@@ -15,6 +15,12 @@ counts half), and the median measured / predicted.
   price exactly (none, full, and per-operator selective as ``selective-op``), each
   configuration fixed; nothing fitted;
 
+* **Korthikanti et al. 2022's end-to-end runs** (``benchmarks/korthikanti_runs.py``): GPT 22 B
+  to 1 T on 8 to 512 A100s with full recomputation and with selective recomputation and
+  sequence parallelism (their Table 5), each configuration fixed, model FLOPs utilization
+  predicted against measured; nothing fitted (the 22 B layer is the one the GEMM efficiency
+  is fitted to, below);
+
 * **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
   2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
   against the shipped DGX A100 spec's prediction; in sample, since the A100 presets' GEMM
@@ -35,7 +41,7 @@ counts half), and the median measured / predicted.
   (in sample: how well the cost model's formulas can follow the measurements).
 
     python benchmarks/fidelity.py                   # everything (the gloo runs take minutes)
-    python benchmarks/fidelity.py --skip-local      # the two published data sets only
+    python benchmarks/fidelity.py --skip-local      # the published data sets only
     python benchmarks/fidelity.py --quick --json
 """
 
@@ -98,6 +104,15 @@ def torchtitan(say) -> list[dict]:
                     [r["measured_wps"] for r in exact],
                     note=f"rows priced exactly; the {len(ranged)} 'selective layer' rows lie between our full and"
                          f" no recomputation in {sum(bool(r['within']) for r in ranged)}")]
+
+
+def korthikanti(say) -> list[dict]:
+    import korthikanti_runs as runs
+
+    say("Korthikanti et al. 2022 Table 5: GPT 22B to 1T on 8 to 512 A100s")
+    rows = [runs.predict(r) for r in runs.load_runs()]
+    return [summary("Korthikanti et al. 2022 Table 5: MFU", [r["predicted_mfu"] for r in rows],
+                    [r["measured_mfu"] for r in rows], note="nothing fitted; the 22B layer is Table 4's")]
 
 
 def layer_times(say) -> list[dict]:
@@ -209,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = published(say) + torchtitan(say) + layer_times(say) + distir(args.quick, say) + nccl_logs(say)
+    rows = (published(say) + torchtitan(say) + korthikanti(say) + layer_times(say) + distir(args.quick, say)
+            + nccl_logs(say))
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
     if args.json:
