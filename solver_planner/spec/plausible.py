@@ -31,8 +31,8 @@ def implausible(spec) -> list[str]:
     for i, ic in enumerate(getattr(spec, "interconnects", ()) or ()):
         if ic.bandwidth < MIN_BANDWIDTH:
             out.append(f"{src.issue(('interconnects', i, 'bandwidth'), '')}bandwidth {ic.bandwidth:g} B/s is below"
-                       " 1 MB/s, likely a unit slip (a number without a unit is bytes per second; write e.g. '400 Gbps' or"
-                       " '50 GB/s')")
+                       " 1 MB/s, likely a unit slip (a number without a unit is bytes per second; write e.g."
+                       " '400 Gbps' or '50 GB/s')")
         if ic.latency > MAX_LATENCY:
             out.append(f"{src.issue(('interconnects', i, 'latency'), '')}latency {ic.latency:g} s is above 1 s:"
                        " likely a unit slip (a number without a unit is seconds; write e.g. '5us')")
