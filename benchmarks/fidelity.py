@@ -21,6 +21,11 @@ counts half), and the median measured / predicted.
   predicted against measured; nothing fitted (the 22 B layer is the one the GEMM efficiency
   is fitted to, below);
 
+* **MosaicML's published MPT runs** (``benchmarks/mosaicml_runs.py``): 125M to 70B with FSDP
+  on 8 to 64 A100 80GB and H100 80GB GPUs, the same software on both, sequences of 512 to
+  65 536 tokens, each configuration fixed, tokens per second per GPU; one row per GPU;
+  nothing fitted;
+
 * **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
   2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
   against the shipped DGX A100 spec's prediction; in sample, since the A100 presets' GEMM
@@ -113,6 +118,19 @@ def korthikanti(say) -> list[dict]:
     rows = [runs.predict(r) for r in runs.load_runs()]
     return [summary("Korthikanti et al. 2022 Table 5: MFU", [r["predicted_mfu"] for r in rows],
                     [r["measured_mfu"] for r in rows], note="nothing fitted; the 22B layer is Table 4's")]
+
+
+def mosaicml(say) -> list[dict]:
+    import mosaicml_runs as runs
+
+    say("MosaicML MPT with FSDP on A100 and H100")
+    rows = [runs.predict(r) for r in runs.load_runs()]
+    out = []
+    for gpu in sorted({r["gpu"] for r in rows}):
+        mine = [r for r in rows if r["gpu"] == gpu and r["predicted"] is not None]
+        out.append(summary(f"MosaicML MPT, FSDP on {gpu}: tokens/s per GPU", [r["predicted"] for r in mine],
+                           [r["measured"] for r in mine], note="nothing fitted"))
+    return out
 
 
 def layer_times(say) -> list[dict]:
@@ -224,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = (published(say) + torchtitan(say) + korthikanti(say) + layer_times(say) + distir(args.quick, say)
-            + nccl_logs(say))
+    rows = (published(say) + torchtitan(say) + korthikanti(say) + mosaicml(say) + layer_times(say)
+            + distir(args.quick, say) + nccl_logs(say))
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
     if args.json:
