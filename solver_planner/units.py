@@ -162,15 +162,23 @@ def parse_flop_rate(value: object) -> float:
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], digits: int = 3) -> str:
+    """``value`` in the largest unit of ``steps`` it is at least one of, once rounded to
+    ``digits``: 0.9996 s is ``1 s``, not ``1e+03 ms``.
+
+    >>> format_time(0.9996), format_time(0.0009996), format_time(2.34375e8), format_bytes(1023.9)
+    ('1 s', '1 ms', '2.34e+08 s', '1 KiB')
+    """
     for factor, name in steps:
-        if abs(value) >= factor:
+        if abs(float(f"{value / factor:.{digits}g}")) >= 1:
             return f"{_round(value / factor, digits)} {name}"
     factor, name = steps[-1]
     return f"{_round(value / factor, digits)} {name}"
 
 
 def _round(x: float, digits: int) -> str:
-    if x == int(x) and abs(x) < 1e15:
+    # whole numbers in full up to six digits; beyond, in the exponent form the rest of the
+    # row uses (234375000 s beside 2.34e+08 s read as two different numbers)
+    if x == int(x) and abs(x) < 1e6:
         return str(int(x))
     return f"{x:.{digits}g}"
 

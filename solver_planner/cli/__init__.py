@@ -195,14 +195,17 @@ def cost(
         elif across is not None:
             groups, scope = topo.groups_across(across), f"across {across}"
         else:
-            groups, scope = [list(range(topo.num_devices))], "all devices"
+            groups, scope = [list(range(topo.num_devices))], "of all devices"
     except ValueError as exc:
         fail(str(exc), 2)
     warnings = []
     if max(len(g) for g in groups) < 2:
-        warnings.append(f"every group {scope} has one device: a collective on one device moves nothing"
-                        f" (levels of '{topo.name}': {', '.join(topo.level_names)};"
-                        f" try --across {level or ''})".rstrip())
+        if topo.num_devices < 2:
+            hint = f"'{topo.name}' has one device"
+        else:
+            hint = (f"'{topo.name}' has levels {', '.join(topo.level_names)}: --level L groups the devices inside"
+                    f" each L, --across L one device of each L")
+        warnings.append(f"every group {scope} has one device: a collective on one device moves nothing ({hint})")
     warn(warnings)
     model = CostModel(topo)
     rows = []
