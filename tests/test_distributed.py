@@ -413,3 +413,16 @@ def test_calibration_fits_an_efficiency_per_collective():
     assert shared.latency == pytest.approx(300e-6, rel=1e-6) and shared.bandwidth == pytest.approx(2e9, rel=1e-6)
     assert shared.efficiency == pytest.approx(eff, rel=1e-6)
     assert shared.error < 1e-9
+
+
+def test_a_shape_past_the_spec_limit_is_refused_as_the_spec_would_be():
+    """`execute reshard --shape` skipped the model spec's 1 PiB tensor limit: a shape of 10^21
+    elements overflowed numpy (a traceback, exit 1); 10^18 was priced at 1.2e11 ms."""
+    from conftest import run_cli
+
+    base = ["execute", "reshard", ROOT / "specs" / "clusters" / "local-2x4.yaml",
+            ROOT / "specs" / "models" / "local-2x4.yaml", "--dry-run", "-n", "uneven"]
+    for shape in ("10000000,10000000,10000000", "1000000,1000000,1000000"):
+        r = run_cli(*base, "--shape", shape)
+        assert r.returncode == 2 and "at most 2**50 (1 PiB)" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert run_cli(*base, "--shape", "64,32,16").returncode == 0

@@ -14,6 +14,7 @@ from itertools import product
 from math import prod
 from typing import Sequence
 
+from ..spec.base import MAX_TENSOR_BYTES
 from ..spec.model import DTYPE_BYTES, ModelSpec, ReshardingSpec, check_meshes
 from ..topology import Topology
 from .mesh import Box, DeviceMesh, Layout, ShardingSpec, box_size, format_box
@@ -134,4 +135,9 @@ def resize(problem: ReshardingProblem, shape: Sequence[int]) -> ReshardingProble
     shape = tuple(int(n) for n in shape)
     if len(shape) != len(problem.shape) or any(n < 1 for n in shape):
         raise ValueError(f"expected {len(problem.shape)} positive sizes, got {list(shape)}")
+    size = prod(shape) * DTYPE_BYTES[problem.dtype]
+    if size > MAX_TENSOR_BYTES:
+        # the spec's own limit (byte counts stay exact floats; beyond it numpy's integers overflow)
+        raise ValueError(f"a {problem.dtype} tensor of {list(shape)} is {size:.3g} bytes; at most 2**50 (1 PiB) are"
+                         " handled, as in a model spec")
     return replace(problem, shape=shape, src=replace(problem.src, shape=shape), dst=replace(problem.dst, shape=shape))
