@@ -53,16 +53,50 @@ __all__ = ["load", "place", "verify", "reshard", "stages", "plan", "check"]
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def _path(value, what: str, loaded: str) -> PathLike:
+    """``value`` when it names a file; an integer would be read as a file descriptor by
+    ``open`` (0: stdin, 1: stdout, which it then closes), so anything else is refused."""
+    if isinstance(value, (str, os.PathLike)):
+        return value
+    raise OptionError(f"{what}: expected a spec file's path or {loaded}, got {type(value).__name__} {value!r:.60}")
+
+
+def _choice(value, name: str, choices: Sequence[str]) -> None:
+    """The command line's choice check (with "did you mean"), as the library's error."""
+    from .errors import unknown_choice
+
+    if not isinstance(value, str) or value not in choices:
+        raise OptionError(unknown_choice(name, value if isinstance(value, str) else repr(value), tuple(choices)))
+
+
+def _number(value, name: str, low: float, high: float | None = None, integer: bool = False,
+            optional: bool = False) -> None:
+    """The command line's range check of a number option, as the library's error (a bool is
+    not a number here, as in the specs)."""
+    if value is None and optional:
+        return
+    import numbers
+
+    kind = numbers.Integral if integer else numbers.Real          # numpy's numbers too
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise OptionError(f"{name}: expected {'an integer' if integer else 'a number'}, got"
+                          f" {type(value).__name__} {value!r:.40}")
+    if value < low or (high is not None and value > high):
+        raise OptionError(f"{name}: {value!r} is not in [{low:g}, {'inf' if high is None else format(high, 'g')}]")
+
+
 def _topology(cluster: PathLike | ClusterSpec | Topology) -> Topology:
     if isinstance(cluster, Topology):
         return cluster
     if isinstance(cluster, ClusterSpec):
         return Topology(cluster)
-    return Topology(load_cluster_spec(cluster))
+    return Topology(load_cluster_spec(_path(cluster, "cluster", "a loaded ClusterSpec or Topology")))
 
 
 def _model(model: PathLike | ModelSpec) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else load_model_spec(model)
+    if isinstance(model, ModelSpec):
+        return model
+    return load_model_spec(_path(model, "model", "a loaded ModelSpec"))
 
 
 def load(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec) -> tuple[Topology, ModelSpec]:
@@ -101,11 +135,15 @@ def load(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
 def _matrix(topo: Topology, spec: ModelSpec, matrix) -> ParallelismMatrix:
     from .placement import ParallelismMatrix
 
-    if isinstance(matrix, str):
-        matrix = ParallelismMatrix.parse(matrix)
-    elif not isinstance(matrix, ParallelismMatrix):
-        matrix = ParallelismMatrix.of(matrix)
-    matrix.check(spec.axis_sizes, [lv.count for lv in topo.levels])
+    given = matrix
+    try:
+        if isinstance(matrix, str):
+            matrix = ParallelismMatrix.parse(matrix)
+        elif not isinstance(matrix, ParallelismMatrix):
+            matrix = ParallelismMatrix.of(matrix)
+        matrix.check(spec.axis_sizes, [lv.count for lv in topo.levels])
+    except (ValueError, TypeError) as exc:        # the library's error, as every other (README)
+        raise OptionError(f"matrix {given!r:.80}: {exc}") from None
     return matrix
 
 
@@ -147,8 +185,9 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     ------
     SpecError
         A spec is invalid, the model has no parallelism axes, or they do not fill the cluster.
-    ValueError
-        An unknown ``method``, ``algorithm`` or ``size_metric``, or a matrix of other sizes.
+    OptionError
+        An unknown ``method``, ``algorithm`` or ``size_metric``, a ``max_size`` out of 1..8,
+        or a matrix of other sizes.
 
     Examples
     --------
@@ -162,8 +201,14 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     >>> best.reductions[0].speedup > 1     # faster than one AllReduce over all 8 GPUs
     True
     """
+    from .choices import SIZE_METRICS
+    from .cost import Algorithm
     from .reduction.ranking import rank_placements
 
+    _choice(method, "method", ("auto", "cp-sat", "enumerate"))
+    _choice(algorithm, "algorithm", [a.value for a in Algorithm])
+    _choice(size_metric, "size metric", SIZE_METRICS)
+    _number(max_size, "max_size", 1, 8, integer=True)          # `place --max-size`'s range
     topo, spec = load(cluster, model)
     chosen = None if matrices is None else [_matrix(topo, spec, m) for m in matrices]
     return rank_placements(topo, spec, method, max_size, algorithm, matrices=chosen, metric=size_metric)
@@ -211,12 +256,10 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     SpecError
         A spec or explicit-steps file is invalid, or the model asks for no reduction.
     OptionError
-        No reduction of that name, or an unknown engine.
+        No reduction of that name, an unknown engine, a timeout out of range, DSL text that
+        does not parse or fit the hierarchy, or a matrix of the wrong sizes.
     InfeasibleError
         ``matrix`` is None and no placement satisfies the model's constraints.
-    ValueError
-        The DSL text does not parse or does not fit the hierarchy, or the matrix has the
-        wrong sizes.
 
     Examples
     --------
@@ -229,8 +272,13 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     >>> verdict.status, verdict.violation is not None
     ('invalid', True)
     """
-    if engine not in ("z3", "semantics"):
-        raise OptionError(f"unknown engine {engine!r}; expected z3 or semantics")
+    _choice(engine, "engine", ("z3", "semantics"))
+    _number(timeout, "timeout", 0.001, 86400)
+    if isinstance(program, str) and not program.strip():
+        raise OptionError("program: empty; give DSL text such as 'AllReduce(root, InsideGroup)' or a steps file")
+    if not isinstance(program, (str, os.PathLike, tuple, list)):
+        raise OptionError(f"program: expected DSL text, a steps file's path or a parsed program, got"
+                          f" {type(program).__name__} {program!r:.40}")
     from .errors import InfeasibleError
     from .reduction.dsl import parse_program
     from .reduction.ranking import check_placeable, lowering_for, proxy_placement, reduction_named
@@ -252,7 +300,10 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
 
         steps = load_explicit_program(program, topo.num_devices)
     else:
-        steps = system_steps(lowering, parse_program(program) if isinstance(program, str) else tuple(program))
+        try:
+            steps = system_steps(lowering, parse_program(program) if isinstance(program, str) else tuple(program))
+        except ValueError as exc:       # a program that does not parse or fit: the library's error
+            raise OptionError(f"program {program!r:.80}: {exc}") from None
     if engine == "semantics":
         return verify_steps(lowering, steps)
     from .reduction.proof import verify_z3
@@ -306,10 +357,10 @@ def reshard(cluster: PathLike | ClusterSpec | Topology,
     SpecError
         A spec is invalid, the model has no resharding (or none called ``name``), or a
         mesh does not fit the cluster.
+    OptionError
+        An unknown method or strategy, or a time limit, seed or worker count out of range.
     PlannerError
-        An unknown method, or a schedule whose replay disagrees with it (a bug).
-    ValueError
-        An unknown strategy.
+        A schedule whose replay disagrees with it (a bug).
 
     Examples
     --------
@@ -321,14 +372,22 @@ def reshard(cluster: PathLike | ClusterSpec | Topology,
     >>> best.status.value, best.gap, len(best.solution.tasks)
     ('OPTIMAL', 0.0, 16)
     """
+    from .choices import RESHARD_METHODS, RESHARD_STRATEGIES
     from .cost import CostModel
     from .resharding import ReshardingProblem, check as check_schedule, plan_resharding, problems_from_model
 
+    _choice(method, "method", RESHARD_METHODS)
+    _choice(strategy, "strategy", RESHARD_STRATEGIES)
+    _number(time_limit, "time_limit", 0.01, 86400)          # `reshard --time-limit`'s range
+    _number(workers, "workers", 1, integer=True)
+    _number(seed, "seed", 0, 2**31 - 1, integer=True)
     topo = _topology(cluster)
     if isinstance(model, ReshardingProblem):
         problems = [model]
     elif isinstance(model, (list, tuple)):
         problems = list(model)
+        if not all(isinstance(p, ReshardingProblem) for p in problems):
+            raise OptionError("model: a sequence given must hold ReshardingProblems")
     else:
         problems = problems_from_model(_model(model), topo, name)
     cost = CostModel(topo)
@@ -347,6 +406,11 @@ def _config(config) -> Config | None:
         return config
     if isinstance(config, str):
         return parse_config(config)
+    # four positive integers, as --config d,t,p,k
+    if not isinstance(config, (list, tuple)) or len(config) != 4:
+        raise OptionError(f"config: expected (data, tensor, pipeline, micro-batches), got {config!r:.60}")
+    for name, n in zip(("data", "tensor", "pipeline", "micro-batches"), config):
+        _number(n, f"config's {name}", 1, integer=True)
     return Config(*config)
 
 
@@ -355,7 +419,31 @@ def _split(split) -> tuple[int, ...] | None:
 
     if split is None:
         return None
-    return parse_split(split) if isinstance(split, str) else tuple(int(n) for n in split)
+    if isinstance(split, str):
+        return parse_split(split)
+    if not isinstance(split, (list, tuple)) or not split:
+        raise OptionError(f"split: expected layers per stage such as (10, 12, 12, 10), got {split!r:.60}")
+    for n in split:
+        _number(n, "split's layers per stage", 1, integer=True)
+    return tuple(split)
+
+
+def _stage_options(method, num_stages, top, time_limit, seed, budget, simulations, top_gap, compute, devices,
+                   gap) -> None:
+    """What the stages and plan commands' options refuse, refused the same way here."""
+    from .choices import COMPUTE_MODELS, STAGE_METHODS
+
+    _choice(method, "method", STAGE_METHODS)
+    _choice(compute, "compute", COMPUTE_MODELS)
+    _number(num_stages, "num_stages", 1, integer=True, optional=True)
+    _number(top, "top", 1, integer=True)
+    _number(time_limit, "time_limit", 0.001, 86400)
+    _number(seed, "seed", 0, 2**31 - 1, integer=True)
+    _number(budget, "budget", 1, integer=True, optional=True)
+    _number(simulations, "simulations", 1, integer=True, optional=True)
+    _number(top_gap, "top_gap", 0, 0.99, optional=True)
+    _number(devices, "devices", 1, integer=True, optional=True)
+    _number(gap, "gap", 0, 0.99, optional=True)
 
 
 def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "1f1b",
@@ -453,6 +541,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     """
     from .stages.report import plan_stages
 
+    _stage_options(method, num_stages, top, time_limit, seed, budget, simulations, top_gap, compute, devices, gap)
     topo, spec = load(cluster, model)
     limits = {k: v for k, v in (("budget", budget), ("simulations", simulations), ("top_gap", top_gap),
                                 ("gap", gap)) if v is not None}
@@ -523,9 +612,8 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     SpecError
         A spec is invalid or the model has no layers.
     OptionError
-        An unknown schedule or method, or restrictions that contradict the cluster.
-    ValueError
-        An unknown ``cross_mesh``.
+        An unknown schedule, method or ``cross_mesh``, an option out of the command's range,
+        or restrictions that contradict the cluster.
     InfeasibleError
         No plan fits in device memory.
     UnknownError
@@ -540,8 +628,13 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     >>> p.iteration_time > 0 and p.throughput > 0 and 0 < p.mfu < 1
     True
     """
+    from .choices import CROSS_MESH
     from .plan import make_plan
 
+    _stage_options(method, num_stages, 1, time_limit, seed, None, None, None, compute, devices, None)
+    _choice(cross_mesh, "cross_mesh", CROSS_MESH)
+    _number(proof_timeout, "proof_timeout", 0.001, 86400)
+    _number(candidates, "candidates", 1, 50, integer=True)
     topo, spec = load(cluster, model)
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
@@ -601,11 +694,12 @@ def check(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     from .plan.compose import TrainingPlan
     from .plan.planfile import plan_document, read_plan
 
+    _number(proof_timeout, "proof_timeout", 0.001, 86400)
     topo, spec = load(cluster, model)
     if isinstance(plan, TrainingPlan):
         doc = plan_document(plan)
     elif isinstance(plan, dict):
         doc = plan
     else:
-        doc = read_plan(Path(plan))
+        doc = read_plan(Path(_path(plan, "plan", "a TrainingPlan or a plan document")))
     return check_plan(topo, spec, doc, proof_timeout)

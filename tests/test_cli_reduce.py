@@ -120,3 +120,20 @@ def test_place_with_impossible_constraints_exits_1(tmp_path):
                      "  constraints:\n    - {axis: model, inside: node}\n    - {axis: data, inside: node}\n")
     result = run_cli("place", CLUSTERS / "p2-a100-2x16.yaml", model)
     assert result.returncode == 1 and "no placement satisfies" in result.stderr
+
+
+def test_steps_and_matrices_name_what_is_wrong_with_their_numbers(tmp_path):
+    """A boolean was read as device 1 (YAML's true), a device listed twice in one group was
+    said to be in two groups, and [[-2,-8]] 'multiplies to 16, not the axis size 16'."""
+    cluster, model = CLUSTERS / "p2-v100-2x8.yaml", SPECS / "models" / "dp16.yaml"
+    for text, said in (("[[true, 1]]", "steps[0].groups[0][0]: expected a number, got true"),
+                       ("[[0, 0, 1]]", "device 0 is listed twice in this group"),
+                       ("[[0, 1], [1, 2]]", "device 1 is in two groups of one step")):
+        steps = tmp_path / "steps.yaml"
+        steps.write_text(f"steps:\n  - {{op: AllReduce, groups: {text}}}\n")
+        r = run_cli("reduce", "verify", cluster, model, steps, "--matrix", "[[2,8]]")
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    for matrix, said in (("[[-2,-8]]", "every entry is a positive integer"), ("[[true,8]]", "cannot read a matrix"),
+                         ("[[2.5,8]]", "cannot read a matrix")):
+        r = run_cli("reduce", "verify", cluster, model, "AllReduce(root, InsideGroup)", "--matrix", matrix)
+        assert r.returncode == 2 and said in r.stderr, r.stderr

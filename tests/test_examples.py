@@ -166,7 +166,7 @@ def test_verify_reads_explicit_steps_and_agrees_with_the_rules():
                 assert sp.verify(v100, dp16, program, engine=engine).status == status
     with pytest.raises(OptionError, match="no reduction named 'nope'"):
         sp.verify(P3, LOCAL, "AllReduce(root, InsideGroup)", reduction="nope")
-    with pytest.raises(ValueError, match="does not read"):
+    with pytest.raises(OptionError, match="does not read"):
         sp.verify(P3, LOCAL, "AllReduce(host)", matrix=[[1, 2], [2, 2]])
 
 

@@ -64,6 +64,9 @@ class ParallelismMatrix:
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[int]]) -> ParallelismMatrix:
+        # whole numbers only: int(True) is 1 and int(2.5) is 2, neither what was written
+        if any(isinstance(v, bool) or int(v) != v for row in rows for v in row):
+            raise ValueError(f"a matrix holds positive integers, got {[list(r) for r in rows]!r:.80}")
         return cls(tuple(tuple(int(v) for v in row) for row in rows))
 
     @classmethod
@@ -94,7 +97,10 @@ class ParallelismMatrix:
         if self.num_axes != len(axis_sizes) or any(len(r) != len(level_counts) for r in self.rows):
             raise ValueError(f"matrix {self} is not {len(axis_sizes)} axes x {len(level_counts)} levels")
         for i, (row, size) in enumerate(zip(self.rows, axis_sizes)):
-            if any(v < 1 for v in row) or prod(row) != size:
+            if any(isinstance(v, bool) or v < 1 for v in row):
+                # (two negative entries multiply to the size and read as a contradiction)
+                raise ValueError(f"matrix {self}: row {i} has {row}; every entry is a positive integer")
+            if prod(row) != size:
                 raise ValueError(f"matrix {self}: row {i} multiplies to {prod(row)}, not the axis size {size}")
         for j, count in enumerate(level_counts):
             if prod(self.column(j)) != count:

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from ..cost import Collective
 from ..errors import SpecError
-from ..spec.base import SpecModel, validate
+from ..spec.base import Integer, SpecModel, validate
 from ..spec.source import load_yaml
 
 __all__ = ["ExplicitStepSpec", "ExplicitProgramSpec", "load_explicit_program"]
@@ -28,7 +28,8 @@ __all__ = ["ExplicitStepSpec", "ExplicitProgramSpec", "load_explicit_program"]
 class ExplicitStepSpec(SpecModel):
     op: str = Field(description="AllReduce, ReduceScatter, AllGather, Reduce or Broadcast (any case; '_' and '-'"
                                 " ignored, so all_reduce and allreduce are accepted)")
-    groups: list[list[int]] = Field(min_length=1, description="disjoint device groups running the op at once")
+    # Integer: a device id is never a boolean (YAML's true is not device 1)
+    groups: list[list[Integer]] = Field(min_length=1, description="disjoint device groups running the op at once")
 
 
 class ExplicitProgramSpec(SpecModel):
@@ -52,14 +53,18 @@ def load_explicit_program(path: str | Path, num_devices: int, text: str | None =
         for g, group in enumerate(step.groups):
             if not group:
                 issues.append(source.issue(("steps", s, "groups", g), "an empty group"))
+            mine: set[int] = set()
             for d in group:
                 if not 0 <= d < num_devices:
                     issues.append(source.issue(("steps", s, "groups", g),
                                                f"device {d} is not one of the cluster's 0..{num_devices - 1}"))
+                elif d in mine:
+                    issues.append(source.issue(("steps", s, "groups", g), f"device {d} is listed twice in this group"))
                 elif d in seen:
                     issues.append(source.issue(("steps", s, "groups", g),
                                                f"device {d} is in two groups of one step; groups must be disjoint"))
                 seen.add(d)
+                mine.add(d)
         steps.append((kind, [list(g) for g in step.groups]))
     if issues:
         raise SpecError(issues)
