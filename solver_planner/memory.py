@@ -22,7 +22,8 @@ from typing import Iterator
 
 from .errors import RefusedError
 
-__all__ = ["MEMORY_BOUND", "STAGES_BOUND", "Estimate", "check", "bounded", "ranking_estimate", "verify_estimate",
+__all__ = ["MEMORY_BOUND", "STAGES_BOUND", "Estimate", "check", "bounded", "ranking_estimate", "max_placements",
+           "verify_estimate",
            "stages_estimate", "address_space", "active_bound"]
 
 MEMORY_BOUND = 2 * 2**30          # bytes of address space: 2 GiB
@@ -70,16 +71,27 @@ def check(estimate: Estimate, command: str, bound: int = MEMORY_BOUND) -> None:
     if estimate.bytes > bound:
         from .units import format_bytes
 
-        raise RefusedError(f"{command} would need about {format_bytes(estimate.bytes)} for {estimate.what}, over its"
-                           f" memory bound of {format_bytes(bound)}; refused before starting")
+        need = format_bytes(estimate.bytes)
+        if need == format_bytes(bound):             # just over: say by how much
+            need = f"{format_bytes(bound)} and {format_bytes(estimate.bytes - bound)}"
+        raise RefusedError(f"{command} would need about {need} for {estimate.what}, over its memory bound of"
+                           f" {format_bytes(bound)}; refused before starting")
 
 
-def ranking_estimate(devices: int, devices_per_host: int, placements: int, reductions: int) -> Estimate:
-    """Ranking ``placements`` x ``reductions`` (:func:`.reduction.ranking.rank_placements`)."""
+def ranking_estimate(devices: int, devices_per_host: int, placements: int, reductions: int,
+                     at_least: str = "") -> Estimate:
+    """Ranking ``placements`` x ``reductions`` (:func:`.reduction.ranking.rank_placements`);
+    ``at_least``: ``"at least "`` when the placements were counted only up to a limit."""
     edges = devices * max(1, devices_per_host)
     kept = devices * placements * max(1, reductions)
     return Estimate(BASE + PER_EDGE * edges + PER_DEVICE_KEPT * kept,
-                    f"{placements} placement(s) x {max(1, reductions)} reduction(s) on {devices:,} devices")
+                    f"{at_least}{placements} placement(s) x {max(1, reductions)} reduction(s) on {devices:,} devices")
+
+
+def max_placements(devices: int, devices_per_host: int, reductions: int, bound: int = MEMORY_BOUND) -> int:
+    """The most placements :func:`ranking_estimate` keeps under ``bound`` (0 when not one)."""
+    left = bound - BASE - PER_EDGE * devices * max(1, devices_per_host)
+    return max(0, left // (PER_DEVICE_KEPT * devices * max(1, reductions)))
 
 
 def verify_estimate(devices: int, values: int = 0) -> Estimate:

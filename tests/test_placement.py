@@ -195,3 +195,38 @@ def test_bad_rules_in_the_spec(old, new, line, path, message):
         load_model_spec("m.yaml", MODEL.replace(old, new))
     issue = info.value.issues[0]
     assert (issue.line, issue.path) == (line, path) and message in issue.message
+
+
+def _binary_tree(tmp_path, n: int):
+    """n levels of 2 devices each (2**n devices) and a model of n axes of size 2."""
+    levels = "".join(f"  - {{name: l{j}, count: 2}}\n" for j in range(n))
+    links = "".join(f"  - {{name: n{j}, level: l{j}, bandwidth: 10 GB/s, latency: 1us, sharing: device}}\n"
+                    for j in range(n))
+    cluster = tmp_path / "tree.yaml"
+    cluster.write_text(f"name: tree\nlevels:\n{levels}device: {{name: X, flops: 100 TFLOP/s, memory: 16 GiB,"
+                       f" memory_bandwidth: 1 TB/s}}\ninterconnects:\n{links}")
+    axes = "".join(f"    - {{name: a{i}, size: 2}}\n" for i in range(n))
+    model = tmp_path / "axes.yaml"
+    model.write_text(f"name: axes\nparallelism:\n  axes:\n{axes}reductions:\n  - {{name: g, axes: [a0, a1, a2],"
+                     " bytes: 1 GB}\n")
+    return cluster, model
+
+
+def test_sixteen_axes_on_sixteen_levels_have_one_placement_found_and_the_list_refused(tmp_path):
+    """16! matrices: `reduce verify` without --matrix listed them all to pick one (it never
+    ended), and `place` listed them for 100 s before its memory bound refused them."""
+    from conftest import run_cli
+    from solver_planner.placement.enumerate import enumerate_matrices
+    from solver_planner.placement.search import find_placements
+
+    one = find_placements([2] * 16, [2] * 16, weights=[[1.0] * 16] * 16, every=False)
+    assert one.method == "cp-sat" and one.solution is not None
+    one.solution.check([2] * 16, [2] * 16)
+    first = enumerate_matrices([2] * 16, [2] * 16, limit=5)
+    assert len(first) == 5 and first == sorted(first, key=lambda m: m.rows)
+    assert enumerate_matrices([2, 2], [2, 2], limit=5) == enumerate_matrices([2, 2], [2, 2])   # 2 of them
+    cluster, model = _binary_tree(tmp_path, 16)
+    r = run_cli("place", cluster, model, "--top", "1")
+    assert r.returncode == 2 and "for at least 14 placement(s)" in r.stderr and "refused before starting" in r.stderr
+    r = run_cli("reduce", "verify", cluster, model, "AllReduce(root, InsideGroup)")
+    assert r.returncode == 0 and "valid" in r.stdout and "(cp-sat; give --matrix to choose)" in r.stdout, r.stderr

@@ -77,7 +77,7 @@ def _matrix(value, e, primes, n_axes, n_levels) -> ParallelismMatrix:
 
 def cpsat_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int], rules: Sequence[PlacementRule] = (),
                    weights: Sequence[Sequence[float]] | None = None, time_limit: float = 30.0,
-                   enumerate_all: bool = True) -> SolveResult[ParallelismMatrix]:
+                   enumerate_all: bool = True, limit: int | None = None) -> SolveResult[ParallelismMatrix]:
     """All matrices (``result.solutions``) and, with ``weights``, the one minimising
     ``sum w[i][j] log x[i][j]`` (``result.solution``), with its bound and gap."""
     from ortools.sat.python import cp_model
@@ -93,6 +93,8 @@ def cpsat_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int], rules
             class Collect(cp_model.CpSolverSolutionCallback):
                 def on_solution_callback(self) -> None:
                     solutions.append(_matrix(self.value, e, primes, n_axes, n_levels))
+                    if limit is not None and len(solutions) >= limit:
+                        self.StopSearch()           # the caller refuses more (a memory bound)
 
             solver = cp_model.CpSolver()
             solver.parameters.enumerate_all_solutions = True

@@ -30,9 +30,15 @@ def ordered_factorizations(n: int, limits: Sequence[int]) -> Iterator[tuple[int,
                 yield (d,) + rest
 
 
+class _Enough(Exception):
+    """``limit`` matrices found: the caller refuses the rest (a memory bound)."""
+
+
 def enumerate_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int],
-                       rules: Sequence[PlacementRule] = ()) -> list[ParallelismMatrix]:
-    """Every matrix whose rows multiply to ``axis_sizes`` and columns to ``level_counts``."""
+                       rules: Sequence[PlacementRule] = (), limit: int | None = None) -> list[ParallelismMatrix]:
+    """Every matrix whose rows multiply to ``axis_sizes`` and columns to ``level_counts``
+    (the first ``limit`` of them in that order, when given: 16 axes of 2 on 16 levels of 2
+    have 16! matrices, which no caller can hold)."""
     out: list[ParallelismMatrix] = []
     pinned: dict[tuple[int, int], int] = {}
     for rule in rules:
@@ -48,6 +54,8 @@ def enumerate_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int],
                 size *= v
             if size == axis_sizes[i] and all(pinned.get((i, j), v) == v for j, v in enumerate(row)):
                 out.append(ParallelismMatrix(tuple(rows + [row])))
+                if limit is not None and len(out) >= limit:
+                    raise _Enough
             return
         limits = [pinned[(i, j)] if (i, j) in pinned and left[j] % pinned[(i, j)] == 0 else
                   (0 if (i, j) in pinned else left[j]) for j in range(len(left))]
@@ -58,5 +66,8 @@ def enumerate_matrices(axis_sizes: Sequence[int], level_counts: Sequence[int],
                 rec(i + 1, [l // v for l, v in zip(left, row)], rows + [row])
 
     if axis_sizes and level_counts:
-        rec(0, list(level_counts), [])
+        try:
+            rec(0, list(level_counts), [])
+        except _Enough:
+            pass
     return out

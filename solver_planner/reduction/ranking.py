@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from ..cost import Collective, CollectiveCost, CostModel
 from ..errors import OptionError, PlannerError
 from ..memory import check as check_memory
-from ..memory import ranking_estimate
+from ..memory import max_placements, ranking_estimate
 from ..placement import ParallelismMatrix, find_placements, resolve_rules, traffic_weights
 from ..placement.search import count_bound
 from ..simulate import Simulation
@@ -309,15 +309,23 @@ def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", 
     """
     check_placeable(topology, model)
     counts = [lv.count for lv in topology.levels]
+    # under a memory bound, placements are listed only up to the most the ranking could hold
+    # (one more, to know): 16 axes of 2 on 16 levels of 2 (16! matrices) were listed for
+    # 100 s before the bound was checked
+    limit = None
+    if memory_bound is not None and matrices is None:
+        limit = 1 + max_placements(topology.num_devices, topology.devices_per_host, len(model.reductions),
+                                   memory_bound)
     result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
-                             traffic_weights(model, topology), _method(model, counts, method))
+                             traffic_weights(model, topology), _method(model, counts, method), limit=limit)
     cost = CostModel(topology)
     cache: dict = {}
     reports = []
     todo = list(matrices if matrices is not None else result.solutions)
     if memory_bound is not None:
+        at_least = "at least " if result.info.get("limited") and matrices is None else ""
         check_memory(ranking_estimate(topology.num_devices, topology.devices_per_host, len(todo),
-                                      len(model.reductions)), "ranking these placements", memory_bound)
+                                      len(model.reductions), at_least), "ranking these placements", memory_bound)
     for n, matrix in enumerate(todo):
         if progress is not None:
             progress(n, len(todo))
