@@ -96,7 +96,9 @@ class Collective(str, Enum):
         for c in cls:
             if c.value == key:
                 return c
-        raise ValueError(f"unknown collective {name!r}; expected one of {', '.join(c.value for c in cls)}")
+        from .errors import unknown_choice
+
+        raise ValueError(unknown_choice("collective", name, [c.value for c in cls]))
 
 
 class Algorithm(str, Enum):

@@ -261,3 +261,17 @@ def test_show_says_a_plan_file_is_one_and_which_commands_read_it(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "a plan file" in res.stderr and f"check CLUSTER MODEL {plan}" in res.stderr
     assert "unknown key" not in res.stderr
+
+
+@pytest.mark.parametrize("args, near", [
+    (("cost", P3, "-a", "rnig"), "did you mean 'ring'"),
+    (("cost", P3, "-c", "allreduc"), "did you mean 'allreduce'"),
+    (("reshard", CLUSTERS / "aws-p3.8xlarge-5.yaml", SPECS / "models" / "reshard-2x4-to-3x4.yaml", "-s", "sendrecv"),
+     "did you mean 'send-recv'"),
+    (("reduce", "verify", CLUSTERS / "p2-v100-2x8.yaml", SPECS / "models" / "dp16.yaml", "AllReduce(root, InsideGroup)",
+      "--engine", "semantic"), "did you mean 'semantics'"),
+])
+def test_every_choice_option_suggests_the_near_value(args, near):
+    """The README promises "did you mean" for an unknown value; -m had it, these did not."""
+    r = run_cli(*args)
+    assert r.returncode == 2 and near in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from .. import units
-from ..errors import SpecError
+from ..errors import SpecError, unknown_choice
 from ..spec import check_fits, check_meshes, json_schema, load_cluster_spec, load_model_spec, load_yaml, spec_kind
 from ..topology import Topology
 from ..spec.plausible import implausible
@@ -187,6 +187,8 @@ def cost(
     try:
         size = units.parse_bytes(nbytes)
         kinds = list(Collective) if collective == "all" else [Collective.parse(collective)]
+        if algorithm != "all" and algorithm not in [a.value for a in Algorithm]:
+            raise ValueError(unknown_choice("algorithm", algorithm, [a.value for a in Algorithm] + ["all"]))
         algos = list(Algorithm) if algorithm == "all" else [Algorithm(algorithm)]
         if level is not None and across is not None:
             raise ValueError("give --level or --across, not both")

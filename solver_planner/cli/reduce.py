@@ -279,7 +279,7 @@ def verify(
     if not (math.isfinite(timeout) and timeout > 0):
         fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
     if engine not in ("z3", "semantics"):
-        fail(f"unknown engine {engine!r}; expected z3 or semantics", 2)
+        fail(unknown_choice("engine", engine, ("z3", "semantics")), 2)
     check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)

@@ -57,7 +57,7 @@ def reshard(
     if method not in METHODS:
         fail(unknown_choice("method", method, METHODS), 2)
     if strategy not in set(RESHARD_STRATEGIES):
-        fail(f"unknown strategy {strategy!r}; expected one of: {', '.join(RESHARD_STRATEGIES)}", 2)
+        fail(unknown_choice("strategy", strategy, RESHARD_STRATEGIES), 2)
     check_output(trace, "--trace")
     check_plot(plot)
     topo = topology_of(cluster)
