@@ -501,3 +501,29 @@ def test_cli_writes_a_spec_that_place_and_stages_use(tmp_path):
     assert "infiniband" in r.stdout and "gcp-a3mega-h100-2x8-all_reduce.log" in fitted_h100.read_text()
     r = run_cli("stages", fitted_h100, SPECS / "models" / "gpt3-2.6b.yaml")
     assert r.returncode == 0, r.stderr
+
+
+def test_wrong_results_out_of_range_times_and_an_unknown_level_are_said(tmp_path):
+    """A row nccl-tests itself found wrong (#wrong > 0) was fitted, a negative time dropped
+    without a word, and LEVEL=FILE with a level the base has not was 'no such file'."""
+    log = ROOT / "benchmarks" / "data" / "nccl-tests" / "oci-bm-gpu-h100.8-2x8-all_reduce.log"
+    out, edited = [], 0
+    for line in log.read_text().splitlines():
+        tokens = line.split()
+        if tokens and tokens[0].isdigit() and len(tokens) >= 12 and edited < 2:
+            if edited == 0:
+                tokens[8] = "3"                   # the out-of-place #wrong
+            else:
+                tokens[5] = "-" + tokens[5]       # a negative out-of-place time
+            edited += 1
+            line = "  " + "  ".join(tokens)
+        out.append(line)
+    bad = tmp_path / "bad.log"
+    bad.write_text("\n".join(out) + "\n")
+    cluster = CLUSTERS / "dgx-h100-4x8.yaml"
+    r = run_cli("calibrate", "--from-nccl-tests", bad, "--cluster", cluster, "-o", tmp_path / "f.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "1 row(s) report wrong results (#wrong is not 0) and were skipped" in r.stderr
+    assert "1 time(s) out of range (negative, zero or past" in r.stderr
+    r = run_cli("calibrate", "--from-nccl-tests", f"foo={log}", "--cluster", cluster, "-o", tmp_path / "g.yaml")
+    assert r.returncode == 2 and "no level 'foo'" in r.stderr and "its levels are node, gpu" in r.stderr

@@ -126,6 +126,8 @@ class Row:
     root: int | None = None
     algbw: float | None = None       # GB/s, out-of-place
     busbw: float | None = None
+    dropped: int = 0                 # times out of range (negative, zero, past the limit): not used
+    wrong: bool = False              # nccl-tests' own check found wrong results (#wrong > 0)
 
 
 @dataclass
@@ -142,6 +144,8 @@ class Run:
     launcher: bool = False           # started by mpirun/srun: more than one process
     flag_gpus: int | None = None     # -g x -t on a command line without a launcher
     unreadable: int = 0              # rows that looked like results but could not be read
+    wrong: int = 0                   # rows whose #wrong column is not 0: skipped
+    dropped: int = 0                 # times out of range in rows otherwise read: skipped
 
     @property
     def collective(self) -> str | None:
@@ -175,6 +179,7 @@ class _Layout:
     width: int
     needed: int                   # tokens a row must have: through the first time group
     scale: float = 1e-6           # seconds per unit of the time column
+    wrong: tuple[int, ...] = ()   # the '#wrong' columns (nccl-tests' count of wrong elements)
 
 
 def _layout(tokens: list[str], scale: float = 1e-6) -> _Layout | None:
@@ -190,7 +195,8 @@ def _layout(tokens: list[str], scale: float = 1e-6) -> _Layout | None:
         return None
     end = times[1] if len(times) > 1 else len(tokens)      # the out-of-place half ends where the next starts
     needed = max(i for i in (times[0], algbw, busbw) if i is not None and i < end) + 1
-    return _Layout(first("redop"), first("root"), times, algbw, busbw, len(tokens), needed, scale)
+    wrong = tuple(i for i, t in enumerate(tokens) if t == "#wrong")
+    return _Layout(first("redop"), first("root"), times, algbw, busbw, len(tokens), needed, scale, wrong)
 
 
 def _clean(raw: str) -> str:
@@ -221,21 +227,24 @@ def _row(tokens: list[str], layout: _Layout, lineno: int) -> Row | None:
     for i in range(1, min(layout.needed, len(tokens))):     # the columns between must be words or numbers
         if not (_WORD.match(tokens[i]) or _number(tokens[i]) is not None or tokens[i] in ("N/A", "-")):
             return None
-    times = []
+    times, dropped = [], 0
     for i in layout.times:
         if i < len(tokens):
             t = _number(tokens[i])
             if t is not None and MIN_LATENCY <= t * layout.scale <= units.LIMITS["time"][1]:
                 times.append(t * layout.scale)
+            elif t is not None:
+                dropped += 1
     if not times:
         return None
+    wrong = any(i < len(tokens) and (w := _number(tokens[i])) is not None and w != 0 for i in layout.wrong)
     redop = tokens[layout.redop] if layout.redop is not None else None
     root = None
     if layout.root is not None and re.fullmatch(r"-?[0-9]{1,9}", tokens[layout.root]):
         root = int(tokens[layout.root])
     algbw = _number(tokens[layout.algbw]) if layout.algbw is not None else None
     busbw = _number(tokens[layout.busbw]) if layout.busbw is not None else None
-    return Row(lineno, size, tuple(times), redop, root, algbw, busbw)
+    return Row(lineno, size, tuple(times), redop, root, algbw, busbw, dropped, wrong)
 
 
 def parse_text(text: str, file: str = "<text>") -> list[Run]:
@@ -330,6 +339,10 @@ def parse_text(text: str, file: str = "<text>") -> list[Run]:
         if row is None:
             cur.unreadable += 1
             continue
+        if row.wrong:
+            cur.wrong += 1
+            continue
+        cur.dropped += row.dropped
         if cur.header_line is None:
             cur.header_line = lineno
         cur.rows.append(row)
@@ -798,6 +811,10 @@ def calibrate(base: str | Path, logs: Sequence[str], name: str | None = None) ->
     fits: list[RunFit] = []
     for arg in logs:
         level, path = split_log_arg(arg, topo.level_names)
+        named, sep, rest = arg.partition("=")
+        if level is None and sep and rest and not Path(arg).exists() and Path(rest).exists():
+            # LEVEL=FILE with a level the base cluster does not have (not a file named so)
+            raise _error(arg, None, f"no level {named!r} in {base}: its levels are {', '.join(topo.level_names)}")
         runs = parse_log(path)
         for run in runs:
             collective = run.collective or _collective_from_columns(run)
@@ -814,6 +831,12 @@ def calibrate(base: str | Path, logs: Sequence[str], name: str | None = None) ->
                 notes.append(f"{run.file}:{run.where}: {p.assumed}")
             if run.unreadable:
                 notes.append(f"{run.file}:{run.where}: {run.unreadable} row(s) could not be read and were skipped")
+            if run.wrong:
+                notes.append(f"{run.file}:{run.where}: {run.wrong} row(s) report wrong results (#wrong is not 0)"
+                             " and were skipped")
+            if run.dropped:
+                notes.append(f"{run.file}:{run.where}: {run.dropped} time(s) out of range (negative, zero or past"
+                             f" {units.LIMITS['time'][1]:g} s) were skipped")
             sizes = np.array([r.size for r in run.rows for _ in r.times], dtype=float)
             times = np.array([t for r in run.rows for t in r.times], dtype=float)
             fits.append(RunFit(run, collective, p, sizes, times))
