@@ -43,10 +43,11 @@ __all__ = [
 
 _PREFIX = {
     "": 1.0,
-    "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50,
+    "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
 }
-_PREFIX_RE = r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)?"
+# (up to the limits below, which are stated in these units: 1 EiB, 1 ZFLOP, 1 EFLOP/s)
+_PREFIX_RE = r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|Z)?"
 _NUMBER_RE = r"(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 # Each kind: regex for the unit part after the prefix, and the factor that unit carries.
@@ -55,7 +56,8 @@ _RATE_UNITS = {
     "B/s": 1.0, "Bps": 1.0, "byte/s": 1.0, "bytes/s": 1.0,
     "b/s": 0.125, "bps": 0.125, "bit/s": 0.125, "bits/s": 0.125,
 }
-_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
+_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9, "ps": 1e-12,
+               "min": 60.0, "h": 3600.0}
 _FLOP_UNITS = {"FLOP": 1.0, "FLOPs": 1.0, "flop": 1.0, "flops": 1.0}
 _FLOP_RATE_UNITS = {"FLOP/s": 1.0, "FLOPS": 1.0, "flop/s": 1.0}
 
@@ -185,7 +187,7 @@ def _round(x: float, digits: int) -> str:
 
 def format_bytes(n: float) -> str:
     """``8589934592`` -> ``'8 GiB'`` (binary prefixes, as memory sizes are usually quoted)."""
-    steps = [(2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB"), (1.0, "B")]
+    steps = [(2.0**60, "EiB"), (2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB"), (1.0, "B")]
     return _scaled(n, steps)
 
 

@@ -70,3 +70,18 @@ def test_format(value, fmt, expected):
 def test_round_trip():
     for v in [1, 1000, 2**20, 3.5e9, 2**40]:
         assert math.isclose(units.parse_bytes(units.format_bytes(v)), v, rel_tol=1e-2)
+
+
+def test_every_bound_is_writable_in_the_units_it_is_stated_in():
+    """The limits read '1 B to 1 EiB', '1 ps to 1 hour', '1 ZFLOP', '1 EFLOP/s', but EiB, ps,
+    h, ZFLOP and EFLOP/s were refused as not a size, duration or rate."""
+    from solver_planner import units
+
+    assert units.parse_bytes("1 EiB") == 2.0**60 and units.parse_bytes("1EB") == 1e18
+    assert units.parse_time("1 ps") == 1e-12 and units.parse_time("1 h") == 3600 and units.parse_time("2 min") == 120
+    assert units.parse_flops("1 ZFLOP") == 1e21 and units.parse_flop_rate("1 EFLOP/s") == 1e18
+    assert units.parse_bytes("1E18 B") == 1e18 and units.parse_bytes("1e18") == 1e18      # exponents still read
+    for text, parse in (("2 EiB", units.parse_bytes), ("2 h", units.parse_time), ("2 ZFLOP", units.parse_flops)):
+        with pytest.raises(units.UnitError, match="out of range"):
+            parse(text)
+    assert units.format_bytes(2.0**60) == "1 EiB"
