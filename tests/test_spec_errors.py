@@ -439,3 +439,18 @@ def test_a_choice_written_as_other_tools_write_it_gets_the_spelling_here(tmp_pat
     message = err.value.issues[0].message
     assert hint in message, message
     assert ("did you mean" in message) == (training != "dtype: int8"), message
+
+
+def test_a_name_out_of_the_pattern_and_an_empty_list_are_said_in_words(tmp_path):
+    """pydantic's own text reached users: "String should match pattern '^[A-Za-z_]...'" and
+    "expected a list that should have at least 1 item after validation, not 0"."""
+    from conftest import run_cli
+
+    bad = tmp_path / "m.yaml"
+    bad.write_text("name: m\nparallelism:\n  axes:\n    - {name: données, size: 8}\nreductions: []\n")
+    r = run_cli("validate", bad)
+    assert r.returncode == 2 and "axes[0].name: expected a name of ASCII letters" in r.stderr
+    assert "should match pattern" not in r.stderr
+    bad.write_text("name: m\nparallelism:\n  axes: []\n")
+    r = run_cli("validate", bad)
+    assert r.returncode == 2 and f"{bad}:3: parallelism.axes: expected at least 1 entry, got 0" in r.stderr

@@ -186,8 +186,14 @@ def _message(err: dict[str, Any]) -> str:
         return f"expected {ctx.get('expected')}, got {_short(err.get('input'))}{_meant(err.get('input'), ctx)}"
     if kind == "too_long" and "max_length" in ctx:
         return f"expected at most {ctx['max_length']:,} entries, got {ctx.get('actual_length', 'more')}"
+    if kind == "too_short" and "min_length" in ctx:
+        n = ctx["min_length"]
+        return f"expected at least {n:,} {'entry' if n == 1 else 'entries'}, got {ctx.get('actual_length', 'fewer')}"
     if kind in ("too_short", "too_long"):
         return err["msg"].replace("List should", "expected a list that should").rstrip(".")
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+        return (f"expected a name of ASCII letters, digits, '_', '.' and '-' that starts with a letter or '_',"
+                f" got {_short(err.get('input'))}")
     return err["msg"]
 
 
