@@ -432,11 +432,12 @@ class _Checker:
                               field(self.doc, ("stages", p, "layers", 1), int)))
             except FieldError:
                 return
+            if not 0 <= spans[-1][0] <= spans[-1][1] < layers:
+                return          # [last, first], or past the model: that entry is what is wrong
         held = np.zeros(layers + 1, dtype=int)          # layers held by some stage, by differences
         for first, last in spans:
-            if 0 <= first <= last:
-                held[min(first, layers)] += 1
-                held[min(last + 1, layers)] -= 1
+            held[first] += 1
+            held[last + 1] -= 1
         none = np.flatnonzero(np.cumsum(held)[:layers] == 0)
         if not spans or not len(none):
             return          # every layer held (stages out of order are stage_plans' to say)
