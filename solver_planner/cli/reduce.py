@@ -178,7 +178,9 @@ def place(
             table.add_row(str(rank), str(rep.matrix), "-", "-", "-", "-", "-", "-")
         for n, red in enumerate(rep.reductions):
             table.add_row(str(rank) if n == 0 else "", str(rep.matrix) if n == 0 else "", red.name,
-                          units.format_time(red.allreduce.time), red.best.text, units.format_time(red.best.time),
+                          units.format_time(red.allreduce.time),
+                          "none needed (one device per group)" if red.nothing_to_reduce else red.best.text,
+                          units.format_time(red.best.time),
                           f"{red.speedup:.2f}x", str(len(red.programs)))
     console().print(table)
 
@@ -239,6 +241,9 @@ def synth(
     con = console()
     con.print(f"placement {chosen}, reduction '{red.name}' over {', '.join(red.axes)}"
               f" ({units.format_bytes(red.bytes)} per device); synthesis hierarchy {rep.hierarchy}")
+    if rep.nothing_to_reduce:
+        con.print("nothing to reduce: every group of the reduction holds one device, so no program is needed")
+        return
     table = Table(title=f"{len(rep.programs)} valid programs of size <= {max_size} ({size_metric});"
                         f" AllReduce alone takes {units.format_time(rep.allreduce.time)}")
     for col in ("#", "program", "time", "speedup"):

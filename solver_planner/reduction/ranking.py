@@ -166,14 +166,20 @@ class ReductionReport:
         return self.programs[0] if self.programs else self.allreduce
 
     @property
+    def nothing_to_reduce(self) -> bool:
+        """Every group of the reduction holds one device (its axes have size 1 here): no
+        program is synthesized, and none is needed."""
+        return not self.programs and self.allreduce.time == 0
+
+    @property
     def speedup(self) -> float:
         return self.allreduce.time / self.best.time if self.best.time > 0 else 1.0
 
     def as_dict(self) -> dict:
         return {"name": self.name, "axes": self.axes, "bytes": self.nbytes, "weight": self.weight,
                 "hierarchy": str(self.hierarchy), "allreduce_time": self.allreduce.time,
-                "best_program": self.best.text, "best_time": self.best.time, "speedup": self.speedup,
-                "programs": len(self.programs)}
+                "best_program": None if self.nothing_to_reduce else self.best.text, "best_time": self.best.time,
+                "speedup": self.speedup, "programs": len(self.programs), "nothing_to_reduce": self.nothing_to_reduce}
 
 
 @dataclass
