@@ -154,3 +154,5 @@ def test_a_reduction_over_one_device_says_nothing_is_to_reduce(tmp_path):
     r = run_cli("place", cluster, model, "--json")
     red = json.loads(r.stdout)["placements"][0]["reductions"][0]
     assert red["nothing_to_reduce"] and red["best_program"] is None
+    r = run_cli("execute", "reduction", cluster, model, "--dry-run")      # it printed a blank line, exit 0
+    assert r.returncode == 1 and "nothing to reduce" in r.stderr and not r.stdout.strip()

@@ -171,6 +171,10 @@ def execute_reduction(
             fail(str(exc), 2)
     if program is None:
         runs = synthesized_runs(topo, spec, chosen, red, size, max_size, top)
+        if not runs:
+            # one device per group: nothing to run (it printed a blank line and exited 0)
+            fail(f"nothing to reduce: every group of reduction '{red.name}' holds one device on {chosen}, so no"
+                 " program is synthesized; give a PROGRAM to run one anyway", 1)
     else:
         steps, labels, title = read_program(topo, lowering, program)
         runs = [reduction_run(topo, lowering, steps, size, title, labels)]
