@@ -20,7 +20,7 @@ fitted to these runs.
 Per data set (one per GPU): median and worst |predicted / measured - 1|, Spearman, and the
 median measured / predicted; ``--rows`` prints each run.
 
-    python benchmarks/mosaicml_runs.py              # both GPUs (about a minute)
+    python benchmarks/mosaicml_runs.py              # both GPUs (a few seconds)
     python benchmarks/mosaicml_runs.py --gpu h100_80gb --rows
     python benchmarks/mosaicml_runs.py --json
 """

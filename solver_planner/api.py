@@ -29,6 +29,7 @@ The paths in the examples are relative to the repository root.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
@@ -70,19 +71,22 @@ def _choice(value, name: str, choices: Sequence[str]) -> None:
 
 
 def _number(value, name: str, low: float, high: float | None = None, integer: bool = False,
-            optional: bool = False) -> None:
+            optional: bool = False):
     """The command line's range check of a number option, as the library's error (a bool is
-    not a number here, as in the specs)."""
+    not a number here, as in the specs); the value as a Python int or float (numpy's numbers
+    are accepted, and would otherwise reach the plan file, which YAML and JSON cannot write)."""
     if value is None and optional:
-        return
+        return None
     import numbers
 
-    kind = numbers.Integral if integer else numbers.Real          # numpy's numbers too
+    kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
         raise OptionError(f"{name}: expected {'an integer' if integer else 'a number'}, got"
                           f" {type(value).__name__} {value!r:.40}")
-    if value < low or (high is not None and value > high):
+    value = int(value) if integer else float(value)
+    if not low <= value <= (math.inf if high is None else high):          # NaN fails both
         raise OptionError(f"{name}: {value!r} is not in [{low:g}, {'inf' if high is None else format(high, 'g')}]")
+    return value
 
 
 def _topology(cluster: PathLike | ClusterSpec | Topology) -> Topology:
@@ -208,7 +212,7 @@ def place(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     _choice(method, "method", ("auto", "cp-sat", "enumerate"))
     _choice(algorithm, "algorithm", [a.value for a in Algorithm])
     _choice(size_metric, "size metric", SIZE_METRICS)
-    _number(max_size, "max_size", 1, 8, integer=True)          # `place --max-size`'s range
+    max_size = _number(max_size, "max_size", 1, 8, integer=True)          # `place --max-size`'s range
     topo, spec = load(cluster, model)
     chosen = None if matrices is None else [_matrix(topo, spec, m) for m in matrices]
     return rank_placements(topo, spec, method, max_size, algorithm, matrices=chosen, metric=size_metric)
@@ -272,13 +276,18 @@ def verify(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     >>> verdict.status, verdict.violation is not None
     ('invalid', True)
     """
-    _choice(engine, "engine", ("z3", "semantics"))
-    _number(timeout, "timeout", 0.001, 86400)
+    from .choices import ENGINES
+
+    _choice(engine, "engine", ENGINES)
+    timeout = _number(timeout, "timeout", 0.001, 86400)
     if isinstance(program, str) and not program.strip():
         raise OptionError("program: empty; give DSL text such as 'AllReduce(root, InsideGroup)' or a steps file")
-    if not isinstance(program, (str, os.PathLike, tuple, list)):
-        raise OptionError(f"program: expected DSL text, a steps file's path or a parsed program, got"
-                          f" {type(program).__name__} {program!r:.40}")
+    from .reduction.dsl import Instruction
+
+    if not isinstance(program, (str, os.PathLike)) and not (
+            isinstance(program, (tuple, list)) and program and all(isinstance(i, Instruction) for i in program)):
+        raise OptionError(f"program: expected DSL text, a steps file's path or a parsed program (instructions),"
+                          f" got {type(program).__name__} {program!r:.40}")
     from .errors import InfeasibleError
     from .reduction.dsl import parse_program
     from .reduction.ranking import check_placeable, lowering_for, proxy_placement, reduction_named
@@ -378,9 +387,9 @@ def reshard(cluster: PathLike | ClusterSpec | Topology,
 
     _choice(method, "method", RESHARD_METHODS)
     _choice(strategy, "strategy", RESHARD_STRATEGIES)
-    _number(time_limit, "time_limit", 0.01, 86400)          # `reshard --time-limit`'s range
-    _number(workers, "workers", 1, integer=True)
-    _number(seed, "seed", 0, 2**31 - 1, integer=True)
+    time_limit = _number(time_limit, "time_limit", 0.01, 86400)          # `reshard --time-limit`'s range
+    workers = _number(workers, "workers", 1, integer=True)
+    seed = _number(seed, "seed", -math.inf, integer=True)                # `--seed` takes any integer
     topo = _topology(cluster)
     if isinstance(model, ReshardingProblem):
         problems = [model]
@@ -409,9 +418,8 @@ def _config(config) -> Config | None:
     # four positive integers, as --config d,t,p,k
     if not isinstance(config, (list, tuple)) or len(config) != 4:
         raise OptionError(f"config: expected (data, tensor, pipeline, micro-batches), got {config!r:.60}")
-    for name, n in zip(("data", "tensor", "pipeline", "micro-batches"), config):
-        _number(n, f"config's {name}", 1, integer=True)
-    return Config(*config)
+    return Config(*(_number(n, f"config's {name}", 1, integer=True)
+                    for name, n in zip(("data", "tensor", "pipeline", "micro-batches"), config)))
 
 
 def _split(split) -> tuple[int, ...] | None:
@@ -423,27 +431,23 @@ def _split(split) -> tuple[int, ...] | None:
         return parse_split(split)
     if not isinstance(split, (list, tuple)) or not split:
         raise OptionError(f"split: expected layers per stage such as (10, 12, 12, 10), got {split!r:.60}")
-    for n in split:
-        _number(n, "split's layers per stage", 1, integer=True)
-    return tuple(split)
+    return tuple(_number(n, "split's layers per stage", 1, integer=True) for n in split)
 
 
-def _stage_options(method, num_stages, top, time_limit, seed, budget, simulations, top_gap, compute, devices,
-                   gap) -> None:
-    """What the stages and plan commands' options refuse, refused the same way here."""
+def _stage_options(method, compute, **numbers) -> dict:
+    """What the stages and plan commands' options refuse, refused the same way here; the
+    numbers given (by name) as Python numbers."""
     from .choices import COMPUTE_MODELS, STAGE_METHODS
 
     _choice(method, "method", STAGE_METHODS)
     _choice(compute, "compute", COMPUTE_MODELS)
-    _number(num_stages, "num_stages", 1, integer=True, optional=True)
-    _number(top, "top", 1, integer=True)
-    _number(time_limit, "time_limit", 0.001, 86400)
-    _number(seed, "seed", 0, 2**31 - 1, integer=True)
-    _number(budget, "budget", 1, integer=True, optional=True)
-    _number(simulations, "simulations", 1, integer=True, optional=True)
-    _number(top_gap, "top_gap", 0, 0.99, optional=True)
-    _number(devices, "devices", 1, integer=True, optional=True)
-    _number(gap, "gap", 0, 0.99, optional=True)
+    ranges = {"num_stages": (1, None, True), "top": (1, None, True), "time_limit": (0.001, 86400, False),
+              "seed": (-math.inf, None, True), "budget": (1, None, True), "simulations": (1, None, True),
+              "top_gap": (0, 0.99, False), "devices": (1, None, True), "gap": (0, 0.99, False)}
+    return {name: _number(value, name, *ranges[name][:2], integer=ranges[name][2], optional=name not in ("top",
+                                                                                                        "time_limit",
+                                                                                                        "seed"))
+            for name, value in numbers.items()}
 
 
 def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "1f1b",
@@ -541,7 +545,10 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     """
     from .stages.report import plan_stages
 
-    _stage_options(method, num_stages, top, time_limit, seed, budget, simulations, top_gap, compute, devices, gap)
+    n = _stage_options(method, compute, num_stages=num_stages, top=top, time_limit=time_limit, seed=seed,
+                       budget=budget, simulations=simulations, top_gap=top_gap, devices=devices, gap=gap)
+    num_stages, top, time_limit, seed, devices = (n[k] for k in ("num_stages", "top", "time_limit", "seed", "devices"))
+    budget, simulations, top_gap, gap = (n[k] for k in ("budget", "simulations", "top_gap", "gap"))
     topo, spec = load(cluster, model)
     limits = {k: v for k, v in (("budget", budget), ("simulations", simulations), ("top_gap", top_gap),
                                 ("gap", gap)) if v is not None}
@@ -631,10 +638,11 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     from .choices import CROSS_MESH
     from .plan import make_plan
 
-    _stage_options(method, num_stages, 1, time_limit, seed, None, None, None, compute, devices, None)
+    n = _stage_options(method, compute, num_stages=num_stages, time_limit=time_limit, seed=seed, devices=devices)
+    num_stages, time_limit, seed, devices = (n[k] for k in ("num_stages", "time_limit", "seed", "devices"))
     _choice(cross_mesh, "cross_mesh", CROSS_MESH)
-    _number(proof_timeout, "proof_timeout", 0.001, 86400)
-    _number(candidates, "candidates", 1, 50, integer=True)
+    proof_timeout = _number(proof_timeout, "proof_timeout", 0.001, 86400)
+    candidates = _number(candidates, "candidates", 1, 50, integer=True)
     topo, spec = load(cluster, model)
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
@@ -694,7 +702,7 @@ def check(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpe
     from .plan.compose import TrainingPlan
     from .plan.planfile import plan_document, read_plan
 
-    _number(proof_timeout, "proof_timeout", 0.001, 86400)
+    proof_timeout = _number(proof_timeout, "proof_timeout", 0.001, 86400)
     topo, spec = load(cluster, model)
     if isinstance(plan, TrainingPlan):
         doc = plan_document(plan)

@@ -5,7 +5,7 @@ command line, which can then declare its options without importing the solvers (
 starts in a fraction of a second; the solvers load when the command runs).
 """
 
-__all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS",
+__all__ = ["STAGE_METHODS", "SCHEDULES", "RESHARD_METHODS", "RESHARD_STRATEGIES", "CROSS_MESH", "SIZE_METRICS", "ENGINES",
            "COMPUTE_MODELS", "DEFAULT_BUDGET", "DEFAULT_SIMULATIONS",
            "DEFAULT_TOP_GAP", "DEFAULT_GAP", "STALL", "RISE"]
 
@@ -16,6 +16,8 @@ RESHARD_STRATEGIES = ("broadcast", "send-recv", "local-allgather", "global-allga
 # How a plan's stage boundaries move their tensors (the rows of the resharding paper's ablation).
 CROSS_MESH = ("broadcast", "send-recv", "free")
 SIZE_METRICS = ("instructions", "paper")
+# How `reduce verify` decides a program: a z3 proof over symbolic data, or the rules applied.
+ENGINES = ("z3", "semantics")
 # How compute is timed (solver_planner.compute): kernel efficiency and memory traffic (the
 # roofline when the device has no compute block), the bare roofline, or FLOPs at peak.
 COMPUTE_MODELS = ("efficiency", "roofline", "peak")

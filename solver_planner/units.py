@@ -3,8 +3,9 @@
 Specs accept ``"2 GiB"``, ``"100Gbps"``, ``"270 GB/s"``, ``"5us"``, ``"312 TFLOP/s"``; the
 library works in bytes, bytes/s, seconds, FLOP and FLOP/s.  A lower-case ``b`` means bits,
 an upper-case ``B`` bytes (``"100Gbps"`` is 12.5e9 bytes/s, ``"100GB/s"`` is 1e11 bytes/s).
-Decimal prefixes (k, M, G, T, P) are powers of 1000 and binary prefixes (Ki, Mi, Gi, Ti, Pi)
-powers of 1024.  A bare number is taken in the base unit (bytes, bytes/s, seconds, FLOP).
+Decimal prefixes (k, M, G, T, P, E, Z) are powers of 1000 and binary prefixes (Ki, Mi, Gi,
+Ti, Pi, Ei) powers of 1024; durations are also written in ps, ns, us, ms, min or h.  A bare
+number is taken in the base unit (bytes, bytes/s, seconds, FLOP).
 
 >>> parse_bytes("2 GiB")
 2147483648.0

@@ -44,6 +44,14 @@ def run_cli(*args, cwd=ROOT, env=None):
                           capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 
+def one_device_cluster(folder: Path) -> Path:
+    """A cluster of a single A100 (the smallest a spec allows), written into ``folder``."""
+    path = folder / "one.yaml"
+    path.write_text("name: one\nlevels:\n  - {name: gpu, count: 1}\ndevice: {preset: A100-SXM4-80GB}\n"
+                    "interconnects:\n  - {name: nv, level: gpu, bandwidth: 300 GB/s, latency: 2us}\n")
+    return path
+
+
 def llama_training(folder: Path, **training: str) -> Path:
     """The shipped Llama-3-8B job (examples/hf/llama-3-8b-training.yaml) copied into
     ``folder`` with its training settings replaced (``recompute="full"`` and so on): its

@@ -5,7 +5,7 @@ descriptor: 1 closed the process's stdout)."""
 
 from __future__ import annotations
 
-import sys
+import os
 
 import numpy as np
 import pytest
@@ -62,9 +62,9 @@ REFUSED = {
 def test_a_wrong_argument_is_an_option_error(call):
     with pytest.raises(OptionError):
         call()
-    # stdout still open (sp.load(True, ...) once closed it)
-    print("still here")
-    sys.stdout.flush()
+    # the process's stdout, fd 1, still open (sp.load(True, ...) once closed it); under
+    # pytest's capture sys.stdout is not fd 1, so ask the file descriptor itself
+    os.fstat(1)
 
 
 def test_the_unknown_choice_suggests_the_near_one():
@@ -72,6 +72,18 @@ def test_the_unknown_choice_suggests_the_near_one():
         sp.place(C, M, algorithm="rnig")
 
 
-def test_numpy_numbers_are_numbers():
-    report = sp.stages(C, G, config=(np.int64(2), 1, 4, 512), top=np.int64(1), time_limit=np.float64(10))
+def test_numpy_numbers_are_numbers_and_leave_as_python_ones():
+    """Accepted, and converted: an np.int64 once reached the plan document, which JSON and
+    YAML then could not write."""
+    import json
+
+    report = sp.stages(C, G, config=(np.int64(2), 1, 4, 512), top=np.int64(1), time_limit=np.float64(10),
+                       num_stages=np.int64(4), devices=np.int64(8))
     assert report.result.status.value == "OPTIMAL"
+    json.dumps(report.as_dict())
+    assert all(type(n) is int for n in sp._split([np.int64(9), 8])) and type(sp._config((np.int64(2), 1, 4, 8)).data) is int
+    with pytest.raises(OptionError, match="nan is not in"):
+        sp.stages(C, G, time_limit=float("nan"))
+    assert len(sp.reshard(C, M, seed=-5)) == 4             # `--seed` takes any integer
+    with pytest.raises(OptionError, match="instructions"):
+        sp.verify(C, M, [1, 2])

@@ -134,10 +134,9 @@ def test_one_micro_batch_is_singular():
 
 def test_a_cost_of_one_device_groups_says_why_in_one_sentence(tmp_path):
     """The warning once ended in 'try --across ' with nothing after it."""
-    one = tmp_path / "one.yaml"
-    one.write_text("name: one\nlevels:\n  - {name: gpu, count: 1}\ndevice: {preset: A100-SXM4-80GB}\n"
-                   "interconnects:\n  - {name: nv, level: gpu, bandwidth: 300 GB/s, latency: 2us}\n")
-    r = run_cli("cost", one)
+    from conftest import one_device_cluster
+
+    r = run_cli("cost", one_device_cluster(tmp_path))
     assert r.returncode == 0 and "'one' has one device" in r.stderr and "try --across" not in r.stderr
     r = run_cli("cost", CLUSTERS / "dgx-a100-8x8.yaml", "--level", "gpu")
     assert "has levels node, gpu: --level L groups the devices inside each L" in r.stderr

@@ -142,9 +142,9 @@ def test_steps_and_matrices_name_what_is_wrong_with_their_numbers(tmp_path):
 def test_a_reduction_over_one_device_says_nothing_is_to_reduce(tmp_path):
     """On one device `reduce synth` printed an empty table of '0 valid programs' and `place`
     named AllReduce the best of 0 programs."""
-    cluster, model = tmp_path / "one.yaml", tmp_path / "m.yaml"
-    cluster.write_text("name: one\nlevels:\n  - {name: gpu, count: 1}\ndevice: {preset: A100-SXM4-80GB}\n"
-                       "interconnects:\n  - {name: nv, level: gpu, bandwidth: 300 GB/s, latency: 2us}\n")
+    from conftest import one_device_cluster
+
+    cluster, model = one_device_cluster(tmp_path), tmp_path / "m.yaml"
     model.write_text("name: m\nparallelism:\n  axes:\n    - {name: data, size: 1}\n"
                      "reductions:\n  - {name: grads, axes: [data], bytes: 100 MB}\n")
     r = run_cli("reduce", "synth", cluster, model)

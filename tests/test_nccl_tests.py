@@ -527,3 +527,14 @@ def test_wrong_results_out_of_range_times_and_an_unknown_level_are_said(tmp_path
     assert "1 time(s) out of range (negative, zero or past" in r.stderr
     r = run_cli("calibrate", "--from-nccl-tests", f"foo={log}", "--cluster", cluster, "-o", tmp_path / "g.yaml")
     assert r.returncode == 2 and "no level 'foo'" in r.stderr and "its levels are node, gpu" in r.stderr
+    # every row flagged wrong: said so, not "no readable result row (truncated?)"
+    out = []
+    for line in log.read_text().splitlines():
+        tokens = line.split()
+        if tokens and tokens[0].isdigit() and len(tokens) >= 12:
+            tokens[8] = "5"
+            line = "  " + "  ".join(tokens)
+        out.append(line)
+    bad.write_text("\n".join(out) + "\n")
+    r = run_cli("calibrate", "--from-nccl-tests", bad, "--cluster", cluster, "-o", tmp_path / "h.yaml")
+    assert r.returncode == 2 and "reports wrong results (#wrong is not 0): nothing to fit" in r.stderr, r.stderr

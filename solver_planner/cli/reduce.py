@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .. import units
 from ..choices import SIZE_METRICS as METRICS
+from ..choices import ENGINES
 from ..errors import unknown_choice
 from ..memory import MEMORY_BOUND, bounded, verify_estimate
 from ..memory import check as check_memory
@@ -283,8 +284,8 @@ def verify(
 
     if not (math.isfinite(timeout) and timeout > 0):
         fail(f"--timeout must be a positive number of seconds, not {timeout}", 2)
-    if engine not in ("z3", "semantics"):
-        fail(unknown_choice("engine", engine, ("z3", "semantics")), 2)
+    if engine not in ENGINES:
+        fail(unknown_choice("engine", engine, ENGINES), 2)
     check_plot(plot)
     topo, spec = _load(cluster, model)
     red = reduction_named(spec, reduction)

@@ -349,6 +349,10 @@ def parse_text(text: str, file: str = "<text>") -> list[Run]:
     runs.append(cur)
     kept = [r for r in runs if r.rows]
     if not kept:
+        wrong = sum(r.wrong for r in runs)
+        if wrong:
+            raise _error(file, header_seen, f"every result row that could be read ({wrong}) reports wrong results"
+                                            " (#wrong is not 0): nothing to fit")
         if header_seen is not None:
             raise _error(file, header_seen, "the nccl-tests table under this header has no readable result row"
                                             " (truncated?)")

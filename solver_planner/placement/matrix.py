@@ -65,7 +65,15 @@ class ParallelismMatrix:
     @classmethod
     def of(cls, rows: Sequence[Sequence[int]]) -> ParallelismMatrix:
         # whole numbers only: int(True) is 1 and int(2.5) is 2, neither what was written
-        if any(isinstance(v, bool) or int(v) != v for row in rows for v in row):
+        def whole(v) -> bool:
+            if isinstance(v, bool) or str(getattr(v, "dtype", "")) == "bool":        # numpy's too
+                return False
+            try:
+                return int(v) == v
+            except (OverflowError, ValueError, TypeError):        # inf, nan, text
+                return False
+
+        if any(not whole(v) for row in rows for v in row):
             raise ValueError(f"a matrix holds positive integers, got {[list(r) for r in rows]!r:.80}")
         return cls(tuple(tuple(int(v) for v in row) for row in rows))
 

@@ -79,8 +79,8 @@ def find_placements(axis_sizes: Sequence[int], level_counts: Sequence[int], rule
     below :data:`AUTO_THRESHOLD` variables, enumeration above); ``.method`` says which ran.
     ``every=False`` asks CP-SAT for the best only (``.solutions`` is then empty), for a
     caller that needs one placement; enumeration lists them all regardless.  ``limit``: list at
-    most that many (``.info['limited']`` says the list was cut there; the best is then over
-    those only)."""
+    most that many (``.info['limited']`` says the list was cut there; enumeration's best is
+    then over those only, CP-SAT's over every matrix)."""
     if method not in ("auto", "cp-sat", "enumerate"):
         raise ValueError(f"unknown placement method {method!r}; expected auto, cp-sat or enumerate")
     if method == "auto":

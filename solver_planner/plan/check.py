@@ -448,11 +448,10 @@ class _Checker:
         if after:
             p = after[0]
             self.fail("stages", ("stages", p, "layers"),
-                      f"{show(entries[p]['layers'])}: layers {format_span(a, b)} are held by no stage")
+                      f"{show(entries[p]['layers'])}: {_held(a, b)} by no stage")
         else:
             self.fail("stages", ("stages", len(spans) - 1, "layers"),
-                      f"the stages end at layer {a - 1}; layers {format_span(a, b)} of the model's {layers} are held by"
-                      " no stage")
+                      f"the stages end at layer {a - 1}; {_held(a, b)} by no stage (the model has {layers} layers)")
         raise _Stop
 
     def stage_plans(self, costs, mesh: tuple, entries: list) -> Partition:
@@ -850,3 +849,8 @@ def _leaves(doc: Any) -> int:
     if isinstance(doc, list):
         return sum(_leaves(v) for v in doc)
     return 1
+
+
+def _held(a: int, b: int) -> str:
+    """``layer 5 is held`` / ``layers 5-8 are held``."""
+    return f"layer {a} is held" if a == b else f"layers {format_span(a, b)} are held"

@@ -319,7 +319,9 @@ def rank_placements(topology: Topology, model: ModelSpec, method: str = "auto", 
     # (one more, to know): 16 axes of 2 on 16 levels of 2 (16! matrices) were listed for
     # 100 s before the bound was checked
     limit = None
-    if memory_bound is not None and matrices is None:
+    if matrices is not None:
+        limit = 1           # the placements are given: the search only says how it would run
+    elif memory_bound is not None:
         limit = 1 + max_placements(topology.num_devices, topology.devices_per_host, len(model.reductions),
                                    memory_bound)
     result = find_placements(model.axis_sizes, counts, resolve_rules(model, topology),
