@@ -441,13 +441,13 @@ def _stage_options(method, compute, **numbers) -> dict:
 
     _choice(method, "method", STAGE_METHODS)
     _choice(compute, "compute", COMPUTE_MODELS)
+    # (least, most, integer): the commands' ranges (--seed takes any integer)
     ranges = {"num_stages": (1, None, True), "top": (1, None, True), "time_limit": (0.001, 86400, False),
               "seed": (-math.inf, None, True), "budget": (1, None, True), "simulations": (1, None, True),
               "top_gap": (0, 0.99, False), "devices": (1, None, True), "gap": (0, 0.99, False)}
-    return {name: _number(value, name, *ranges[name][:2], integer=ranges[name][2], optional=name not in ("top",
-                                                                                                        "time_limit",
-                                                                                                        "seed"))
-            for name, value in numbers.items()}
+    required = ("top", "time_limit", "seed")
+    return {name: _number(value, name, low, high, integer=whole, optional=name not in required)
+            for name, value in numbers.items() for low, high, whole in [ranges[name]]}
 
 
 def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "1f1b",
