@@ -350,3 +350,13 @@ def test_the_readmes_show_transcript_is_what_show_prints():
     printed = [" ".join(x.split()) for x in res.stdout.splitlines()]
     at = [printed.index(x) for x in shown]
     assert at == sorted(at) and any("reduced during the backward in bfloat16" in x for x in shown)
+
+
+def test_a_tied_layer_is_counted_once(tmp_path):
+    """show's docstring says unique parameters, a layer tied_to another once: both were summed."""
+    spec = tmp_path / "tied.yaml"
+    spec.write_text("name: tied\nlayers:\n  - {name: a, flops: 1 GFLOP, params: 128 MiB, activations: 16 KiB}\n"
+                    "  - {name: b, flops: 1 GFLOP, params: 128 MiB, activations: 16 KiB, tied_to: a}\n"
+                    "training: {global_batch: 1, dtype: float16, optimizer: sgd}\n")
+    data = json.loads(run_cli("show", spec, "--json").stdout)
+    assert data["parameters"] == 128 * 2**20 // 2 and data["flops_per_sample"] == 2e9

@@ -117,7 +117,8 @@ def model_counts(spec) -> dict:
         })
     elif spec.layers:
         size = FLOAT_DTYPES[training.dtype] if training is not None else 2
-        params = sum(layer.params * layer.repeat for layer in spec.layers) / size
+        # a layer tied_to another holds a copy of its weights: counted once, with the original
+        params = sum(layer.params * layer.repeat for layer in spec.layers if layer.tied_to is None) / size
         out.update({
             "kind": "layers", "parameters": int(round(params)),
             "flops_per_sample": float(sum(layer.flops * layer.repeat for layer in spec.layers)),
