@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import CLUSTERS, SPECS, run_cli
+from conftest import CLUSTERS, ROOT, SPECS, run_cli
 from solver_planner import __version__
 from solver_planner.cli import app
 
@@ -122,6 +122,10 @@ def test_validate_warns_when_no_plan_can_fit_in_memory_and_the_floor_is_below_wh
     assert s.returncode == 1
     needs = float(re.search(r"needs ([0-9.]+) GiB per device", s.stderr).group(1))
     assert floor / 2**30 <= needs
+    # the README's example quotes both figures as these commands print them
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    assert f"at least {floor / 2**30:.2f} GiB per device, 15 GiB usable" in readme
+    assert f"the plan needing least needs {needs:.2f} GiB" in readme
     # a model that has a plan there gets no such warning
     r = run_cli("validate", P3, SPECS / "models" / "gpt3-2.6b.yaml", "--json")
     entry = json.loads(r.stdout)["files"][1]
