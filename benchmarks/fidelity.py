@@ -115,9 +115,7 @@ def korthikanti(say) -> list[dict]:
     import korthikanti_runs as runs
 
     say("Korthikanti et al. 2022 Table 5: GPT 22B to 1T on 8 to 512 A100s")
-    rows = [runs.predict(r) for r in runs.load_runs()]
-    return [summary("Korthikanti et al. 2022 Table 5: MFU", [r["predicted_mfu"] for r in rows],
-                    [r["measured_mfu"] for r in rows], note="nothing fitted; the 22B layer is Table 4's")]
+    return [runs.summary([runs.predict(r) for r in runs.load_runs()])]
 
 
 def mosaicml(say) -> list[dict]:
@@ -125,12 +123,7 @@ def mosaicml(say) -> list[dict]:
 
     say("MosaicML MPT with FSDP on A100 and H100")
     rows = [runs.predict(r) for r in runs.load_runs()]
-    out = []
-    for gpu in sorted({r["gpu"] for r in rows}):
-        mine = [r for r in rows if r["gpu"] == gpu and r["predicted"] is not None]
-        out.append(summary(f"MosaicML MPT, FSDP on {gpu}: tokens/s per GPU", [r["predicted"] for r in mine],
-                           [r["measured"] for r in mine], note="nothing fitted"))
-    return out
+    return [runs.summary([r for r in rows if r["gpu"] == gpu]) for gpu in sorted({r["gpu"] for r in rows})]
 
 
 def layer_times(say) -> list[dict]:

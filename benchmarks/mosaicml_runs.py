@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -40,13 +39,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner import api  # noqa: E402
-from solver_planner.agreement import spearman  # noqa: E402
 from solver_planner.errors import InfeasibleError  # noqa: E402
 from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
 from solver_planner.spec.model import ModelSpec  # noqa: E402
 from solver_planner.stages.report import Config  # noqa: E402
 from solver_planner.topology import Topology  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fidelity  # noqa: E402
 
 TABLE = ROOT / "benchmarks" / "data" / "mosaicml_mpt.csv"
 NODES = {"a100_80gb": ROOT / "specs" / "clusters" / "dgx-a100-8x8.yaml",
@@ -128,12 +129,11 @@ def predict(run: Run) -> dict:
 
 
 def summary(rows: list[dict]) -> dict:
+    """The fidelity table's row of one GPU's runs (benchmarks/fidelity.py), over the runs priced."""
     priced = [r for r in rows if r["predicted"] is not None]
-    errors = [abs(r["error"]) for r in priced]
-    return {"runs": len(rows), "priced": len(priced), "median_error": statistics.median(errors),
-            "worst_error": max(errors),
-            "spearman": spearman([r["predicted"] for r in priced], [r["measured"] for r in priced]),
-            "median_measured_over_predicted": statistics.median(r["measured"] / r["predicted"] for r in priced)}
+    return fidelity.summary(f"MosaicML MPT, FSDP on {rows[0]['gpu']}: tokens/s per GPU",
+                            [r["predicted"] for r in priced], [r["measured"] for r in priced],
+                            note="nothing fitted", runs=len(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" {'full' if r['checkpointing'] else 'none':>5} {r['measured']:>9.0f} {pred:>9} {err:>7}")
     print("MosaicML MPT with FSDP, tokens/s per GPU, configurations fixed (shipped DGX specs, presets)")
     for g, s in summaries.items():
-        print(f"{g}: {s['priced']} of {s['runs']} runs priced, median |error| {s['median_error']:.1%}, worst"
+        print(f"{g}: {s['pairs']} of {s['runs']} runs priced, median |error| {s['median_error']:.1%}, worst"
               f" {s['worst_error']:.1%}, Spearman {s['spearman']:.3f}, measured / predicted"
               f" {s['median_measured_over_predicted']:.2f}")
     return 0

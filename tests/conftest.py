@@ -44,6 +44,24 @@ def run_cli(*args, cwd=ROOT, env=None):
                           capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
 
 
+def fidelity_row(label: str) -> tuple[str, ...]:
+    """The README's fidelity-table row whose first cell starts with ``label`` (a regular
+    expression): (pairs, median error %, worst %, Spearman, pairwise %, measured / predicted)."""
+    import re
+
+    row = re.search(rf"^  \| {label}[^|]*\| (\d+) \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+) \| (\d+)% \| ([\d.]+) \|",
+                    (ROOT / "README.md").read_text(), re.M)
+    assert row is not None, label
+    return row.groups()
+
+
+def fidelity_figures(summary: dict) -> tuple[str, ...]:
+    """A ``benchmarks/fidelity.py`` summary as the README's row prints it (:func:`fidelity_row`)."""
+    return (str(summary["pairs"]), f"{summary['median_error'] * 100:.1f}", f"{summary['worst_error'] * 100:.1f}",
+            f"{summary['spearman']:.3f}", f"{summary['pairwise'] * 100:.0f}",
+            f"{summary['median_measured_over_predicted']:.2f}")
+
+
 def one_device_cluster(folder: Path) -> Path:
     """A cluster of a single A100 (the smallest a spec allows), written into ``folder``."""
     path = folder / "one.yaml"

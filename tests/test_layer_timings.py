@@ -207,19 +207,14 @@ def test_calibrate_refuses_a_table_in_the_wrong_unit(tmp_path):
 
 def test_the_fidelity_tables_layer_row_is_what_fidelity_prints():
     # `python benchmarks/fidelity.py --skip-local`'s second row, as the README quotes it
-    import re
     import sys
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import fidelity
 
-    text = (ROOT / "README.md").read_text()
-    row = re.search(r"^  \| Korthikanti et al\. 2022 Table 4, one layer's forward and backward .*?\| (\d+) \| ([\d.]+)% \|"
-                    r" ([\d.]+)% \| ([\d.]+) \| (\d+)% \| ([\d.]+) \|", text, re.M)
-    assert row is not None
+    from conftest import fidelity_figures, fidelity_row
+
     (got,) = fidelity.layer_times(lambda _: None)
-    assert (str(got["pairs"]), f"{got['median_error'] * 100:.1f}", f"{got['worst_error'] * 100:.1f}",
-            f"{got['spearman']:.3f}", f"{got['pairwise'] * 100:.0f}",
-            f"{got['median_measured_over_predicted']:.2f}") == row.groups()
+    assert fidelity_figures(got) == fidelity_row(r"Korthikanti et al\. 2022 Table 4, one layer's forward and backward")
 
 
 def test_a_predicted_layer_is_what_the_simulator_gives_one_more_layer(a100):

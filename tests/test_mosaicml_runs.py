@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, fidelity_figures, fidelity_row
 from solver_planner.spec.counts import transformer_counts
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -41,13 +41,8 @@ def test_the_readme_rows_and_figures_are_what_the_benchmark_prints():
 
     got = {s["data set"]: s for s in fidelity.mosaicml(lambda _: None)}
     for gpu, label in (("a100_80gb", "A100 80GB"), ("h100_80gb", "H100 80GB")):
-        row = re.search(rf"^  \| MosaicML MPT [^|]*{label}[^|]*\| (\d+) \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+) \|"
-                        r" (\d+)% \| ([\d.]+) \|", README, re.M)
-        assert row is not None, gpu
         s = got[f"MosaicML MPT, FSDP on {gpu}: tokens/s per GPU"]
-        assert (str(s["pairs"]), f"{s['median_error'] * 100:.1f}", f"{s['worst_error'] * 100:.1f}",
-                f"{s['spearman']:.3f}", f"{s['pairwise'] * 100:.0f}",
-                f"{s['median_measured_over_predicted']:.2f}") == row.groups()
+        assert fidelity_figures(s) == fidelity_row(f"MosaicML MPT [^|]*{label}"), gpu
     rows = [runs.predict(r) for r in runs.load_runs()]
     said = re.search(r"up to 4 096\n?\s*tokens the median is ([\d.]+)% on A100 and ([\d.]+)% on H100, but from 16 384"
                      r" tokens on the\n?\s*predictions are a median ([\d.]+)% \(A100\) and ([\d.]+)% \(H100\)", README)
