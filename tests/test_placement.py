@@ -230,3 +230,33 @@ def test_sixteen_axes_on_sixteen_levels_have_one_placement_found_and_the_list_re
     assert r.returncode == 2 and "for at least 14 placement(s)" in r.stderr and "refused before starting" in r.stderr
     r = run_cli("reduce", "verify", cluster, model, "AllReduce(root, InsideGroup)")
     assert r.returncode == 0 and "valid" in r.stdout and "(cp-sat; give --matrix to choose)" in r.stdout, r.stderr
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 10.0, allow_nan=False), min_size=6, max_size=6), min_size=6, max_size=6))
+def test_one_placement_from_cp_sat_is_the_best_of_every_matrix_listed(weights):
+    """Above 1 000 matrices by the bound, one placement asked for is CP-SAT's optimum, not the
+    best of a list (`reduce verify` without --matrix): checked against listing all 720 of six
+    axes of 2 on six levels of 2 (the bound says 46 656) under random traffic weights."""
+    from solver_planner.placement.search import count_bound, log_objective
+
+    sizes = [2] * 6
+    assert count_bound(sizes, sizes) > 1000
+    one = find_placements(sizes, sizes, weights=weights, every=False)
+    assert one.method == "cp-sat"
+    listed = enumerate_matrices(sizes, sizes)
+    best = min(log_objective(m, weights) for m in listed)
+    assert log_objective(one.solution, weights) == pytest.approx(best, abs=1e-6)
+
+
+@given(st.integers(1, 100_000), st.integers(1, 64), st.integers(0, 8))
+def test_the_placements_ranked_under_the_bound_are_the_most_the_estimate_allows(devices, per_host, reductions):
+    """`place` lists placements only up to max_placements + 1: that count must be exactly where
+    the ranking's estimate passes the bound, so the cut list is refused when the whole list
+    would have been and nothing that fitted is refused."""
+    from solver_planner.memory import MEMORY_BOUND, max_placements, ranking_estimate
+
+    n = max_placements(devices, per_host, reductions)
+    assert ranking_estimate(devices, per_host, n + 1, reductions).bytes > MEMORY_BOUND
+    if n:
+        assert ranking_estimate(devices, per_host, n, reductions).bytes <= MEMORY_BOUND

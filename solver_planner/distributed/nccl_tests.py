@@ -398,7 +398,9 @@ def parse_log(path: str | Path) -> list[Run]:
 
 
 def split_log_arg(arg: str, levels: Sequence[str]) -> tuple[str | None, str]:
-    """``'node=2x8.log'`` -> ``('node', '2x8.log')``; ``'a.log'`` -> ``(None, 'a.log')``.
+    """``'node=2x8.log'`` -> ``('node', '2x8.log')``; ``'a.log'`` -> ``(None, 'a.log')``; a
+    file named ``x=y.log`` is that file, but ``x=FILE`` where only FILE exists names a level
+    the cluster does not have (:class:`SpecError`, rather than "no such file").
 
     >>> split_log_arg('gpu=logs/ar.log', ['node', 'gpu']), split_log_arg('x=y.log', ['gpu'])
     (('gpu', 'logs/ar.log'), (None, 'x=y.log'))
@@ -406,6 +408,8 @@ def split_log_arg(arg: str, levels: Sequence[str]) -> tuple[str | None, str]:
     level, sep, rest = arg.partition("=")
     if sep and level in levels and rest:
         return level, rest
+    if sep and rest and not Path(arg).exists() and Path(rest).exists():
+        raise _error(arg, None, f"no level {level!r} in the base cluster: its levels are {', '.join(levels)}")
     return None, arg
 
 
@@ -815,10 +819,6 @@ def calibrate(base: str | Path, logs: Sequence[str], name: str | None = None) ->
     fits: list[RunFit] = []
     for arg in logs:
         level, path = split_log_arg(arg, topo.level_names)
-        named, sep, rest = arg.partition("=")
-        if level is None and sep and rest and not Path(arg).exists() and Path(rest).exists():
-            # LEVEL=FILE with a level the base cluster does not have (not a file named so)
-            raise _error(arg, None, f"no level {named!r} in {base}: its levels are {', '.join(topo.level_names)}")
         runs = parse_log(path)
         for run in runs:
             collective = run.collective or _collective_from_columns(run)
