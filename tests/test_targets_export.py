@@ -62,6 +62,8 @@ def llama3_8b(target: str, **kw) -> TargetConfig:
 MEGATRON_CASES = {
     "gpt3-1f1b": gpt3_175b("megatron", sequence_parallel=True, recompute="selective",
                            optimizer_sharding="distributed"),
+    "gpt3-tp-overlap": gpt3_175b("megatron", sequence_parallel=True, tensor_overlap=True,
+                                 optimizer_sharding="distributed"),
     "gpt3-interleaved": gpt3_175b("megatron", virtual_stages=2, schedule="interleaved-1f1b",
                                   sequence_parallel=True, recompute="full",
                                   optimizer_sharding="distributed"),
@@ -159,6 +161,7 @@ def test_megatron_parse_round_trip(name):
     assert flags["--pipeline-model-parallel-size"] == cfg.pipeline
     assert flags["--global-batch-size"] == cfg.global_batch
     assert ("--sequence-parallel" in flags) == cfg.sequence_parallel
+    assert ("--tp-comm-overlap" in flags) == cfg.tensor_overlap
     assert ("--untie-embeddings-and-output-weights" in flags) == (not cfg.tied_embeddings)
     assert ("--use-distributed-optimizer" in flags) == (cfg.optimizer_sharding == "distributed")
 
@@ -196,6 +199,7 @@ def _megatron_objects(flags: dict):
         pipeline_model_parallel_size=flags["--pipeline-model-parallel-size"],
         context_parallel_size=flags["--context-parallel-size"],
         sequence_parallel=bool(flags.get("--sequence-parallel")),
+        tp_comm_overlap=bool(flags.get("--tp-comm-overlap")),
         virtual_pipeline_model_parallel_size=flags.get("--num-virtual-stages-per-pipeline-rank"),
         num_layers_in_first_pipeline_stage=flags.get("--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=flags.get("--decoder-last-pipeline-num-layers"),
@@ -538,6 +542,7 @@ def test_torchtitan_parser_rejects_pipeline_with_cuda_graphs(capsys):
     (llama3_8b("torchtitan", dtype="float16"), "float16"),
     (llama3_8b("torchtitan", tensor=16, data=2), "not divisible by tensor"),
     (llama3_8b("torchtitan", optimizer="sgd"), "sgd"),
+    (llama3_8b("torchtitan", sequence_parallel=True, tensor_overlap=True), "tensor-parallel collectives"),
     # torch's runtime keeps 3 chunks of a rank gathered and re-gathers the rest (max_active_stages)
     (llama3_8b("torchtitan", optimizer_sharding="zero-2", schedule="interleaved-1f1b", virtual_stages=4,
                layers=32), "more than 3 model chunks"),

@@ -102,6 +102,10 @@ def _show_model(path: Path, as_json: bool) -> None:
         rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward"
                                   f" {reduce}, accumulated by"
                                   f" {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))
+        if t.get("sequence_parallel"):
+            rows.append(("tensor parallel", "sequence parallel; all-gathers and reduce-scatters "
+                         + ("beside their products (tensor_overlap)" if t.get("tensor_overlap")
+                            else "between the products")))
     table = Table(show_header=False, box=None)
     table.add_column()
     table.add_column()

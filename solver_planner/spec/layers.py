@@ -182,6 +182,10 @@ class TrainingSpec(SpecModel):
     sequence_parallel: Boolean = Field(
         default=False, description="split the activations tensor parallelism leaves replicated (Korthikanti et "
         "al. 2022 section 4.2.2)")
+    tensor_overlap: Boolean = Field(
+        default=False, description="overlap each tensor-parallel all-gather and reduce-scatter with the matrix"
+        " product it feeds or drains (Megatron-LM's --tp-comm-overlap, Transformer Engine's userbuffers; needs"
+        " sequence_parallel); false: they run between the products")
     tied_embeddings: Boolean = Field(
         default=True, description="transformer: the logits layer reuses the token embedding; on another stage it "
         "keeps a copy whose gradient is all-reduced with the first stage's")

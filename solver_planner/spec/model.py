@@ -179,6 +179,12 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
     if spec.transformer is not None:
         for key, what in spec.transformer.shape_issues():
             issues.append(source.issue(("transformer", key), what))
+    if spec.training is not None and spec.training.tensor_overlap and not spec.training.sequence_parallel:
+        # Megatron-LM's arguments.py: "Tensor parallel communication/GEMM overlap can happen only
+        # when sequence parallelism is enabled" (the overlapped collectives are its gather and scatter)
+        issues.append(source.issue(("training", "tensor_overlap"), "tensor_overlap overlaps sequence parallelism's"
+                                   " all-gathers and reduce-scatters with the matrix products; it needs"
+                                   " 'sequence_parallel: true'"))
     if spec.layers and spec.training is not None and spec.training.recompute == "selective-op":
         issues.append(source.issue(("training", "recompute"), SELECTIVE_OP_NEEDS))
     total = sum(layer.repeat for layer in spec.layers)

@@ -74,7 +74,7 @@ from . import ranges
 from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample, zero_run)
-from .operators import layer_pass_times
+from .operators import layer_pass_times, overlapped_collectives
 
 __all__ = ["MeshShape", "StageConfig", "mesh_shapes", "host_parts", "divisors", "CostTables", "ConfigCosts", "StageCosts", "port_names",
            "cost_tables"]
@@ -449,8 +449,12 @@ class StageCosts:
         if self.comm and t > 1:
             a, b = tab.tensor_allreduce
             ar = m.column("allreduces") * (a + b * m.column("activations") * smp)
-            fwd = fwd + ar
-            act_grad = act_grad + ar * _AGAIN.get((c.recompute, opts.sequence_parallel), 1.0)
+            again = _AGAIN.get((c.recompute, opts.sequence_parallel), 1.0)
+            if opts.tensor_overlap:
+                fwd, act_grad = self._overlapped(c, ar, again, fwd, act_grad)
+            else:
+                fwd = fwd + ar
+                act_grad = act_grad + ar * again
         z = self.zero
         ag, rs = self.zero_collectives(c)
         fwd = fwd + z.forward_gathers * ag
@@ -458,6 +462,30 @@ class StageCosts:
         weight = weight + rs
         self._transfers[key] = (fwd, act_grad, weight)
         return self._transfers[key]
+
+    def _overlapped(self, c: StageConfig, ar: np.ndarray, again: float, fwd: np.ndarray,
+                    act_grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and activation-gradient times with each layer's tensor-parallel
+        collectives beside its products (``tensor_overlap``, :func:`.operators.overlapped_collectives`):
+        an all-reduce is a reduce-scatter and an all-gather under sequence parallelism, each
+        half its time; a recomputed forward runs its gathers again (``again`` 1.5) or every
+        collective (2.0), as without overlap.  A layer without operators hides nothing."""
+        m, t = self.model, c.tensor
+        comp = self.tables[t].cost.compute
+        fwd, act_grad = fwd.copy(), act_grad.copy()
+        exposed: dict[tuple[int, float], tuple[float, float, float]] = {}
+        for i, layer in enumerate(m.layers):
+            if ar[i] <= 0:
+                continue
+            count = 2 * int(layer.allreduces)
+            key = (id(layer), float(ar[i]))          # repeated blocks are one object: price it once
+            if key not in exposed:
+                exposed[key] = (overlapped_collectives(layer.ops, comp, self.samples(t), t, ar[i] / count, count)
+                                if layer.ops else (ar[i] / 2, ar[i] / 2, ar[i]))
+            gathers, scatters, backward = exposed[key]
+            fwd[i] += gathers + scatters
+            act_grad[i] += backward + (gathers if again > 1.0 else 0.0) + (scatters if again > 1.5 else 0.0)
+        return fwd, act_grad
 
     def zero_collectives(self, c: StageConfig, copies: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Per layer, seconds per micro-batch of ZeRO's collectives over the data group: one

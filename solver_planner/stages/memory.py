@@ -92,6 +92,7 @@ class MemoryOptions:
     # ZeRO-2/3 run by FSDP2 as torch leaves it (torchtitan): pipelines accumulate whole
     # gradients, and ZeRO-2 re-gathers after every backward (zero_run)
     fsdp2_defaults: bool = False
+    tensor_overlap: bool = False        # tensor-parallel collectives overlap their products (stages/costs.py)
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]
@@ -106,7 +107,8 @@ class MemoryOptions:
         modes = AUTO_MODES if training.recompute == "auto" else (training.recompute,)
         return cls(modes, training.optimizer_sharding, training.sequence_parallel, training.gradient_overlap,
                    training.gradient_bucket, training.host_overhead, training.gradient_clipping,
-                   training.gradient_accumulation, training.gradient_reduce_dtype)
+                   training.gradient_accumulation, training.gradient_reduce_dtype,
+                   tensor_overlap=training.tensor_overlap)
 
 
 @dataclass(frozen=True)

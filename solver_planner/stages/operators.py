@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Operator", "OPERATOR_KINDS", "operator_times", "layer_pass_times"]
+__all__ = ["Operator", "OPERATOR_KINDS", "operator_times", "layer_pass_times", "overlapped_collectives"]
 
 OPERATOR_KINDS = ("gemm", "attention", "memory")
 FLASH_BACKWARD_FLOPS = 2.5      # FlashAttention-2 §3.1: backward 5 products, forward 2
@@ -97,6 +97,34 @@ def operator_times(ops, comp, samples: float, t: int, sequence_parallel: bool = 
             act.append(float(comp.memory_time(op.backward * m, 1.0)))
             weight.append(0.0)
     return {"F": np.asarray(fwd), "BA": np.asarray(act), "BW": np.asarray(weight)}
+
+
+def overlapped_collectives(ops, comp, samples: float, t: int, each: float, count: int) -> tuple[float, float, float]:
+    """Seconds a layer's tensor-parallel collectives stay exposed per micro-batch when each
+    runs beside a matrix product (``training.tensor_overlap``): (forward all-gathers, forward
+    reduce-scatters, backward), for ``count`` collectives of ``each`` seconds per pass.
+
+    Under sequence parallelism a block's forward all-gathers before its column-parallel
+    products and reduce-scatters after its row-parallel ones (Korthikanti et al. 2022
+    §4.2.2), so the ``j``-th collective meets the ``j``-th product with weights in forward
+    order (QKV, projection, MLP in, MLP out); in backward the same collective meets that
+    product's input- and weight-gradient products.  Megatron-LM's ``--tp-comm-overlap``
+    (Transformer Engine) cuts each pair into ``t`` chunks, the collective's chunk ``i + 1``
+    moving while the product runs on chunk ``i``: a two-stage pipeline of ``t`` equal chunks,
+    ``max(c, g) + min(c, g) / t``, of which ``max(0, c - g) + min(c, g) / t`` is past the
+    product.  A collective without a product to meet (the embedding's) stays whole."""
+    times = operator_times(ops, comp, samples, t, True)
+    prods = [i for i, op in enumerate(ops) if op.kind == "gemm" and op.weights > 0]
+    out = [0.0, 0.0, 0.0]
+    for j in range(count):
+        if j < len(prods):
+            k = prods[j]
+            fwd, bwd = float(times["F"][k]), float(times["BA"][k] + times["BW"][k])
+        else:
+            fwd = bwd = 0.0
+        out[j % 2] += max(0.0, each - fwd) + min(each, fwd) / t
+        out[2] += max(0.0, each - bwd) + min(each, bwd) / t
+    return out[0], out[1], out[2]
 
 
 def _recomputed(ops, mode: str) -> np.ndarray:

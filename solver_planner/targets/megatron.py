@@ -37,6 +37,9 @@ RULES = TargetRules(
     virtual_stages=True,
     context_parallel=True,
     sequence_parallel=True,
+    # --tp-comm-overlap (Transformer Engine's userbuffers; arguments.py requires
+    # --sequence-parallel with it)
+    tensor_overlap=True,
     recompute=frozenset({"none", "selective", "full"}),
     # --use-distributed-optimizer shards optimizer state over data-parallel ranks.
     optimizer_sharding=frozenset({"none", "distributed"}),
@@ -88,6 +91,7 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     "--pipeline-model-parallel-size": ("int", _TC),
     "--context-parallel-size": ("int", _TC),
     "--sequence-parallel": ("flag", _TC),
+    "--tp-comm-overlap": ("flag", _TC),
     "--num-virtual-stages-per-pipeline-rank": ("int", _ARGS),
     "--decoder-first-pipeline-num-layers": ("int", _ARGS),
     "--decoder-last-pipeline-num-layers": ("int", _ARGS),
@@ -224,6 +228,8 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
     add("--context-parallel-size", cfg.context)
     if cfg.sequence_parallel:
         add("--sequence-parallel")
+    if cfg.tensor_overlap:
+        add("--tp-comm-overlap", why="tensor-parallel collectives overlapped with their products as planned")
     split, _ = chunk_layers(cfg)
     fl = _first_last(cfg, split)
     if fl is None:

@@ -52,6 +52,8 @@ class TargetRules:
     # until the last backward and parameters stay gathered after a backward; without it,
     # parameters are resharded after every backward (stages/memory.py zero_run)
     fsdp2_defaults: bool = False
+    # tensor-parallel collectives overlapped with their products (training.tensor_overlap)
+    tensor_overlap: bool = False
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)
@@ -126,6 +128,8 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
         # Sequence parallelism splits the activations the tensor-parallel group replicates
         # (Korthikanti et al. 2022); without a TP group there is nothing to split.
         return "sequence parallelism needs tensor > 1"
+    if cfg.tensor_overlap and not rules.tensor_overlap:
+        return f"{t} does not overlap tensor-parallel collectives with products here (training.tensor_overlap)"
     if cfg.recompute not in rules.recompute:
         hint = ("; its selective checkpointing is per operator: recompute: selective-op"
                 if cfg.recompute == "selective" and "selective-op" in rules.recompute else "")

@@ -80,7 +80,7 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         # Megatron-LM target the accumulation is fused unless the spec says otherwise)
         sequence_parallel=opts.sequence_parallel, recompute=cfg.recompute, optimizer_sharding=opts.sharding,
         gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation,
-        gradient_reduce_dtype=opts.gradient_reduce_dtype or "")
+        gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap)
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:
