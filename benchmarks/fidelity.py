@@ -26,6 +26,10 @@ counts half), and the median measured / predicted.
   65 536 tokens, each configuration fixed, tokens per second per GPU; one row per GPU;
   nothing fitted;
 
+* **Megatron-Core's published H100 runs** (``benchmarks/megatron_core_runs.py``): GPT 1.7 B to
+  462 B on 48 to 6 144 H100s (Megatron-LM's README, r0.8.0 weak scaling), each configuration
+  fixed with the overlaps the README lists, teraFLOP/s per GPU; nothing fitted;
+
 * **measured layer times** (``benchmarks/data/layer_times_a100.csv``): Korthikanti et al.
   2022 Table 4, the forward and the backward of one 22B GPT layer on 8 A100s five ways,
   against the shipped DGX A100 spec's prediction; in sample, since the A100 presets' GEMM
@@ -124,6 +128,13 @@ def mosaicml(say) -> list[dict]:
     say("MosaicML MPT with FSDP on A100 and H100")
     rows = [runs.predict(r) for r in runs.load_runs()]
     return [runs.summary([r for r in rows if r["gpu"] == gpu]) for gpu in sorted({r["gpu"] for r in rows})]
+
+
+def megatron_core(say) -> list[dict]:
+    import megatron_core_runs as runs
+
+    say("Megatron-Core r0.8.0: GPT 1.7B to 462B on 48 to 6 144 H100s")
+    return [runs.summary([runs.predict(r) for r in runs.load_runs()])]
 
 
 def layer_times(say) -> list[dict]:
@@ -235,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    rows = (published(say) + torchtitan(say) + korthikanti(say) + mosaicml(say) + layer_times(say)
+    rows = (published(say) + torchtitan(say) + korthikanti(say) + mosaicml(say) + megatron_core(say)
+            + layer_times(say)
             + distir(args.quick, say) + nccl_logs(say))
     if not args.skip_local:
         rows += local_runs(args.calibrate, args.repeat, say)
