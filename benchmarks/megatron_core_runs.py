@@ -8,8 +8,9 @@ Each run is planned here with its configuration fixed, on the shipped DGX H100 n
 (``specs/clusters/dgx-h100-4x8.yaml``: preset H100-SXM5-80GB, one 400 Gb/s NIC per GPU, as
 many nodes as the run used), with what the README and that release's code say:
 
-* sequence 4 096, vocabulary 131 072, a GPT block (4h MLP, GELU, LayerNorm), the embedding
-  and the logits untied (the table's parameter counts; a test checks them), bf16;
+* sequence 4 096, vocabulary 131 072, a GPT block (4h MLP, GELU, LayerNorm, learned
+  positions: r0.8.0's default ``learned_absolute``), the embedding and the logits untied (the
+  table's parameter counts; a test checks them), bf16;
 * the overlaps the README lists: ``--overlap-grad-reduce`` with Megatron's distributed
   optimizer (``optimizer_sharding: distributed``, ``gradient_overlap``; its gather of the
   updated parameters is priced as for every sharded step, bucket by bucket after the
@@ -22,7 +23,8 @@ many nodes as the run used), with what the README and that release's code say:
   parameters (``distributed_data_parallel.py``), FlashAttention;
 * not published, assumed: micro-batches of one sample, no recomputation, plain 1F1B with the
   blocks split evenly (the first stages one more), the embedding on the first stage and the
-  logits on the last.
+  logits on the last; and every stage's buckets sized as the first's (r0.8.0 gives the
+  stages after the first one bucket each; one spec holds one bucket size).
 
 Nothing is fitted to these runs.  Per run: measured and predicted teraFLOP/s per GPU (the
 FLOPs Megatron-LM counts over the iteration time) and predicted / measured - 1; at the end the
@@ -118,7 +120,7 @@ def cluster(gpus: int) -> Topology:
 def model(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> ModelSpec:
     """The run's GPT with the settings the module docstring lists."""
     t = TransformerSpec(layers=run.layers, hidden=run.hidden, heads=run.heads, sequence=SEQUENCE, vocab=VOCAB,
-                        activation="gelu", position="rotary", norm="layernorm")
+                        activation="gelu", position="learned", norm="layernorm")
     split_tensor = run.tensor > 1
     training = TrainingSpec(
         global_batch=run.batch, microbatches=run.microbatches, dtype="bfloat16", optimizer="adam", recompute="none",

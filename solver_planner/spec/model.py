@@ -170,6 +170,22 @@ SELECTIVE_OP_NEEDS = ("selective-op (torchtitan's per-operator checkpointing) co
                       " selective or full)")
 
 
+def tensor_overlap_refusal(spec: ModelSpec) -> str | None:
+    """Why ``training.tensor_overlap`` cannot hold for ``spec`` (None: it can)."""
+    t = spec.training
+    if t is None or not t.tensor_overlap:
+        return None
+    if not t.sequence_parallel:
+        # Megatron-LM's arguments.py: "Tensor parallel communication/GEMM overlap can happen only
+        # when sequence parallelism is enabled" (the overlapped collectives are its gather and scatter)
+        return ("tensor_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the matrix"
+                " products; it needs 'sequence_parallel: true'")
+    if spec.transformer is None:
+        return ("tensor_overlap pairs each collective with a transformer block's matrix products; a 'layers:'"
+                " list names none (use a 'transformer:' model, or tensor_overlap: false)")
+    return None
+
+
 def _layer_issues(spec: ModelSpec, source: Source) -> list:
     issues = []
     if spec.layers and spec.transformer is not None:
@@ -179,12 +195,9 @@ def _layer_issues(spec: ModelSpec, source: Source) -> list:
     if spec.transformer is not None:
         for key, what in spec.transformer.shape_issues():
             issues.append(source.issue(("transformer", key), what))
-    if spec.training is not None and spec.training.tensor_overlap and not spec.training.sequence_parallel:
-        # Megatron-LM's arguments.py: "Tensor parallel communication/GEMM overlap can happen only
-        # when sequence parallelism is enabled" (the overlapped collectives are its gather and scatter)
-        issues.append(source.issue(("training", "tensor_overlap"), "tensor_overlap overlaps sequence parallelism's"
-                                   " all-gathers and reduce-scatters with the matrix products; it needs"
-                                   " 'sequence_parallel: true'"))
+    why = tensor_overlap_refusal(spec)
+    if why:
+        issues.append(source.issue(("training", "tensor_overlap"), why))
     if spec.layers and spec.training is not None and spec.training.recompute == "selective-op":
         issues.append(source.issue(("training", "recompute"), SELECTIVE_OP_NEEDS))
     total = sum(layer.repeat for layer in spec.layers)

@@ -468,8 +468,10 @@ class StageCosts:
         """Forward and activation-gradient times with each layer's tensor-parallel
         collectives beside its products (``tensor_overlap``, :func:`.operators.overlapped_collectives`):
         an all-reduce is a reduce-scatter and an all-gather under sequence parallelism, each
-        half its time; a recomputed forward runs its gathers again (``again`` 1.5) or every
-        collective (2.0), as without overlap.  A layer without operators hides nothing."""
+        half its time.  Full recomputation (``again`` 2.0) runs the forward again, its
+        collectives beside its products as in the forward; selective-op (1.5) re-runs only the
+        all-gathers, whose products it keeps, so they have nothing to hide behind and count
+        whole.  A layer without operators hides nothing."""
         m, t = self.model, c.tensor
         comp = self.tables[t].cost.compute
         fwd, act_grad = fwd.copy(), act_grad.copy()
@@ -484,7 +486,11 @@ class StageCosts:
                                 if layer.ops else (ar[i] / 2, ar[i] / 2, ar[i]))
             gathers, scatters, backward = exposed[key]
             fwd[i] += gathers + scatters
-            act_grad[i] += backward + (gathers if again > 1.0 else 0.0) + (scatters if again > 1.5 else 0.0)
+            act_grad[i] += backward
+            if again > 1.5:                     # full: the forward again, beside its products
+                act_grad[i] += gathers + scatters
+            elif again > 1.0:                   # selective-op: the gathers again, whole (module docstring)
+                act_grad[i] += ar[i] / 2
         return fwd, act_grad
 
     def zero_collectives(self, c: StageConfig, copies: bool = False) -> tuple[np.ndarray, np.ndarray]:

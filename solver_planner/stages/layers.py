@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InfeasibleError, PlannerError
 from ..spec.counts import transformer_counts
 from ..spec.layers import FLOAT_DTYPES, LayerSpec, TrainingSpec, TransformerSpec
-from ..spec.model import SELECTIVE_OP_NEEDS, ModelSpec
+from ..spec.model import SELECTIVE_OP_NEEDS, ModelSpec, tensor_overlap_refusal
 from .memory import RECOMPUTE_MODES, MemoryOptions, recompute_flops, saved_per_sample
 from .operators import Operator
 
@@ -423,6 +423,9 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     if t.recompute == "selective-op" and model.transformer is None:
         # specs loaded from files are refused when loaded (spec/model.py); built in code, here
         raise model.source.error(("training", "recompute"), SELECTIVE_OP_NEEDS)
+    why = tensor_overlap_refusal(model)
+    if why:
+        raise model.source.error(("training", "tensor_overlap"), why)
     micro = None if t.microbatches == "auto" else int(t.microbatches)
     options = MemoryOptions.of(t)
     if target == "megatron" and "gradient_accumulation" not in t.model_fields_set:

@@ -130,6 +130,9 @@ def refusal(rules: TargetRules, cfg: TargetConfig) -> str | None:
         return "sequence parallelism needs tensor > 1"
     if cfg.tensor_overlap and not rules.tensor_overlap:
         return f"{t} does not overlap tensor-parallel collectives with products here (training.tensor_overlap)"
+    if cfg.tensor_overlap and not cfg.sequence_parallel:
+        # Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap
+        return "tensor_overlap needs sequence parallelism"
     if cfg.recompute not in rules.recompute:
         hint = ("; its selective checkpointing is per operator: recompute: selective-op"
                 if cfg.recompute == "selective" and "selective-op" in rules.recompute else "")
