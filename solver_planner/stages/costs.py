@@ -489,7 +489,7 @@ class StageCosts:
             act_grad[i] += backward
             if again > 1.5:                     # full: the forward again, beside its products
                 act_grad[i] += gathers + scatters
-            elif again > 1.0:                   # selective-op: the gathers again, whole (module docstring)
+            elif again > 1.0:                   # selective-op: the gathers again, whole (docstring)
                 act_grad[i] += ar[i] / 2
         return fwd, act_grad
 
