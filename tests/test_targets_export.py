@@ -63,7 +63,7 @@ MEGATRON_CASES = {
     "gpt3-1f1b": gpt3_175b("megatron", sequence_parallel=True, recompute="selective",
                            optimizer_sharding="distributed"),
     "gpt3-tp-overlap": gpt3_175b("megatron", sequence_parallel=True, tensor_overlap=True,
-                                 optimizer_sharding="distributed"),
+                                 optimizer_sharding="distributed", gradient_bucket=50_000_000),
     "gpt3-interleaved": gpt3_175b("megatron", virtual_stages=2, schedule="interleaved-1f1b",
                                   sequence_parallel=True, recompute="full",
                                   optimizer_sharding="distributed"),
@@ -162,6 +162,7 @@ def test_megatron_parse_round_trip(name):
     assert flags["--global-batch-size"] == cfg.global_batch
     assert ("--sequence-parallel" in flags) == cfg.sequence_parallel
     assert ("--tp-comm-overlap" in flags) == cfg.tensor_overlap
+    assert flags.get("--ddp-bucket-size") == (cfg.gradient_bucket or None)
     assert ("--untie-embeddings-and-output-weights" in flags) == (not cfg.tied_embeddings)
     assert ("--use-distributed-optimizer" in flags) == (cfg.optimizer_sharding == "distributed")
 
@@ -221,6 +222,7 @@ def _megatron_objects(flags: dict):
         or (bool(flags.get("--bf16")) and not flags.get("--grad-reduce-in-bf16")),
         overlap_grad_reduce=bool(flags.get("--overlap-grad-reduce")),
         overlap_param_gather=bool(flags.get("--overlap-param-gather")),
+        bucket_size=flags.get("--ddp-bucket-size"),
         use_distributed_optimizer=bool(flags.get("--use-distributed-optimizer")))
     return tc, oc, ddp
 

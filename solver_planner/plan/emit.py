@@ -72,8 +72,8 @@ def emit_execute_specs(plan: TrainingPlan, cluster_file: Path, out: Path, docume
             skipped.append(f"stage {part.index}: sub-mesh specs are written for two-level clusters only")
             continue
         c = plan.partition.costs
-        grad = float(plan.partition.table(part.index).grad_bytes[part.first, part.last])
-        nbytes = int(min(grad, c.model.options.gradient_bucket))
+        table = plan.partition.table(part.index)
+        nbytes = int(min(float(table.grad_bytes[part.first, part.last]), table.bucket_cap))
         key = (part.mesh, part.data, part.tensor, part.program, nbytes)
         if key in done:
             commands.append(done[key].replace("{stage}", str(part.index)))

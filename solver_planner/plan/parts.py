@@ -141,7 +141,7 @@ def stage_parts(plan: Partition, topology: Topology, memory: list[float] | None 
         matrix, count = stage_matrix(mesh, cc.data, st.tensor)
         grad = float(cc.grad_bytes[st.first, st.last])
         reduces = c.comm and cc.data > 1 and grad > 0
-        bucket = own.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket)) if reduces else "none"
+        bucket = own.bucket_program(st.tensor, min(grad, cc.bucket_cap)) if reduces else "none"
         program = program_text(bucket) if reduces else "none"
         if program != "none":
             program = format_program(parse_program(program))     # canonical text

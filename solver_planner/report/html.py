@@ -133,8 +133,8 @@ def _programs(plan) -> list[tuple[str, str]]:
         lowering = stage_lowering(part.matrix, part.mesh, plan.topology.level_names)
         program = parse_program(part.program)
         steps = system_steps(lowering, program)
-        grad = float(plan.partition.table(part.index).grad_bytes[part.first, part.last])
-        nbytes = min(grad, c.model.options.gradient_bucket)
+        table = plan.partition.table(part.index)
+        nbytes = min(float(table.grad_bytes[part.first, part.last]), table.bucket_cap)
         panels = len(steps) + 1
         with figure(10, 2.6 * -(-panels // 4) + 0.8) as fig:
             program_figure(sub, steps, lowering.hierarchy.size, nbytes,

@@ -620,7 +620,9 @@ class StageCosts:
                 return np.where(x > 0, _affine_of(tab.data_reducescatter, x) + gather, 0.0)
             return tab.gradient_time(x)
 
-        cap = opts.gradient_bucket
+        # the spec's bucket, or a framework's that grows with the replicas (Megatron-Core's DDP:
+        # max(40M, 1M x d) parameters; stages/layers.py layer_model)
+        cap = max(opts.gradient_bucket, d * opts.gradient_bucket_per_replica)
 
         def chunked(x):
             """(full buckets, time of one, time of the last) and the total time of x bytes."""

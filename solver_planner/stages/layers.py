@@ -455,6 +455,11 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
                               main_gradient_bytes=4.0 / train if kept < 4 and train < 4 else 0.0)
         if rules.fsdp2_defaults:
             options = replace(options, fsdp2_defaults=True)
+        if rules.bucket_parameters and "gradient_bucket" not in t.model_fields_set:
+            # the framework's own buckets (Megatron-Core's DDP), in the reduction's type
+            per = FLOAT_DTYPES[options.gradient_reduce_dtype or t.dtype]
+            least, per_replica = rules.bucket_parameters
+            options = replace(options, gradient_bucket=least * per, gradient_bucket_per_replica=per_replica * per)
         if t.recompute == "auto":
             # a framework searches the granularities it runs: torchtitan's selective
             # checkpointing is per operator, not the attention core

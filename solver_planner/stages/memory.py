@@ -93,6 +93,7 @@ class MemoryOptions:
     # gradients, and ZeRO-2 re-gathers after every backward (zero_run)
     fsdp2_defaults: bool = False
     tensor_overlap: bool = False        # tensor-parallel collectives overlap their products (stages/costs.py)
+    gradient_bucket_per_replica: float = 0.0   # a bucket is at least this x the data-parallel replicas
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]

@@ -115,7 +115,7 @@ def plan_row(cand: Candidate) -> dict:
             "gradient_bytes": grad,
             "gradient_reduction": float(cc.reduction_all[st.first, st.last]) if c.comm else 0.0,
             "gradient_tail": (plan.tail_weight if cand.schedule.split else plan.tail_full)[p],
-            "gradient_program": own.bucket_program(st.tensor, min(grad, c.model.options.gradient_bucket))
+            "gradient_program": own.bucket_program(st.tensor, min(grad, cc.bucket_cap))
             if c.comm and cc.data > 1 and grad > 0 else "none",
         })
     exact = abs(cand.bounds.value - cand.time) <= 1e-9 * cand.time

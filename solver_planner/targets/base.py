@@ -66,6 +66,7 @@ class TargetConfig:
     gradient_accumulation: str = "add"     # "add" | "fused" (training.gradient_accumulation)
     gradient_reduce_dtype: str = ""        # the data-parallel reduction's type ("": the training dtype)
     tensor_overlap: bool = False           # TP collectives beside their products (training.tensor_overlap)
+    gradient_bucket: int = 0               # parameters per gradient bucket the spec sets (0: the framework's)
     # model, as far as a framework's recomputation reads it
     bias: bool | str = False               # linear biases: True, False or "qkv" (transformer.bias)
     fused_qkv: bool = True                 # one QKV product (transformer.fused_qkv)

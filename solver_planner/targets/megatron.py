@@ -40,6 +40,9 @@ RULES = TargetRules(
     # --tp-comm-overlap (Transformer Engine's userbuffers; arguments.py requires
     # --sequence-parallel with it)
     tensor_overlap=True,
+    # distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp size) parameters
+    # (megatron-core 0.16.1, as in core_r0.8.0)
+    bucket_parameters=(40e6, 1e6),
     recompute=frozenset({"none", "selective", "full"}),
     # --use-distributed-optimizer shards optimizer state over data-parallel ranks.
     optimizer_sharding=frozenset({"none", "distributed"}),
@@ -102,6 +105,7 @@ FLAG_SCHEMA: dict[str, tuple[str, str]] = {
     "--use-distributed-optimizer": ("flag", _ARGS),
     "--overlap-grad-reduce": ("flag", _ARGS),
     "--overlap-param-gather": ("flag", _ARGS),
+    "--ddp-bucket-size": ("int", _ARGS),
     # arguments.py: store_false into gradient_accumulation_fusion (on by default)
     "--no-gradient-accumulation-fusion": ("flag", _ARGS),
     "--grad-reduce-in-bf16": ("flag", _ARGS),
@@ -267,6 +271,8 @@ def _flags(cfg: TargetConfig) -> list[tuple[str, str | None, str]]:
         add("--accumulate-allreduce-grads-in-fp32", why="gradients reduced in fp32 as planned")
     if cfg.gradient_overlap and cfg.data > 1:
         add("--overlap-grad-reduce", why="overlap gradient reduction with backward")
+        if cfg.gradient_bucket:
+            add("--ddp-bucket-size", cfg.gradient_bucket, "gradient buckets as planned (training.gradient_bucket)")
         if cfg.optimizer_sharding == "distributed":
             # arguments.py: --overlap-param-gather only with the distributed optimizer.
             add("--overlap-param-gather")

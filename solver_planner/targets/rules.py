@@ -54,6 +54,9 @@ class TargetRules:
     fsdp2_defaults: bool = False
     # tensor-parallel collectives overlapped with their products (training.tensor_overlap)
     tensor_overlap: bool = False
+    # the framework's gradient bucket, in parameters: (at least, per data-parallel replica);
+    # empty: PyTorch DDP's 25 MiB (training.gradient_bucket's default)
+    bucket_parameters: tuple[float, float] = ()
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import OptionError, unknown_choice
+from ..spec.layers import FLOAT_DTYPES
 from ..stages.partition import Partition
 from ..stages.schedule import Schedule
 from ..stages.uniform import block_range, equal_split
@@ -80,7 +81,10 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         # Megatron-LM target the accumulation is fused unless the spec says otherwise)
         sequence_parallel=opts.sequence_parallel, recompute=cfg.recompute, optimizer_sharding=opts.sharding,
         gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation,
-        gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap)
+        gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap,
+        # a bucket the spec sets (a framework's own grows with the replicas: layer_model)
+        gradient_bucket=0 if opts.gradient_bucket_per_replica else
+        int(opts.gradient_bucket // FLOAT_DTYPES[opts.gradient_reduce_dtype or c.model.dtype]))
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:
