@@ -4,9 +4,10 @@ Megatron-LM's README ("Performance Benchmarking", the model table of its weak-sc
 figure) publishes, for Megatron-Core r0.8.0, nine GPT models of 1.7 B to 462 B parameters
 trained on 48 to 6 144 H100 GPUs with their tensor, pipeline and data-parallel sizes, global
 batch and teraFLOP/s per GPU (``benchmarks/data/megatron_core_h100.csv``, with its source).
-Each run is planned here with its configuration fixed, on the shipped DGX H100 nodes
-(``specs/clusters/dgx-h100-4x8.yaml``: preset H100-SXM5-80GB, one 400 Gb/s NIC per GPU, as
-many nodes as the run used), with what the README and that release's code say:
+Each run is planned here under the Megatron-LM target (``api.stages(..., target="megatron")``,
+the command's ``--target megatron``) with its configuration fixed, on the shipped DGX H100
+nodes (``specs/clusters/dgx-h100-4x8.yaml``: preset H100-SXM5-80GB, one 400 Gb/s NIC per GPU,
+as many nodes as the run used), with what the README and that release's code say:
 
 * sequence 4 096, vocabulary 131 072, a GPT block (4h MLP, GELU, LayerNorm, learned
   positions: r0.8.0's default ``learned_absolute``), the embedding and the logits untied (the
@@ -17,21 +18,21 @@ many nodes as the run used), with what the README and that release's code say:
   reduce-scatter, not ahead of the next forward as ``--overlap-param-gather`` runs it), and
   ``--tp-comm-overlap`` (``tensor_overlap``, which needs sequence parallelism, so
   ``sequence_parallel`` wherever the tensor size is above 1);
-* r0.8.0's defaults: bf16 gradients accumulated and reduced in fp32 (``arguments.py`` sets
-  ``accumulate_allreduce_grads_in_fp32`` for bf16), gradient accumulation fusion
-  (``gradient_accumulation: fused``), gradient buckets of max(40 M, 1 M x data size)
-  parameters (``distributed_data_parallel.py``), FlashAttention;
+* r0.8.0's defaults, which are the target's: bf16 gradients accumulated and reduced in fp32
+  (``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for bf16), gradient
+  accumulation fusion (``gradient_accumulation: fused``), gradient buckets of max(40 M, 1 M x
+  data size) parameters on the stage holding the first layer and one bucket on every other
+  (``distributed_data_parallel.py``), FlashAttention;
 * not published, assumed: micro-batches of one sample, no recomputation, plain 1F1B with the
   blocks split evenly (the first stages one more), the embedding on the first stage and the
-  logits on the last; and every stage's buckets sized as the first's (r0.8.0 gives the
-  stages after the first one bucket each; one spec holds one bucket size).
+  logits on the last.
 
 Nothing is fitted to these runs.  Per run: measured and predicted teraFLOP/s per GPU (the
 FLOPs Megatron-LM counts over the iteration time) and predicted / measured - 1; at the end the
 median and worst absolute error and the Spearman rank correlation.  ``--no-overlap`` prices
 the runs without ``tensor_overlap`` (the spec's default), to show what it changes;
-``--ddp-buckets`` with PyTorch DDP's 25 MiB gradient buckets (the spec's default) instead of
-r0.8.0's.
+``--ddp-buckets`` with PyTorch DDP's 25 MiB gradient buckets (the spec's default outside the
+target) instead of r0.8.0's.
 
     python benchmarks/megatron_core_runs.py           # all nine runs (a few seconds)
     python benchmarks/megatron_core_runs.py --json
@@ -127,8 +128,8 @@ def model(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> Mode
         attention="flash", tied_embeddings=False, sequence_parallel=split_tensor,
         tensor_overlap=overlap and split_tensor, optimizer_sharding="distributed", gradient_overlap=True,
         gradient_accumulation="fused", gradient_reduce_dtype="float32",
-        # distributed_data_parallel.py (core_r0.8.0): max(40M, 1M x data size) parameters, in fp32
-        gradient_bucket=4.0 * max(40_000_000, 1_000_000 * run.data) if megatron_buckets else 25 * 2**20)
+        # unset, the target prices Megatron-Core's own buckets (stages/layers.py layer_model)
+        **({} if megatron_buckets else {"gradient_bucket": 25 * 2**20}))
     return ModelSpec(name=f"gpt-{run.parameters:g}b", transformer=t, training=training)
 
 
@@ -144,7 +145,8 @@ def split(run: Run) -> list[int]:
 def predict(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> dict:
     t0 = time.perf_counter()
     rep = api.stages(cluster(run.gpus), model(run, overlap, megatron_buckets), schedule="1f1b",
-                     config=Config(run.data, run.tensor, run.pipeline, run.microbatches), split=split(run))
+                     config=Config(run.data, run.tensor, run.pipeline, run.microbatches), split=split(run),
+                     target="megatron")
     seconds = rep.run.iteration_time
     predicted = run.flops / (seconds * run.gpus) / 1e12
     return {"parameters": run.parameters, "gpus": run.gpus,

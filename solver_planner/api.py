@@ -455,7 +455,8 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
            baselines: bool = False, comm: bool = True, time_limit: float = 10.0, seed: int = 0,
            budget: int | None = None, simulations: int | None = None, top_gap: float | None = None,
            progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-           devices: int | None = None, meshes: str = "equal", gap: float | None = None) -> StagesReport:
+           devices: int | None = None, meshes: str = "equal", gap: float | None = None,
+           target: str = "native") -> StagesReport:
     """Cut the model's layers into pipeline stages on equal sub-meshes (or unequal ones), choose each
     stage's (data, tensor) degrees, recomputation and the number of micro-batches, and
     simulate the schedule; the fastest simulated plan wins, with a proven lower bound.
@@ -512,6 +513,9 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
         'unequal': each stage may also take its own shape of Alpa's set (Alpa's space), on up
         to all the devices; under 1f1b, eager-1f1b or gpipe, without config, split, top or
         a target.
+    target : {'native', 'torchtitan', 'megatron', 'deepspeed'}
+        Only plans the framework runs, priced as it runs them (``--target``; README,
+        "Framework targets").
 
     Returns
     -------
@@ -544,7 +548,9 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
     ('OPTIMAL', True)
     """
     from .stages.report import plan_stages
+    from .targets.base import TARGETS
 
+    _choice(target, "target", TARGETS)
     n = _stage_options(method, compute, num_stages=num_stages, top=top, time_limit=time_limit, seed=seed,
                        budget=budget, simulations=simulations, top_gap=top_gap, devices=devices, gap=gap)
     num_stages, top, time_limit, seed, devices = (n[k] for k in ("num_stages", "top", "time_limit", "seed", "devices"))
@@ -554,7 +560,7 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
                                 ("gap", gap)) if v is not None}
     return plan_stages(topo, spec, schedule, method, time_limit, seed, comm=comm, stages=num_stages, top=top,
                        config=_config(config), layer_counts=_split(split), baselines=baselines, progress=progress,
-                       compute=compute, devices=devices, meshes=meshes, **limits)
+                       compute=compute, devices=devices, meshes=meshes, target=target, **limits)
 
 
 def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",

@@ -57,3 +57,38 @@ def test_a_bucket_the_spec_sets_is_exported_and_megatrons_own_is_not():
         cfg = target_config(rep.best.plan, rep.best.schedule, spec, "megatron")
         flags = megatron.parse(megatron.export(cfg))
         assert flags.get("--ddp-bucket-size") == flag
+
+
+def test_later_stages_reduce_one_bucket_after_their_backward():
+    """Megatron-Core buckets only the stage holding the first layer ("Turn off bucketing if we
+    are on a pipeline stage that is not the first", and for model chunks after the first):
+    every other stage's tail is its whole reduction, both simulators agree on every plan, and
+    the objective stays under the simulated time."""
+    from solver_planner.stages import Schedule, simulate_schedule
+    from solver_planner.stages.fastsim import iteration
+    from solver_planner.stages.objective import bounds
+    from solver_planner.stages.uniform import uniform_plans
+
+    spec = _spec(gradient_reduce_dtype="bfloat16", optimizer_sharding="distributed")
+    topo = _topology(2)
+    native = layer_model(spec)
+    model = layer_model(spec, "megatron")
+    assert model.options.buckets_first_stage_only and not native.options.buckets_first_stage_only
+    search = StageSearch(model, topo, "1f1b")
+    checked = 0
+    for pair in search.pairs():
+        for plan, sch in uniform_plans(pair, ["1f1b", "interleaved-1f1b"]):
+            if len(plan.stages) < 2 or plan.table(0).data < 2:
+                continue
+            for p, st in enumerate(plan.stages):
+                cc = plan.table(p)
+                assert cc.overlaps(st.first) == (st.first == 0)
+                if st.first > 0:
+                    assert plan.tail_full[p] == pytest.approx(float(cc.reduction_all[st.first, st.last]
+                                                                     + cc.optimizer[st.first, st.last]))
+            run = simulate_schedule(plan, sch)
+            it = iteration(plan, sch)
+            assert it.time == pytest.approx(run.iteration_time, rel=1e-12)
+            assert bounds(plan, sch).value <= run.iteration_time * (1 + 1e-9)
+            checked += 1
+    assert checked >= 4

@@ -36,7 +36,8 @@ def test_each_run_is_priced_with_the_settings_the_readme_lists():
         assert tr.sequence_parallel == tr.tensor_overlap == (r.tensor > 1)
         assert (tr.optimizer_sharding, tr.gradient_accumulation, tr.gradient_reduce_dtype) == \
             ("distributed", "fused", "float32")
-        assert tr.gradient_bucket == 4 * max(40e6, 1e6 * r.data)
+        # Megatron-Core's buckets come from the target (tests/test_megatron_buckets.py) unless set
+        assert "gradient_bucket" not in tr.model_fields_set
         assert runs.model(r, megatron_buckets=False).training.gradient_bucket == 25 * 2**20
         per = runs.split(r)
         assert len(per) == r.pipeline and sum(per) == r.layers + 2

@@ -71,7 +71,7 @@ from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel
 from . import ranges
-from .ranges import Const, Copies, CopyBytes, Maxes, Ranges, Sums, Tail, apply
+from .ranges import Const, Copies, CopyBytes, FirstRow, Maxes, Ranges, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample, zero_run)
 from .operators import layer_pass_times, overlapped_collectives
@@ -336,6 +336,13 @@ class ConfigCosts:
     # the reduction may start during the last backward (gradient_overlap; not under torch's
     # pipelining of FSDP2, which reduces after it: .memory.zero_run)
     overlap: bool = True
+    # ... on the stage holding the first layer only (MemoryOptions.buckets_first_stage_only)
+    first_only: bool = False
+
+    def overlaps(self, first: int) -> bool:
+        """Whether a stage whose first layer is ``first`` reduces its buckets during its last
+        backward (else all its gradients after it)."""
+        return self.overlap and (first == 0 or not self.first_only)
 
     def stage_buckets(self, first: int, last: int) -> list[float]:
         """Times of the buckets of a whole stage's gradients (no overlap)."""
@@ -647,6 +654,9 @@ class StageCosts:
                 copies = Copies(m.num_layers, m.ties())
                 tail_full = _where(copies, _flow_shop_tail(backward_copy, red_copy), tail_full)
                 tail_weight = _where(copies, _flow_shop_tail(weight_copy, red_copy), tail_weight)
+            if opts.buckets_first_stage_only:
+                first = FirstRow(m.num_layers)
+                tail_full, tail_weight = _where(first, tail_full, red_all), _where(first, tail_weight, red_all)
         else:
             tail_full = tail_weight = red_all
         # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
@@ -663,6 +673,7 @@ class StageCosts:
             copy_collectives=extra or (),
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
+            first_only=overlap and opts.buckets_first_stage_only,
         )
 
     def _copy_bytes(self, per_layer: np.ndarray) -> Ranges:

@@ -163,7 +163,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     for p, st in enumerate(plan.stages):
         cc = plan.table(p)
         reduces = c.comm and cc.data > 1
-        overlap = cc.overlap and reduces
+        overlap = cc.overlaps(st.first) and reduces
         last_op = orders[mesh[p]][final_pos[p]][0]
         if not overlap:
             pieces.append([float(op_dur[p][last_op])])

@@ -460,6 +460,8 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
             per = FLOAT_DTYPES[options.gradient_reduce_dtype or t.dtype]
             least, per_replica = rules.bucket_parameters
             options = replace(options, gradient_bucket=least * per, gradient_bucket_per_replica=per_replica * per)
+        if rules.buckets_first_stage_only:
+            options = replace(options, buckets_first_stage_only=True)
         if t.recompute == "auto":
             # a framework searches the granularities it runs: torchtitan's selective
             # checkpointing is per operator, not the attention core

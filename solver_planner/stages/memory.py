@@ -94,6 +94,9 @@ class MemoryOptions:
     fsdp2_defaults: bool = False
     tensor_overlap: bool = False        # tensor-parallel collectives overlap their products (stages/costs.py)
     gradient_bucket_per_replica: float = 0.0   # a bucket is at least this x the data-parallel replicas
+    # only the stage holding the first layer cuts its gradients into buckets; every other stage
+    # reduces them as one bucket after its last backward (Megatron-Core's DDP)
+    buckets_first_stage_only: bool = False
 
     def __post_init__(self) -> None:
         bad = [m for m in self.recompute if m not in RECOMPUTE_MODES]

@@ -432,7 +432,7 @@ def _port_bound(plan: Partition, B: int, H, R, f, w, ch, D, act, grad) -> float:
         cc = plan.table(p)
         if cc.data == 1:
             continue
-        if cc.overlap:
+        if cc.overlaps(st.first):
             red = cc.layer_reduction[st.first:st.last + 1].sum()
             for a, bb, q in plan.copies:
                 if q == p:

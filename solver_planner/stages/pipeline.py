@@ -171,7 +171,7 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
         # the stage's last backward: with buckets to reduce while it runs, one piece per
         # layer (last layer first), each layer's buckets reduced behind its piece
         reduces = c.comm and cc.data > 1
-        overlap = cc.overlap and reduces
+        overlap = cc.overlaps(st.first) and reduces
         copy_layers = {b for _, b, q in plan.copies if q == p}
         res = c.reduction_resources(st.tensor, mesh[p]) if reduces else ()
         prev_red: int | None = None

@@ -591,6 +591,8 @@ class PairProblem:
                     if cc.overlap:
                         cs = np.concatenate([[0.0], np.cumsum(cc.layer_reduction)])
                         arr = cs[None, is_ + 1] - cs[ks, None]
+                        if cc.first_only:           # stages after the first: one bucket, whole
+                            arr = np.where((ks == 0)[:, None], arr, self._square(cc.reduction_all, p))
                     else:
                         arr = self._square(cc.reduction_all, p)
                 else:

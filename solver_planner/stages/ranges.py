@@ -20,7 +20,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "apply"]
+__all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "FirstRow", "apply"]
 
 _INTS = (int, np.integer)
 DENSE = 256           # the largest table a dense square is built for (512 KB of float64)
@@ -267,6 +267,17 @@ class Tail(Ranges):
         # the same expression, its range maxima as running maxima along each row
         span = self.pc[None, 1:] - self.ps[:-1, None] + _row_maxima(self.best.table[0])
         return np.triu(np.maximum(span - (self.pc[None, 1:] - self.pc[:-1, None]), 0.0))
+
+
+class FirstRow(Ranges):
+    """True (1.0) on the ranges that start at the model's first layer (the stage holding it)."""
+
+    def values(self, k, i):
+        k, i = np.broadcast_arrays(np.asarray(k), np.asarray(i))
+        return (k == 0).astype(float)
+
+    def at(self, k, i):
+        return 1.0 if k == 0 else 0.0
 
 
 class Copies(Ranges):

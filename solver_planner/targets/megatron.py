@@ -43,6 +43,9 @@ RULES = TargetRules(
     # distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp size) parameters
     # (megatron-core 0.16.1, as in core_r0.8.0)
     bucket_parameters=(40e6, 1e6),
+    # ... and "Turn off bucketing if we are on a pipeline stage that is not the first", and for
+    # model chunks after the first (disable_bucketing): one bucket, reduced after the backward
+    buckets_first_stage_only=True,
     recompute=frozenset({"none", "selective", "full"}),
     # --use-distributed-optimizer shards optimizer state over data-parallel ranks.
     optimizer_sharding=frozenset({"none", "distributed"}),

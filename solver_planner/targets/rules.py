@@ -57,6 +57,8 @@ class TargetRules:
     # the framework's gradient bucket, in parameters: (at least, per data-parallel replica);
     # empty: PyTorch DDP's 25 MiB (training.gradient_bucket's default)
     bucket_parameters: tuple[float, float] = ()
+    # only the stage holding the first layer buckets its gradients (the others: one bucket)
+    buckets_first_stage_only: bool = False
 
     def __post_init__(self):
         unknown = self.schedules - set(SCHEDULE_NAMES)
