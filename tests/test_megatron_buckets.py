@@ -92,3 +92,27 @@ def test_later_stages_reduce_one_bucket_after_their_backward():
             assert bounds(plan, sch).value <= run.iteration_time * (1 + 1e-9)
             checked += 1
     assert checked >= 4
+
+
+def test_a_bucket_the_spec_sets_is_whole_parameters_under_megatron():
+    """Megatron-LM counts --ddp-bucket-size in parameters: the plan is priced with the rounded
+    bucket it exports (fp32 reduction: 4 bytes a parameter)."""
+    from solver_planner.stages.report import Config, plan_stages
+
+    odd = 2**20 + 3                                            # 262 144.75 parameters of fp32
+    assert _cap(_spec(gradient_bucket=odd), "megatron", 1) == 4 * 262145
+    assert _cap(_spec(gradient_bucket=odd), "native", 1) == odd
+    rep = plan_stages(_topology(2), _spec(gradient_bucket=odd), config=Config(16, 1, 1, 8), schedule="1f1b",
+                      target="megatron")
+    cfg = target_config(rep.best.plan, rep.best.schedule, _spec(gradient_bucket=odd), "megatron")
+    assert megatron.parse(megatron.export(cfg))["--ddp-bucket-size"] == 262145
+
+
+def test_buckets_too_small_to_simulate_are_refused_up_front():
+    from solver_planner.errors import SpecError
+    from solver_planner.stages.layers import MAX_BUCKETS
+
+    spec = _spec(gradient_bucket=256)                          # 168 MB of bf16 gradients
+    with pytest.raises(SpecError, match=rf"training\.gradient_bucket: 256 B buckets cut .* at most {MAX_BUCKETS:,}"):
+        layer_model(spec)
+    layer_model(_spec(gradient_bucket=2**20))                  # in 1 MiB buckets: fine

@@ -655,6 +655,10 @@ class StageCosts:
                 tail_full = _where(copies, _flow_shop_tail(backward_copy, red_copy), tail_full)
                 tail_weight = _where(copies, _flow_shop_tail(weight_copy, red_copy), tail_weight)
             if opts.buckets_first_stage_only:
+                # the other stages reduce after their last backward; still in buckets of the
+                # cap here, not as Megatron-Core's one: the simulators give a link to one task
+                # at a time, and one bucket of a whole chunk would hold it from the pipeline's
+                # transfers (the other chunks' on an interleaved mesh) where NCCL shares it
                 first = FirstRow(m.num_layers)
                 tail_full, tail_weight = _where(first, tail_full, red_all), _where(first, tail_weight, red_all)
         else:

@@ -409,6 +409,26 @@ class LayerModel:
         return self._cache["ties"]
 
 
+MAX_BUCKETS = 200_000      # gradient buckets of the whole model: each is a task the simulators run
+
+
+def _check_buckets(model: ModelSpec, layers: list[Layer], options: MemoryOptions) -> None:
+    """Refuse a gradient bucket so small that the model's gradients on one device (the most
+    a stage can hold) make more than :data:`MAX_BUCKETS` buckets: each is a simulated task,
+    and a few million of them take minutes or the memory bound (a 39B model in 6-byte
+    buckets ran out of it after 39 s)."""
+    from ..units import format_bytes
+
+    scale = FLOAT_DTYPES[options.gradient_reduce_dtype or model.training.dtype] / FLOAT_DTYPES[model.training.dtype]
+    total = scale * sum(x.params for x in layers)
+    if total / options.gradient_bucket > MAX_BUCKETS:
+        raise model.source.error(("training", "gradient_bucket"),
+                                 f"{format_bytes(options.gradient_bucket)} buckets cut the model's"
+                                 f" {format_bytes(total)} of gradients into {total / options.gradient_bucket:,.0f};"
+                                 f" at most {MAX_BUCKETS:,} are handled (buckets of at least"
+                                 f" {format_bytes(total / MAX_BUCKETS)})")
+
+
 def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
     """The layer model of a model spec; a clear error when it has none.  Under
     ``target="megatron"`` a spec that does not say how gradients accumulate gets Megatron-LM's
@@ -455,11 +475,16 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
                               main_gradient_bytes=4.0 / train if kept < 4 and train < 4 else 0.0)
         if rules.fsdp2_defaults:
             options = replace(options, fsdp2_defaults=True)
-        if rules.bucket_parameters and "gradient_bucket" not in t.model_fields_set:
-            # the framework's own buckets (Megatron-Core's DDP), in the reduction's type
+        if rules.bucket_parameters:
             per = FLOAT_DTYPES[options.gradient_reduce_dtype or t.dtype]
-            least, per_replica = rules.bucket_parameters
-            options = replace(options, gradient_bucket=least * per, gradient_bucket_per_replica=per_replica * per)
+            if "gradient_bucket" not in t.model_fields_set:
+                # the framework's own buckets (Megatron-Core's DDP), in the reduction's type
+                least, per_replica = rules.bucket_parameters
+                options = replace(options, gradient_bucket=least * per, gradient_bucket_per_replica=per_replica * per)
+            else:
+                # the framework counts a bucket in whole parameters (--ddp-bucket-size): priced
+                # as it will run, the export writes the same number
+                options = replace(options, gradient_bucket=max(1, round(t.gradient_bucket / per)) * per)
         if rules.buckets_first_stage_only:
             options = replace(options, buckets_first_stage_only=True)
         if t.recompute == "auto":
@@ -471,6 +496,7 @@ def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
         # selective recomputation keeps and re-runs what no layer of this model has: it is
         # "none" in every time and byte, so searching it too only doubles the plans per stage
         options = replace(options, recompute=tuple(m for m in options.recompute if m != "selective"))
+    _check_buckets(model, layers, options)
     splits = () if model.transformer is None else (
         ("heads", model.transformer.heads), ("kv_heads", model.transformer.kv), ("ffn_hidden", model.transformer.ffn))
     return LayerModel(model.name, layers, t.global_batch, micro, t.dtype, options, splits)

@@ -84,7 +84,7 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap,
         # a bucket the spec sets (a framework's own grows with the replicas: layer_model)
         gradient_bucket=0 if opts.gradient_bucket_per_replica else
-        int(opts.gradient_bucket // FLOAT_DTYPES[opts.gradient_reduce_dtype or c.model.dtype]))
+        round(opts.gradient_bucket / FLOAT_DTYPES[opts.gradient_reduce_dtype or c.model.dtype]))
 
 
 def restriction(target: str, model, schedule: str | None) -> dict:
