@@ -21,7 +21,8 @@ as many nodes as the run used), with what the README and that release's code say
 * r0.8.0's defaults, which are the target's: bf16 gradients accumulated and reduced in fp32
   (``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for bf16), gradient
   accumulation fusion (``gradient_accumulation: fused``), gradient buckets of max(40 M, 1 M x
-  data size) parameters on the stage holding the first layer and one bucket on every other
+  data size) parameters on the stage holding the first layer, and on every other the whole
+  reduction after its last backward (Megatron-Core's one bucket)
   (``distributed_data_parallel.py``), FlashAttention;
 * not published, assumed: micro-batches of one sample, no recomputation, plain 1F1B with the
   blocks split evenly (the first stages one more), the embedding on the first stage and the
