@@ -563,12 +563,12 @@ def stages(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSp
                        compute=compute, devices=devices, meshes=meshes, target=target, **limits)
 
 
-def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str = "eager-1f1b",
+def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec, schedule: str | None = None,
          method: str = "auto", cross_mesh: str = "broadcast", overlap: bool = True, num_stages: int | None = None,
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
          output: PathLike | None = None, candidates: int = 1,
          progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-         devices: int | None = None) -> TrainingPlan:
+         devices: int | None = None, target: str = "native", export: PathLike | None = None) -> TrainingPlan:
     """One plan for the whole training job (the resharding paper §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
@@ -580,8 +580,9 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     ----------
     cluster, model : path or loaded object
         As for :func:`stages`.
-    schedule : {'eager-1f1b', '1f1b', 'gpipe'}
-        The pipeline schedule family (the command's default, eager-1F1B).
+    schedule : {'eager-1f1b', '1f1b', 'gpipe', 'interleaved-1f1b', 'zb-h1', 'zb-v'}, optional
+        The pipeline schedule family; by default eager-1F1B (the command's default), and under
+        a ``target`` the schedule of the fastest plan among those the framework runs.
     method : str
         The stage search, as for :func:`stages`.
     cross_mesh : {'broadcast', 'send-recv', 'free'}
@@ -610,6 +611,11 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     devices : int, optional
         At most this many of the cluster's devices, as for :func:`stages` (``.use``; the
         plan's ``.topology`` is the part it uses).
+    target : {'native', 'torchtitan', 'megatron', 'deepspeed'}
+        Plan only what the framework runs, priced as it runs them (``--target``).
+    export : str or path, optional
+        With a target: also write the framework's own configuration here (``--export``; the
+        plan file records it under ``target:``).
 
     Returns
     -------
@@ -643,7 +649,13 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     """
     from .choices import CROSS_MESH
     from .plan import make_plan
+    from .targets.base import TARGETS
 
+    _choice(target, "target", TARGETS)
+    if export is not None and target == "native":
+        raise OptionError("export writes a framework's configuration: give target megatron, torchtitan or deepspeed")
+    if schedule is None and target == "native":
+        schedule = "eager-1f1b"
     n = _stage_options(method, compute, num_stages=num_stages, time_limit=time_limit, seed=seed, devices=devices)
     num_stages, time_limit, seed, devices = (n[k] for k in ("num_stages", "time_limit", "seed", "devices"))
     _choice(cross_mesh, "cross_mesh", CROSS_MESH)
@@ -653,11 +665,15 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
                        seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress,
-                       compute=compute, devices=devices)
+                       compute=compute, devices=devices, target=target)
     if output is not None:
         from .plan.planfile import write_plan
 
         write_plan(result, Path(output))
+    if export is not None:
+        from .plan.planfile import plan_document
+
+        Path(export).write_text(plan_document(result)["target"]["export"], encoding="utf-8")
     return result
 
 

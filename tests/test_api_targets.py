@@ -1,0 +1,58 @@
+"""The scripting API reaches the framework targets as the commands do: api.stages(target=),
+api.plan(target=, export=)."""
+
+from __future__ import annotations
+
+import pytest
+
+from solver_planner import api
+from solver_planner.errors import OptionError
+
+from conftest import CLUSTERS
+
+TINY = ("name: gpt-tiny\ntransformer: {layers: 6, hidden: 64, heads: 4, sequence: 16, vocab: 256}\n"
+        "training: {global_batch: 16, dtype: float32, sequence_parallel: true, tensor_overlap: true}\n")
+
+
+def test_plan_with_a_target_writes_the_export_the_plan_file_records(tmp_path):
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    cluster = CLUSTERS / "local-2x4.yaml"
+    out, export = tmp_path / "plan.yaml", tmp_path / "megatron.sh"
+    p = api.plan(cluster, model, target="megatron", config="2,2,2,4", output=out, export=export)
+    import yaml
+    doc = yaml.safe_load(out.read_text())
+    assert export.read_text() == doc["target"]["export"] and "--tp-comm-overlap" in export.read_text()
+    assert p.search["options"]["target"] == "megatron"
+    assert api.check(cluster, model, out).exit_code == 0
+    # the same search as the stages call under the target
+    rep = api.stages(cluster, model, schedule=p.family, config="2,2,2,4", target="megatron")
+    assert rep.result.status.value == "OPTIMAL"
+
+
+def test_the_api_refuses_what_the_command_refuses(tmp_path):
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    cluster = CLUSTERS / "local-2x4.yaml"
+    with pytest.raises(OptionError, match="give target megatron"):
+        api.plan(cluster, model, export=tmp_path / "x.sh")
+    with pytest.raises(OptionError, match="did you mean 'megatron'"):
+        api.stages(cluster, model, target="megatrn")
+    with pytest.raises(OptionError, match="did you mean 'megatron'"):
+        api.plan(cluster, model, target="megatrn")
+
+
+def test_the_readmes_api_table_names_real_keywords_and_defaults():
+    import inspect
+    import re
+
+    from conftest import ROOT
+
+    section = (ROOT / "README.md").read_text().split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)\((.*?)\)` \|", section, flags=re.M)
+    assert {name for name, _ in rows} >= {"stages", "plan", "check", "verify"}
+    for name, args in rows:
+        params = inspect.signature(getattr(api, name)).parameters
+        for key, default in re.findall(r"(\w+)=([^,]+)", args):
+            assert key in params, (name, key)
+            assert repr(params[key].default) == default.replace('"', "'"), (name, key, default)
