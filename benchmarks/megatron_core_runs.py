@@ -12,11 +12,10 @@ as many nodes as the run used), with what the README and that release's code say
 * sequence 4 096, vocabulary 131 072, a GPT block (4h MLP, GELU, LayerNorm, learned
   positions: r0.8.0's default ``learned_absolute``), the embedding and the logits untied (the
   table's parameter counts; a test checks them), bf16;
-* the overlaps the README lists: ``--overlap-grad-reduce`` with Megatron's distributed
-  optimizer (``optimizer_sharding: distributed``, ``gradient_overlap``; its gather of the
-  updated parameters is priced as for every sharded step, bucket by bucket after the
-  reduce-scatter, not ahead of the next forward as ``--overlap-param-gather`` runs it), and
-  ``--tp-comm-overlap`` (``tensor_overlap``, which needs sequence parallelism, so
+* the overlaps the README lists: ``--overlap-grad-reduce`` and ``--overlap-param-gather``
+  with Megatron's distributed optimizer (``optimizer_sharding: distributed`` and
+  ``gradient_overlap``: gradients reduced during the last backward, the updated parameters
+  gathered ahead of the next forward), and ``--tp-comm-overlap`` (``tensor_overlap``, which needs sequence parallelism, so
   ``sequence_parallel`` wherever the tensor size is above 1);
 * r0.8.0's defaults, which are the target's: bf16 gradients accumulated and reduced in fp32
   (``arguments.py`` sets ``accumulate_allreduce_grads_in_fp32`` for bf16), gradient

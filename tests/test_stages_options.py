@@ -190,18 +190,20 @@ def test_the_gradient_program_named_is_the_one_priced():
     """Under ZeRO-3 a bucket is reduce-scattered (each replica keeps its shard), and its time
     is the reduce-scatter's; under ZeRO-1/2 and the distributed optimizer the flat
     reduce-scatter then the gather of the parameters (in the training type) that FSDP2,
-    DeepSpeed and Megatron-LM run; otherwise the bucket's best all-reduce program, which on
-    this two-host mesh is a P² program faster than the flat pair (so a sharded bucket priced
-    with it would fail here)."""
+    DeepSpeed and Megatron-LM run (the distributed optimizer with overlapped gradients gathers
+    ahead of the next forward instead: test_gathers_ahead_of_the_next_forward); otherwise the
+    bucket's best all-reduce program, which on this two-host mesh is a P² program faster than
+    the flat pair (so a sharded bucket priced with it would fail here)."""
     from solver_planner.stages.costs import SHARDED_STEP_PROGRAM
 
     topo = topology(2, 2, "4 GB/s", "host")
     shape = MeshShape(2, 2)
     bucket = 4 * 2**20
     seen = {}
-    for sharding in ("none", "zero-1", "zero-2", "distributed", "zero-3"):
+    for sharding in ("none", "zero-1", "zero-2", "distributed", "distributed-ahead", "zero-3"):
         for reduce in (None, "float32"):
-            opts = MemoryOptions(sharding=sharding, gradient_bucket=bucket, gradient_reduce_dtype=reduce)
+            opts = MemoryOptions(sharding=sharding.removesuffix("-ahead"), gradient_bucket=bucket,
+                                 gradient_reduce_dtype=reduce, gradient_overlap=sharding == "distributed-ahead")
             model = _model(opts)
             model.dtype = "float16"
             s = StageSearch(model, topo)
@@ -209,9 +211,9 @@ def test_the_gradient_program_named_is_the_one_priced():
             tab = s.tables(shape)[1]
             name = costs.bucket_program(1, bucket)
             scale = 2.0 if reduce else 1.0
-            if sharding == "zero-3":
+            if sharding in ("zero-3", "distributed-ahead"):
                 a, b = tab.data_reducescatter
-                assert name == "ReduceScatter"
+                assert name == ("ReduceScatter" if sharding == "zero-3" else SHARDED_STEP_PROGRAM)
                 want = a + b * bucket
             elif sharding == "none":
                 a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
@@ -226,6 +228,36 @@ def test_the_gradient_program_named_is_the_one_priced():
             seen[sharding, reduce] = got
     assert seen["none", None] < 0.9 * seen["zero-1", None]        # the P² program beats the flat pair here
     assert seen["zero-2", "float32"] < 2 * seen["zero-2", None]   # the gather stays in float16
+
+
+def test_gathers_ahead_of_the_next_forward():
+    """Megatron-LM's distributed optimizer with overlapped gradients (--overlap-param-gather):
+    each layer's gather before its forward, in forward order, a flow shop computed here by
+    hand; only a stage holding the first layer pays what its forward does not hide, after its
+    step; the others nothing.  Without overlap the gather is in the tail as before."""
+    topo = topology(2, 2, "4 GB/s", "host")
+    shape = MeshShape(2, 2)
+    cfg = StageConfig(1)
+    got = {}
+    for overlap in (True, False):
+        opts = MemoryOptions(sharding="distributed", gradient_bucket=2**40, gradient_overlap=overlap)
+        s = StageSearch(_model(opts), topo)
+        costs = StageCosts(s.model, topo, shape, 2, s.tables(shape))
+        got[overlap] = costs, costs[cfg]
+    costs, cc = got[True]
+    tab = costs.tables[1]
+    fwd = costs.layer_times(cfg)[0]
+    grads = costs.gradient_columns(1)[0]
+    c, e = tab.data_allgather
+    gathers = c + e * grads / costs.reduce_scale
+    n = len(fwd)
+    for k in range(n):
+        for i in range(k, n):
+            makespan = max(gathers[k:j + 1].sum() + fwd[j:i + 1].sum() for j in range(k, i + 1))
+            head = makespan - fwd[k:i + 1].sum() if k == 0 else 0.0
+            base = got[False][1].optimizer[k, i]
+            assert cc.optimizer[k, i] == pytest.approx(base + head, rel=1e-9, abs=1e-15), (k, i)
+    assert cc.optimizer[0, n - 1] > got[False][1].optimizer[0, n - 1]       # not all hidden here
 
 
 def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp_path):

@@ -44,7 +44,8 @@ optimizer runs no P² program: ZeRO-1/2 and Megatron-LM's distributed optimizer 
 each bucket over the whole data group and all-gather the updated parameters (ZeRO §5.1-5.2,
 NCCL's flat collectives as FSDP2, DeepSpeed and Megatron-LM issue them, and as ``run`` runs
 them through FSDP2), the gather in the training type; ZeRO-3 only reduce-scatters (its
-gathers are the forward's and backward's).  With backward
+gathers are the forward's and backward's); the distributed optimizer with overlapped
+gradients gathers ahead of the next forward instead (:meth:`StageCosts._gathers_ahead`).  With backward
 pieces ``c_j`` and reductions ``s_j`` in backward order, the stage ends ``G = max_j (c_1 +
 ... + c_j + s_j + ... + s_n)`` after its last backward starts (a two-machine flow shop in a
 fixed order); ``g = G - sum c`` is the tail the reduction adds (the tail factor of Wang's thesis
@@ -613,18 +614,25 @@ class StageCosts:
         # most gradient_bucket bytes, reduced one after another, in the reduction's own type
         grads, copy = self.gradient_columns(t)
         reduces = self.comm and d > 1
+        # Megatron-LM's distributed optimizer with overlapped gradients gathers the updated
+        # parameters as the next forward reaches them (--overlap-param-gather, which the
+        # megatron export writes with --overlap-grad-reduce), not in the step's tail
+        gather_ahead = reduces and opts.gradient_overlap and self.zero.overlap and opts.sharding == "distributed"
+
+        def gather_time(x):
+            x = np.asarray(x, dtype=float)
+            return np.where(x > 0, _affine_of(tab.data_allgather, x / self.reduce_scale), 0.0)
 
         def bucket_time(x):
             x = np.asarray(x, dtype=float)
             if not reduces:
                 return np.zeros_like(x)
-            if opts.sharding == "zero-3":
+            if opts.sharding == "zero-3" or gather_ahead:
                 return np.where(x > 0, _affine_of(tab.data_reducescatter, x), 0.0)
             if opts.sharding in SHARDED_STEP:
                 # the runtimes' flat reduce-scatter, then the gather of the updated parameters
                 # in the training type (module docstring)
-                gather = _affine_of(tab.data_allgather, x / self.reduce_scale)
-                return np.where(x > 0, _affine_of(tab.data_reducescatter, x) + gather, 0.0)
+                return np.where(x > 0, _affine_of(tab.data_reducescatter, x), 0.0) + gather_time(x)
             return tab.gradient_time(x)
 
         # the spec's bucket, or a framework's that grows with the replicas (Megatron-Core's DDP:
@@ -665,6 +673,8 @@ class StageCosts:
             tail_full = tail_weight = red_all
         # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
         opt = self.optimizer_time(c)
+        if gather_ahead:
+            opt = opt + self._gathers_ahead(fwd, grads, cap, gather_time)
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
         return ConfigCosts(
@@ -679,6 +689,26 @@ class StageCosts:
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
             first_only=overlap and opts.buckets_first_stage_only,
         )
+
+    def _gathers_ahead(self, fwd, grads, cap, gather_time) -> Ranges:
+        """``[k, i]``: the part of the parameter all-gathers (``--overlap-param-gather``) no
+        forward hides, charged to the step of the stage holding the first layer.
+
+        Each layer's buckets are gathered in forward order and its forward waits for them:
+        two machines in a fixed order, as the gradient tail but gathers first, ``max_j (s_k +
+        ... + s_j + f_j + ... + f_i) - sum f``, the :class:`.ranges.Tail` of the forward pieces
+        and the gathers (read backward in time).  Only the first stage's is on the critical
+        path: the others (and a mesh's later chunks) gather while the pipeline fills, before
+        their first forward is due.  The iteration is periodic, so the first stage's exposed
+        part is charged once, after its step (the step's ``[k, i]``, which every simulator
+        schedules).  Tied copies' gathers are not counted."""
+
+        def gathered(x):
+            n, full_t, last_t = bucket_split(np.asarray(x, dtype=float), cap, gather_time)
+            return np.where(np.asarray(x) > 0, n * full_t + last_t, 0.0)
+
+        n = self.model.num_layers
+        return _where(FirstRow(n), _flow_shop_tail(fwd, gathered(grads)), Const(n, 0.0))
 
     def _copy_bytes(self, per_layer: np.ndarray) -> Ranges:
         """``[k, i]``: the tied copies a stage of layers k..i holds (layers sharing one outside it)."""
