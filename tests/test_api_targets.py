@@ -56,3 +56,21 @@ def test_the_readmes_api_table_names_real_keywords_and_defaults():
         for key, default in re.findall(r"(\w+)=([^,]+)", args):
             assert key in params, (name, key)
             assert repr(params[key].default) == default.replace('"', "'"), (name, key, default)
+
+
+def test_run_says_a_target_plans_prediction_is_the_frameworks(tmp_path):
+    """run executes a --target plan on torch.distributed, while its prediction prices the
+    framework's own runtime (Megatron-Core's buckets): the job's notes say so."""
+    from solver_planner.run.job import run_job
+    from solver_planner.spec import load_model_spec
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    cluster = CLUSTERS / "local-2x4.yaml"
+    for target in ("megatron", "native"):
+        p = api.plan(cluster, model, target=target, config="2,2,2,4", schedule="1f1b")
+        job = run_job(p, load_model_spec(model), steps=1)
+        said = [n for n in job.notes if n.startswith("planned for")]
+        assert said == (["planned for megatron: the prediction prices megatron's own runtime (its gradient buckets"
+                         " and defaults); run executes the plan's stages and programs on torch.distributed"]
+                        if target == "megatron" else [])

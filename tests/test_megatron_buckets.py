@@ -112,7 +112,29 @@ def test_buckets_too_small_to_simulate_are_refused_up_front():
     from solver_planner.errors import SpecError
     from solver_planner.stages.layers import MAX_BUCKETS
 
-    spec = _spec(gradient_bucket=256)                          # 168 MB of bf16 gradients
-    with pytest.raises(SpecError, match=rf"training\.gradient_bucket: 256 B buckets cut .* at most {MAX_BUCKETS:,}"):
+    spec = _spec(gradient_bucket=64)                           # 168 MB of bf16 gradients
+    with pytest.raises(SpecError, match=rf"training\.gradient_bucket: 64 B buckets cut .* at most {MAX_BUCKETS:,}"):
         layer_model(spec)
     layer_model(_spec(gradient_bucket=2**20))                  # in 1 MiB buckets: fine
+
+
+def test_megatrons_later_stages_gather_whole_while_the_pipeline_fills():
+    """Under Megatron-Core's bucketing a stage after the first is one bucket: its first
+    forward waits until the whole stage is gathered, and for nothing after (the same bucket
+    size for both, so each layer's gather is the same)."""
+    spec = _spec(gradient_reduce_dtype="bfloat16", optimizer_sharding="distributed", gradient_bucket=2**30)
+    topo = _topology(2)
+    s = StageSearch(layer_model(spec, "megatron"), topo)
+    shape = MeshShape(1, 8)
+    costs = StageCosts(s.model, topo, shape, 8, s.tables(shape))
+    cc = costs[StageConfig(1)]
+    n = costs.model.num_layers
+    native = StageSearch(layer_model(spec), topo)
+    nc = StageCosts(native.model, topo, shape, 8, native.tables(shape))[StageConfig(1)]
+    for k in range(1, n):
+        for i in range(k, n):
+            assert cc.gather_wait[k, i] == 0.0
+            assert cc.gather_ready[k, i] == pytest.approx(sum(float(nc.gather_ready[j, j]) for j in range(k, i + 1)),
+                                                          rel=1e-9)
+    assert cc.gather_ready[0, n - 1] == pytest.approx(float(nc.gather_ready[0, n - 1]))
+    assert cc.gather_wait[0, n - 1] == pytest.approx(float(nc.gather_wait[0, n - 1]))

@@ -213,7 +213,7 @@ def test_the_gradient_program_named_is_the_one_priced():
             scale = 2.0 if reduce else 1.0
             if sharding in ("zero-3", "distributed-ahead"):
                 a, b = tab.data_reducescatter
-                assert name == ("ReduceScatter" if sharding == "zero-3" else SHARDED_STEP_PROGRAM)
+                assert name == "ReduceScatter"
                 want = a + b * bucket
             elif sharding == "none":
                 a, b, name_priced = min(tab.gradient_programs, key=lambda g: g[0] + g[1] * bucket)
@@ -232,9 +232,13 @@ def test_the_gradient_program_named_is_the_one_priced():
 
 def test_gathers_ahead_of_the_next_forward():
     """Megatron-LM's distributed optimizer with overlapped gradients (--overlap-param-gather):
-    each layer's gather before its forward, in forward order, a flow shop computed here by
-    hand; only a stage holding the first layer pays what its forward does not hide, after its
-    step; the others nothing.  Without overlap the gather is in the tail as before."""
+    each bucket's gather starts when the forward reaches the bucket before it (one ahead), so
+    a stage's first forward starts after its first gather and layer j + 1's forward max(f_j,
+    s_{j+1}) after layer j's (replayed here by hand); the step is untouched, and without
+    overlap the gather is in the tail as before.  Both simulators hold that forward back and
+    lengthen it."""
+    from solver_planner.stages.fastsim import iteration
+
     topo = topology(2, 2, "4 GB/s", "host")
     shape = MeshShape(2, 2)
     cfg = StageConfig(1)
@@ -245,6 +249,7 @@ def test_gathers_ahead_of_the_next_forward():
         costs = StageCosts(s.model, topo, shape, 2, s.tables(shape))
         got[overlap] = costs, costs[cfg]
     costs, cc = got[True]
+    assert got[False][1].gather_wait is None and got[False][1].gather_ready is None
     tab = costs.tables[1]
     fwd = costs.layer_times(cfg)[0]
     grads = costs.gradient_columns(1)[0]
@@ -253,72 +258,33 @@ def test_gathers_ahead_of_the_next_forward():
     n = len(fwd)
     for k in range(n):
         for i in range(k, n):
-            makespan = max(gathers[k:j + 1].sum() + fwd[j:i + 1].sum() for j in range(k, i + 1))
-            head = makespan - fwd[k:i + 1].sum() if k == 0 else 0.0
-            base = got[False][1].optimizer[k, i]
-            assert cc.optimizer[k, i] == pytest.approx(base + head, rel=1e-9, abs=1e-15), (k, i)
-    assert cc.optimizer[0, n - 1] > got[False][1].optimizer[0, n - 1]       # not all hidden here
-
-
-def test_selective_recomputation_is_searched_only_where_it_differs_from_none(tmp_path):
-    """A model whose layers have no attention core: selective recomputation keeps and re-runs
-    what no recomputation does, so ``recompute: auto`` searches none and full only, and the
-    best plan is the one found with selective searched too (it doubled the plans per stage)."""
-    import dataclasses
-
-    import yaml
-
-    from solver_planner.stages.layers import layer_model
-
-    layers = [{"name": f"l{i}", "flops": f"{10 + 7 * i} GFLOP", "params": f"{100 + 40 * i} MiB",
-               "activations": f"{4 + i} MiB"} for i in range(5)]
-    path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
-        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
-    lm = layer_model(load_model_spec(path))
-    assert lm.options.recompute == ("none", "full")
-    topo = load_topology(CLUSTERS / "aws-p3.8xlarge-2.yaml")
-    fewer = plan_partition(StageSearch(lm, topo), "dp", budget=100_000)
-    every = dataclasses.replace(lm, options=dataclasses.replace(lm.options, recompute=("none", "selective", "full")))
-    more = plan_partition(StageSearch(every, topo), "dp", budget=100_000)
-    assert fewer.status.value == more.status.value == "OPTIMAL"
-    assert fewer.solution.time == pytest.approx(more.solution.time, rel=1e-12)
-    # a layer whose selective recomputation differs keeps it in the search
-    layers[2]["selective_flops"] = "1 GFLOP"
-    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
-        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
-    assert layer_model(load_model_spec(path)).options.recompute == ("none", "selective", "full")
-    # so does one whose selective recomputation keeps fewer bytes
-    del layers[2]["selective_flops"]
-    layers[3]["selective_saved"] = "1 MiB"
-    path.write_text(yaml.safe_dump({"name": "plain", "layers": layers, "training": {
-        "global_batch": 16, "dtype": "float16", "optimizer": "adam", "recompute": "auto"}}))
-    assert layer_model(load_model_spec(path)).options.recompute == ("none", "selective", "full")
-    # a transformer has an attention core
-    spec = load_model_spec(SPECS / "models" / "gpt3-2.6b.yaml")
-    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"recompute": "auto"})})
-    assert layer_model(spec).options.recompute == ("none", "selective", "full")
-
-
-@pytest.mark.parametrize("compute, dtype", [("roofline", "float32"), ("peak", "bfloat16"), ("efficiency", "float16")])
-def test_gradient_programs_ranked_once_per_topology_are_each_cost_model_s_own(compute, dtype):
-    """P² programs are ranked once per topology (check builds a cost model per run), since
-    their collectives and copies do not depend on the compute model or its dtype: the ranking
-    kept from one cost model is the one computed afresh with another."""
-    from solver_planner.cost import CostModel
-    from solver_planner.stages import costs as costs_module
-    from solver_planner.stages.costs import CostTables
-
-    topo = load_topology(CLUSTERS / "p2-a100-2x16.yaml")
-    shape = MeshShape(2, 16)
-
-    def ranked(cost):
-        return [t.gradient_programs for t in (CostTables(topo, cost, shape, tensor, True) for tensor in (1, 2, 4))]
-
-    costs_module._RANKED.pop(topo, None)
-    fresh = ranked(CostModel(topo, compute, dtype))
-    assert all(len(p) > 1 for p in fresh)              # P² programs beside the flat all-reduce
-    costs_module._RANKED.pop(topo, None)
-    first = ranked(CostModel(topo))
-    kept = ranked(CostModel(topo, compute, dtype))       # read from what the first one ranked
-    assert first == fresh and kept == fresh
+            # layer j + 1's forward starts max(f_j, s_{j+1}) after layer j's, the first at s_k
+            start = gathers[k]
+            for j in range(k, i):
+                start += max(fwd[j], gathers[j + 1])
+            assert cc.gather_ready[k, i] == pytest.approx(gathers[k], rel=1e-12), (k, i)
+            assert cc.gather_ready[k, i] + fwd[k:i + 1].sum() + cc.gather_wait[k, i] == \
+                pytest.approx(start + fwd[i], rel=1e-9), (k, i)
+            assert cc.optimizer[k, i] == pytest.approx(got[False][1].optimizer[k, i], rel=1e-12)
+    assert cc.gather_wait[0, n - 1] > 0
+    # the simulators wait for them in the first forward, and agree: one stage on the 2x2 mesh,
+    # two on 1x2 meshes
+    plans = [Partition(costs, [StagePlan(0, n - 1, cfg)])]
+    two = MeshShape(1, 2)
+    for overlap in (True, False):
+        s = StageSearch(_model(MemoryOptions(sharding="distributed", gradient_bucket=2**40,
+                                             gradient_overlap=overlap)), topo)
+        plans.append(Partition(StageCosts(s.model, topo, two, 2, s.tables(two)), [StagePlan(0, 2, cfg),
+                                                                                 StagePlan(3, n - 1, cfg)]))
+    waits = []
+    for plan in plans:
+        waits.append(plan.gather_wait)
+        run = simulate_schedule(plan, Schedule("1f1b"))
+        assert iteration(plan, Schedule("1f1b")).time == pytest.approx(run.iteration_time, rel=1e-12)
+        assert bounds(plan, Schedule("1f1b")).value <= run.iteration_time * (1 + 1e-9)
+    assert waits[0][0] == pytest.approx(float(cc.gather_wait[0, n - 1]))
+    assert waits[1][0] > 0 and waits[2] == [0.0, 0.0]
+    t_on = simulate_schedule(plans[1], Schedule("1f1b"))
+    (first_forward,) = [r for r in t_on.timeline.records if r.name == "F0 mb0"]
+    assert first_forward.start == pytest.approx(plans[1].gather_ready[0]) and plans[1].gather_ready[0] > 0
+    assert first_forward.end - first_forward.start == pytest.approx(plans[1].forward[0] + waits[1][0])

@@ -249,6 +249,12 @@ def run_job(plan, model: ModelSpec, steps: int = 3, seed: int = 0) -> RunJob:
         orders, kind = None, sched.kind
     sharding = training.optimizer_sharding if training is not None else "none"
     notes = [f"model: {shape.describe()}", "every tensor is float32 (the plan's dtype sets its times, not the run's)"]
+    target = (plan.search.get("options") or {}).get("target", "native") if plan.search else "native"
+    if target != "native":
+        # the plan is priced as the framework runs it (its buckets, reduction type, gathers);
+        # run executes it on torch.distributed, so its prediction is the framework's
+        notes.append(f"planned for {target}: the prediction prices {target}'s own runtime (its gradient buckets and"
+                     " defaults); run executes the plan's stages and programs on torch.distributed")
     if sharding != "none" and orders is not None and any(op == "I" for order in orders.values() for op, _ in order):
         # FSDP2 under torch's split backward (input-gradient, then weight-gradient actions)
         # reduces the gradients before the weight half has run: silently wrong sums (torch 2.13)

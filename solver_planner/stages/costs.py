@@ -72,7 +72,7 @@ from ..reduction.synthesis import synthesize_traced
 from ..topology import Topology
 from .layers import LayerModel
 from . import ranges
-from .ranges import Const, Copies, CopyBytes, FirstRow, Maxes, Ranges, Sums, Tail, apply
+from .ranges import Const, Copies, CopyBytes, FirstRow, Maxes, Ranges, Rows, Sums, Tail, apply
 from .memory import (gathered_bytes, optimizer_traffic, saved_per_sample, static_bytes, static_split,
                      transient_per_sample, zero_run)
 from .operators import layer_pass_times, overlapped_collectives
@@ -334,6 +334,11 @@ class ConfigCosts:
     # the plan adds them where its ties are split over meshes (Partition.copies), and the
     # search's bounds, without them, stay below.
     copy_collectives: tuple = ()
+    # [k, i]: when the first micro-batch's forward of a stage of layers k..i may start (its
+    # first parameter gather done) and how much longer it takes waiting for the next ones
+    # (Megatron-LM's --overlap-param-gather; StageCosts._gathers_ahead); None: no such gathers
+    gather_ready: Ranges | None = None
+    gather_wait: Ranges | None = None
     # the reduction may start during the last backward (gradient_overlap; not under torch's
     # pipelining of FSDP2, which reduces after it: .memory.zero_run)
     overlap: bool = True
@@ -426,11 +431,21 @@ class StageCosts:
         """The compute model every table of this mesh uses (:mod:`solver_planner.compute`)."""
         return next(iter(self.tables.values())).cost.compute
 
+    @property
+    def gathers_ahead(self) -> bool:
+        """Megatron-LM's distributed optimizer with overlapped gradients: each bucket is
+        reduce-scattered, and the updated parameters are gathered ahead of the next forward
+        (--overlap-param-gather, :meth:`_gathers_ahead`)."""
+        opts = self.model.options
+        return opts.sharding == "distributed" and opts.gradient_overlap and self.zero.overlap
+
     def bucket_program(self, t: int, nbytes: float) -> str:
         """The program one gradient bucket of ``nbytes`` is reduced with (as ``_costs`` prices it)."""
         sharding = self.model.options.sharding
-        if sharding == "zero-3":
-            return "ReduceScatter"          # ZeRO-3 keeps only its shard of the gradients
+        if sharding == "zero-3" or self.gathers_ahead:
+            # ZeRO-3 keeps only its shard of the gradients; the distributed optimizer with
+            # overlap gathers the updated parameters ahead of the next forward (_gathers_ahead)
+            return "ReduceScatter"
         if sharding in SHARDED_STEP:
             return SHARDED_STEP_PROGRAM
         return self.tables[t].gradient_program(nbytes)
@@ -617,7 +632,7 @@ class StageCosts:
         # Megatron-LM's distributed optimizer with overlapped gradients gathers the updated
         # parameters as the next forward reaches them (--overlap-param-gather, which the
         # megatron export writes with --overlap-grad-reduce), not in the step's tail
-        gather_ahead = reduces and opts.gradient_overlap and self.zero.overlap and opts.sharding == "distributed"
+        gather_ahead = reduces and self.gathers_ahead
 
         def gather_time(x):
             x = np.asarray(x, dtype=float)
@@ -673,8 +688,7 @@ class StageCosts:
             tail_full = tail_weight = red_all
         # the optimizer step follows the stage's last reduction (and a tied copy's all-reduce)
         opt = self.optimizer_time(c)
-        if gather_ahead:
-            opt = opt + self._gathers_ahead(fwd, grads, cap, gather_time)
+        ready, wait = self._gathers_ahead(fwd, grads, cap, gather_time) if gather_ahead else (None, None)
         tail_full, tail_weight = tail_full + opt, tail_weight + opt
         static, activation, transient = self.memory_parts(c)
         return ConfigCosts(
@@ -684,31 +698,42 @@ class StageCosts:
             tail_full=tail_full, tail_weight=tail_weight,
             layer_backward=backward, layer_weight=weight, layer_reduction=red, layer_reduction_copy=red_copy,
             layer_backward_copy=backward_copy, layer_weight_copy=weight_copy,
-            copy_collectives=extra or (),
+            copy_collectives=extra or (), gather_ready=ready, gather_wait=wait,
             reduction_all=red_all, buckets=chunks, buckets_copy=chunks_copy, bucket_time=bucket_time,
             grad_bytes=grad_bytes, bucket_cap=cap, optimizer=opt, overlap=overlap,
             first_only=overlap and opts.buckets_first_stage_only,
         )
 
-    def _gathers_ahead(self, fwd, grads, cap, gather_time) -> Ranges:
-        """``[k, i]``: the part of the parameter all-gathers (``--overlap-param-gather``) no
-        forward hides, charged to the step of the stage holding the first layer.
+    def _gathers_ahead(self, fwd, grads, cap, gather_time) -> tuple[Ranges, Ranges]:
+        """``[k, i]``: when the first micro-batch's forward of a stage of layers k..i may
+        start, and how much longer it takes, for the parameter all-gathers of Megatron-LM's
+        ``--overlap-param-gather``.
 
-        Each layer's buckets are gathered in forward order and its forward waits for them:
-        two machines in a fixed order, as the gradient tail but gathers first, ``max_j (s_k +
-        ... + s_j + f_j + ... + f_i) - sum f``, the :class:`.ranges.Tail` of the forward pieces
-        and the gathers (read backward in time).  Only the first stage's is on the critical
-        path: the others (and a mesh's later chunks) gather while the pipeline fills, before
-        their first forward is due.  The iteration is periodic, so the first stage's exposed
-        part is charged once, after its step (the step's ``[k, i]``, which every simulator
-        schedules).  Tied copies' gathers are not counted."""
+        Megatron-Core starts a stage's first bucket's gather after the step, and each next one
+        in the forward pre-hook of the bucket before it, once that bucket's gather is done
+        (``finish_param_sync``): one gather ahead of the forward.  Per layer, gathers ``s_j``
+        and forwards ``f_j``: the forward may start at ``s_k`` after the iteration starts, and
+        the forward of layer ``j + 1`` starts ``max(f_j, s_{j+1})`` after that of ``j``, so the
+        first micro-batch's forward takes ``sum_{j>k} max(0, s_j - f_{j-1})`` longer.  Under
+        Megatron-Core's bucketing (``buckets_first_stage_only``) every stage but the one
+        holding the first layer is one bucket: it may start once the whole stage is gathered,
+        and waits for nothing after.  The simulators apply both to the first forward
+        (:attr:`.partition.Partition.gather_ready`, ``gather_wait``); tied copies' gathers are
+        not counted."""
 
         def gathered(x):
             n, full_t, last_t = bucket_split(np.asarray(x, dtype=float), cap, gather_time)
             return np.where(np.asarray(x) > 0, n * full_t + last_t, 0.0)
 
+        s = gathered(grads)
+        f = np.asarray(fwd, dtype=float)
+        ahead = np.concatenate([[0.0], np.maximum(0.0, s[1:] - f[:-1])])     # u_j, j >= 1
         n = self.model.num_layers
-        return _where(FirstRow(n), _flow_shop_tail(fwd, gathered(grads)), Const(n, 0.0))
+        ready, wait = Rows(s), Sums(ahead) - Rows(ahead)
+        if self.model.options.buckets_first_stage_only:
+            first = FirstRow(n)
+            ready, wait = _where(first, ready, Sums(s)), _where(first, wait, Const(n, 0.0))
+        return ready, wait
 
     def _copy_bytes(self, per_layer: np.ndarray) -> Ranges:
         """``[k, i]``: the tied copies a stage of layers k..i holds (layers sharing one outside it)."""

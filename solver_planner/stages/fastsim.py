@@ -158,6 +158,7 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     # reduced behind each piece; the chunk's buckets are port-task type 2 nch + k
     f, b, ba, bw = plan.forward, plan.backward, plan.backward_act, plan.backward_weight
     op_dur = [{"F": f[p], "B": b[p], "BA": ba[p], "BW": bw[p]} for p in range(K)]
+    gather_ready, gather_wait = plan.gather_ready, plan.gather_wait
     pieces: list[list[float]] = []
     piece_buckets: list[list[list[float]]] = []
     for p, st in enumerate(plan.stages):
@@ -341,6 +342,11 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
             final = i == final_pos[p]
             if not final:
                 d = op_dur[p][op]
+                if m == 0 and op == "F":
+                    # its parameter gathers (pipeline.simulate_schedule)
+                    if gather_ready[p] > st:
+                        st = gather_ready[p]
+                    d += gather_wait[p]
                 end = st + d
                 acc += d
                 if end <= st and contended:

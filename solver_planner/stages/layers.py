@@ -409,7 +409,7 @@ class LayerModel:
         return self._cache["ties"]
 
 
-MAX_BUCKETS = 200_000      # gradient buckets of the whole model: each is a task the simulators run
+MAX_BUCKETS = 1_000_000    # gradient buckets of the whole model: each is a task the simulators run
 
 
 def _check_buckets(model: ModelSpec, layers: list[Layer], options: MemoryOptions) -> None:

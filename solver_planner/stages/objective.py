@@ -176,14 +176,18 @@ def bounds(plan: Partition, schedule: Schedule, enough: float = math.inf, memo: 
         for p, q in chans:
             ins[q].append(p)
             outs_of[p].append(q)
+        # (no earlier than its parameter gathers allow, and the first forward is longer by
+        # what it waits for the next ones: Partition.gather_ready, gather_wait)
+        ready, wait = plan.gather_ready, plan.gather_wait
         H = [0.0] * S
+        H[0] = ready[0]
         for q in range(1, S):
-            H[q] = max((H[p] + f[p] + act[p, q] for p in ins[q]), default=0.0)
+            H[q] = max([ready[q]] + [H[p] + f[p] + wait[p] + act[p, q] for p in ins[q]])
         # drain after the last chain op, for the last micro-batch
         D = [0.0] * S
         for p in range(S):
             D[p] = max([u[p]] + [grad[q, p] + ch[q] + D[q] for q in ins[p]])
-        stage = max(H[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
+        stage = max(H[p] + wait[p] + B * w[p] - kk[p] * bw[p] + D[p] for p in range(S))
         R = [_round_trip(p, S, f, ch, act, grad, ins, outs_of) for p in range(S)]
         if memo is not None:
             memo[key] = (act, grad, tie, g, ins, outs_of, H, D, stage, R)

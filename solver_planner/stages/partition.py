@@ -151,6 +151,25 @@ class Partition:
         return self._per_stage("tail_full")
 
     @cached_property
+    def gather_ready(self) -> list[float]:
+        """When each chunk's first forward may start, its first parameter gather done (0
+        without Megatron-LM's --overlap-param-gather: :attr:`.costs.ConfigCosts.gather_ready`)."""
+        return self._gather("gather_ready")
+
+    @cached_property
+    def gather_wait(self) -> list[float]:
+        """How much longer each chunk's first forward takes, waiting for the gathers that
+        follow (:attr:`.costs.ConfigCosts.gather_wait`)."""
+        return self._gather("gather_wait")
+
+    def _gather(self, attr: str) -> list[float]:
+        out = []
+        for p, st in enumerate(self.stages):
+            table = getattr(self.table(p), attr)
+            out.append(0.0 if table is None else float(table[st.first, st.last]))
+        return out
+
+    @cached_property
     def optimizer(self) -> list[float]:
         """Each stage's optimizer step (the last part of :attr:`tail_full` and :attr:`tail_weight`)."""
         return self._per_stage("optimizer")

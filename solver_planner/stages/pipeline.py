@@ -159,13 +159,20 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
     # each chunk's last op: its gradients are complete after it (the reductions follow it)
     final_at = {k: (r, i) for r, order in enumerate(orders) for i, (_, k, _) in enumerate(order)}
 
+    gather_ready, gather_wait = plan.gather_ready, plan.gather_wait
+
     def op_task(p: int, op: str, m: int, deps: list[int], final: bool) -> int:
         duration = op_time[p][op]
+        release = 0.0
+        if op == "F" and m == 0:
+            # its parameter gathers (--overlap-param-gather): the first done before it starts,
+            # each next one during the layer before it (Partition.gather_ready, gather_wait)
+            release, duration = gather_ready[p], duration + gather_wait[p]
         name = f"{op}{p} mb{m}"
         category = "forward" if op == "F" else "backward"
         if not final:
             return sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
-                           devices=device_of[p], args={"compute": op_compute[p][op]})
+                           devices=device_of[p], args={"compute": op_compute[p][op]}, release=release)
         st = plan.stages[p]
         cc = plan.table(p)
         # the stage's last backward: with buckets to reduce while it runs, one piece per

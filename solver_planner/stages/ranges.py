@@ -20,7 +20,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "FirstRow", "apply"]
+__all__ = ["DENSE", "Ranges", "Sums", "Maxes", "Tail", "Copies", "CopyBytes", "Const", "FirstRow", "Rows", "apply"]
 
 _INTS = (int, np.integer)
 DENSE = 256           # the largest table a dense square is built for (512 KB of float64)
@@ -278,6 +278,22 @@ class FirstRow(Ranges):
 
     def at(self, k, i):
         return 1.0 if k == 0 else 0.0
+
+
+class Rows(Ranges):
+    """``values[k]``: a value of the range's first layer."""
+
+    def __init__(self, values):
+        values = np.asarray(values, dtype=float)
+        super().__init__(len(values))
+        self.row = values
+
+    def values(self, k, i):
+        k, i = np.broadcast_arrays(np.asarray(k), np.asarray(i))
+        return self.row[k]
+
+    def at(self, k, i):
+        return self.row.item(k)
 
 
 class Copies(Ranges):
