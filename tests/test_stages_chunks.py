@@ -98,8 +98,9 @@ def chunked(draw):
                               "tied_optimizer": layers[0].optimizer})
     if n >= 4 and draw(st.booleans()):
         layers[0] = Layer(**{**layers[0].__dict__, "skips": (draw(st.integers(2, n - 1)),)})
-    opts = MemoryOptions(("none",), draw(st.sampled_from(["none", "zero-1", "zero-2", "zero-3"])), draw(st.booleans()),
-                         draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])))
+    opts = MemoryOptions(("none",), draw(st.sampled_from(["none", "zero-1", "zero-2", "zero-3", "distributed"])),
+                         draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])),
+                         buckets_first_stage_only=draw(st.booleans()))
     B = draw(st.sampled_from([b for b in (2, 4, 6, 8) if kind == "zb-v" or rounds(S, b) is not None]))
     model = LayerModel("random", layers, 8 * B, None, options=opts)
     costs = StageCosts(model, topo, shape, B, cost_tables(topo, CostModel(topo), shape), True)

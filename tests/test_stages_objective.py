@@ -94,7 +94,9 @@ def instances(draw, max_layers=6, comm=True):
                              "tied_optimizer": layers[0].optimizer})
     opts = MemoryOptions(tuple(draw(st.sampled_from([("none",), ("none", "full"), ("selective",)]))),
                          draw(st.sampled_from(["none", "zero-1", "zero-2", "zero-3", "distributed"])),
-                         draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])))
+                         draw(st.booleans()), draw(st.booleans()), draw(st.sampled_from([4 * 2**20, 64 * 2**20])),
+                         # Megatron-Core's bucketing (--target megatron): the first stage's only
+                         buckets_first_stage_only=draw(st.booleans()))
     batch = draw(st.sampled_from([8, 16]))
     model = LayerModel("random", layers, batch, None, options=opts)
     shapes = [s for s in mesh_shapes(topo.num_hosts, topo.devices_per_host) if topo.num_devices // s.size <= n]
@@ -172,7 +174,11 @@ def port_loads(plan: Partition, pair: PairProblem) -> float:
             tasks.append((c.transfer_resources(st.tensor, p, p - 1), B * edge_time(plan, p, p - 1)))
         if c.shape.size // st.tensor > 1:
             cc = c[st.config]
-            red = (float(cc.layer_reduction[st.first:st.last + 1].sum()) if c.model.options.gradient_overlap
+            opts = c.model.options
+            # buckets during the backward, or (no overlap, or a later stage under Megatron-Core's
+            # bucketing) the whole stage's after it
+            during = opts.gradient_overlap and (st.first == 0 or not opts.buckets_first_stage_only)
+            red = (float(cc.layer_reduction[st.first:st.last + 1].sum()) if during
                    else float(cc.reduction_all[st.first, st.last]))
             tasks.append((c.reduction_resources(st.tensor, p), red))
         for ports, seconds in tasks:
