@@ -138,3 +138,19 @@ def test_megatrons_later_stages_gather_whole_while_the_pipeline_fills():
                                                           rel=1e-9)
     assert cc.gather_ready[0, n - 1] == pytest.approx(float(nc.gather_ready[0, n - 1]))
     assert cc.gather_wait[0, n - 1] == pytest.approx(float(nc.gather_wait[0, n - 1]))
+
+
+def test_a_bucket_is_at_least_one_byte(tmp_path):
+    """The range the message gives for sizes (0, or 1 B to 1 EiB) is the bucket's too, less 0."""
+    from solver_planner.errors import SpecError
+    from solver_planner.spec import load_model_spec
+
+    path = tmp_path / "m.yaml"
+    for value, said in (("0", "expected a value >= 1"), ("0.5 B", "expected 0 or 1 B to 1 EiB")):
+        path.write_text("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, sequence: 128, vocab: 1000}\n"
+                        f"training: {{global_batch: 8, gradient_bucket: {value}}}\n")
+        with pytest.raises(SpecError, match=rf"m\.yaml:3.*gradient_bucket: .*{said}"):
+            load_model_spec(path)
+    path.write_text("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, sequence: 128, vocab: 1000}\n"
+                    "training: {global_batch: 8, gradient_bucket: 1 B}\n")
+    assert load_model_spec(path).training.gradient_bucket == 1

@@ -213,5 +213,5 @@ class TrainingSpec(SpecModel):
         default=HOST_OVERHEAD, ge=0, le=3600, description="seconds per iteration on the host besides the GPU work"
         " (data loading, logging); default 5 ms")
     gradient_bucket: Bytes = Field(
-        default=25 * 2**20, gt=0, description="largest gradient bucket reduced at once (PyTorch DDP's default "
+        default=25 * 2**20, ge=1, description="largest gradient bucket reduced at once (PyTorch DDP's default "
         "bucket_cap_mb, 25 MiB); a layer's gradients are cut into buckets of this size")
