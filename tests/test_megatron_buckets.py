@@ -154,3 +154,21 @@ def test_a_bucket_is_at_least_one_byte(tmp_path):
     path.write_text("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, sequence: 128, vocab: 1000}\n"
                     "training: {global_batch: 8, gradient_bucket: 1 B}\n")
     assert load_model_spec(path).training.gradient_bucket == 1
+
+
+def test_the_breakdown_names_the_parameter_gathers(tmp_path):
+    """A plan with the distributed optimizer's gathers ahead of the forward: its critical path
+    counts them as parameter_gather (the first gather's hold as well as the wait inside the
+    first forward), not as tensor parallelism (t = 1) or idle time; the parts still add up."""
+    from solver_planner import api
+    from solver_planner.plan.compose import breakdown
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text("name: tiny\ntransformer: {layers: 6, hidden: 512, heads: 8, sequence: 64, vocab: 4096}\n"
+                     "training: {global_batch: 16, dtype: float32, optimizer_sharding: distributed}\n")
+    plan = api.plan(CLUSTERS / "local-2x4.yaml", model, config="4,1,2,4", schedule="1f1b")
+    assert plan.partition.gather_ready[0] > 0
+    bd = breakdown(plan)
+    assert bd["parameter_gather"] >= plan.partition.gather_ready[0] * (1 - 1e-9)
+    assert bd["tensor_parallel"] == pytest.approx(0.0, abs=1e-12) and bd["idle"] == pytest.approx(0.0, abs=1e-12)
+    assert sum(bd.values()) == pytest.approx(plan.iteration_time, rel=1e-9)

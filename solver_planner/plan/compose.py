@@ -133,6 +133,8 @@ BREAKDOWN_PARTS = {
     "tensor_parallel": "tensor-parallel all-reduces and ZeRO-3 parameter gathers inside those passes",
     "pipeline_transfer": "activations and gradients between stages that the critical path waits for",
     "gradient_reduction": "data-parallel gradient buckets and tied-copy all-reduces not hidden behind compute",
+    "parameter_gather": "the distributed optimizer's parameter all-gathers a chunk's first forward waits for"
+                        " (--overlap-param-gather)",
     "optimizer": "the optimizer step",
     "idle": "time on the critical path that no task explains (none in a pipeline)",
 }
@@ -153,18 +155,26 @@ def breakdown(plan: TrainingPlan) -> dict[str, float]:
 
     out = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
     tl = plan.run.timeline
-    for task, begin, finish in critical_path(tl):
+    path = list(critical_path(tl))
+    for n, (task, begin, finish) in enumerate(path):
         length = finish - begin
         if task is None:
-            out["idle"] += length
+            # a chunk's first forward held back until its first parameter gather is done
+            after = path[n + 1][0] if n + 1 < len(path) else None
+            ready = tl[after].args.get("gather_ready", 0.0) if after is not None else 0.0
+            gather = min(length, ready)
+            out["parameter_gather"] += gather
+            out["idle"] += length - gather
             continue
         rec = tl[task]
         if rec.category in ("forward", "backward"):
             kernels = min(length, rec.args.get("compute", length))
             if length - kernels <= 1e-9 * length:      # rounding of the sum the op's time came from
                 kernels = length
+            gather = min(length - kernels, rec.args.get("gather_wait", 0.0))
             out["compute"] += kernels
-            out["tensor_parallel"] += length - kernels
+            out["parameter_gather"] += gather
+            out["tensor_parallel"] += length - kernels - gather
         else:
             out[_PART_OF.get(rec.category, "idle")] += length
     return out

@@ -113,8 +113,11 @@ def prove_program(part_matrix: ParallelismMatrix, mesh: tuple[int, int], level_n
     if program == "none":
         return "not needed", "one replica: nothing to reduce", 0.0
     if program == ZERO3_PROGRAM:
-        # ZeRO-3 keeps one shard of the gradients per replica: there is no all-reduce to prove
-        return "not an all-reduce", "ZeRO-3 keeps each replica's shard of the gradients", 0.0
+        # a reduce-scatter: each replica keeps one shard of the gradients, there is no all-reduce
+        # to prove (ZeRO-3; the distributed optimizer, which gathers the updated parameters
+        # ahead of the next forward)
+        return ("not an all-reduce", "a reduce-scatter: each replica keeps its shard of the gradients (ZeRO-3, or"
+                " the distributed optimizer gathering the updated parameters ahead of the next forward)", 0.0)
     parsed = parse_program(program)
     lowering = stage_lowering(part_matrix, mesh, level_names)
     steps = system_steps(lowering, parsed)

@@ -499,7 +499,7 @@ def _time_per_stage(ax, records, stage_size, stages, T, scale, unit) -> None:
 # tensor parallelism, which has no bar of its own, the one colour left
 BREAKDOWN_COLOURS = {"compute": KINDS["forward"][0], "tensor_parallel": OKABE_ITO[6],
                      "pipeline_transfer": KINDS["communication"][0], "gradient_reduction": KINDS["gradient reduction"][0],
-                     "optimizer": KINDS["optimizer step"][0], "idle": "#bdbdbd"}
+                     "optimizer": KINDS["optimizer step"][0], "parameter_gather": OKABE_ITO[7], "idle": "#bdbdbd"}
 
 
 def _breakdown(ax, breakdown: dict, scale, unit) -> None:

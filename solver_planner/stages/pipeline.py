@@ -170,9 +170,12 @@ def simulate_schedule(plan: Partition, schedule: Schedule, transfers: Transfers 
             release, duration = gather_ready[p], duration + gather_wait[p]
         name = f"{op}{p} mb{m}"
         category = "forward" if op == "F" else "backward"
+        args = {"compute": op_compute[p][op]}
+        if op == "F" and m == 0 and (release or gather_wait[p]):
+            args.update(gather_ready=release, gather_wait=gather_wait[p])     # the plan's breakdown
         if not final:
             return sim.add(name, duration, exec_of[p], deps, stream="compute", category=category,
-                           devices=device_of[p], args={"compute": op_compute[p][op]}, release=release)
+                           devices=device_of[p], args=args, release=release)
         st = plan.stages[p]
         cc = plan.table(p)
         # the stage's last backward: with buckets to reduce while it runs, one piece per
