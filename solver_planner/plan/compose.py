@@ -172,9 +172,12 @@ def breakdown(plan: TrainingPlan) -> dict[str, float]:
             if length - kernels <= 1e-9 * length:      # rounding of the sum the op's time came from
                 kernels = length
             gather = min(length - kernels, rec.args.get("gather_wait", 0.0))
+            collectives = length - kernels - gather
+            if gather and collectives <= 1e-9 * length:  # the same rounding, of the wait's sum
+                gather, collectives = gather + collectives, 0.0
             out["compute"] += kernels
             out["parameter_gather"] += gather
-            out["tensor_parallel"] += length - kernels - gather
+            out["tensor_parallel"] += collectives
         else:
             out[_PART_OF.get(rec.category, "idle")] += length
     return out
