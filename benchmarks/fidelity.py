@@ -80,6 +80,33 @@ NCCL_LOGS = {
 }
 
 
+def nodes(node_spec: Path, gpus: int, name: str):
+    """The shipped cluster spec ``node_spec`` with as many nodes (its first level, 8 GPUs each)
+    as a published run used: every benchmark of published runs prices them on it."""
+    from solver_planner.spec import load_cluster_spec
+    from solver_planner.topology import Topology
+
+    spec = load_cluster_spec(node_spec)
+    levels = [lv.model_copy(update={"count": gpus // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
+    return Topology(spec.model_copy(update={"levels": levels, "name": f"{name}-{gpus // 8}x8"}))
+
+
+def megatron_split(layers: int, pipeline: int) -> list[int]:
+    """Layers per stage as Megatron-LM cuts a GPT: the blocks evenly, the first stages one more
+    where they do not divide, plus the embedding on the first stage and the logits on the last."""
+    per = [layers // pipeline + (p < layers % pipeline) for p in range(pipeline)]
+    per[0] += 1
+    per[-1] += 1
+    return per
+
+
+def summary_line(summ: dict) -> str:
+    """A benchmark's closing line (the tests read the README's figures against it)."""
+    rho = "n/a" if summ["spearman"] is None else format(summ["spearman"], ".3f")
+    return (f"median |error| {summ['median_error']:.1%}, worst {summ['worst_error']:.1%}, Spearman {rho},"
+            f" measured / predicted {summ['median_measured_over_predicted']:.2f} ({summ['pairs']} runs)")
+
+
 def summary(name: str, predicted: list[float], measured: list[float], **extra) -> dict:
     ratios = [m / p for p, m in zip(predicted, measured) if p > 0]
     errors = [abs(p / m - 1) for p, m in zip(predicted, measured) if m > 0]

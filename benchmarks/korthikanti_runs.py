@@ -100,10 +100,7 @@ def model(run: Run) -> ModelSpec:
 def split(run: Run) -> list[int]:
     """Blocks per stage, the first stages one more where they do not divide, plus the
     embedding on the first stage and the logits on the last."""
-    per = [run.layers // run.pipeline + (p < run.layers % run.pipeline) for p in range(run.pipeline)]
-    per[0] += 1
-    per[-1] += 1
-    return per
+    return fidelity.megatron_split(run.layers, run.pipeline)
 
 
 def predict(run: Run) -> dict:
@@ -144,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['parameters']:>6g}B {r['gpus']:>5} {r['config']:>12} {r['micro_batch']:>5} {what:>30}"
               f" {r['measured_time']:>8.2f}s {r['predicted_time']:>8.2f}s {r['measured_mfu']:>8.1%}"
               f" {r['predicted_mfu']:>6.1%} {r['error']:>+7.1%}")
-    print(f"median |error| {summ['median_error']:.1%}, worst {summ['worst_error']:.1%}, Spearman"
-          f" {'n/a' if summ['spearman'] is None else format(summ['spearman'], '.3f')}, measured / predicted"
-          f" {summ['median_measured_over_predicted']:.2f} ({summ['pairs']} runs)")
+    print(fidelity.summary_line(summ))
     return 0
 
 

@@ -52,7 +52,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from solver_planner import api  # noqa: E402
-from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
 from solver_planner.spec.model import ModelSpec  # noqa: E402
 from solver_planner.stages.report import Config  # noqa: E402
@@ -113,9 +112,7 @@ def load_runs(path: Path = TABLE) -> list[Run]:
 
 def cluster(gpus: int) -> Topology:
     """The shipped DGX H100 node, as many as the run used (8 GPUs each)."""
-    spec = load_cluster_spec(NODE)
-    levels = [lv.model_copy(update={"count": gpus // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
-    return Topology(spec.model_copy(update={"levels": levels, "name": f"dgx-h100-{gpus // 8}x8"}))
+    return fidelity.nodes(NODE, gpus, "dgx-h100")
 
 
 def model(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> ModelSpec:
@@ -136,10 +133,7 @@ def model(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> Mode
 def split(run: Run) -> list[int]:
     """Blocks per stage, the first stages one more where they do not divide, plus the
     embedding on the first stage and the logits on the last."""
-    per = [run.layers // run.pipeline + (p < run.layers % run.pipeline) for p in range(run.pipeline)]
-    per[0] += 1
-    per[-1] += 1
-    return per
+    return fidelity.megatron_split(run.layers, run.pipeline)
 
 
 def predict(run: Run, overlap: bool = True, megatron_buckets: bool = True) -> dict:
@@ -183,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['parameters']:>6g}B {r['gpus']:>5} {r['config']:>14} {r['measured_tflops']:>16.1f}"
               f" {r['predicted_tflops']:>10.1f} {r['error']:>+7.1%}")
-    print(f"median |error| {summ['median_error']:.1%}, worst {summ['worst_error']:.1%}, Spearman"
-          f" {'n/a' if summ['spearman'] is None else format(summ['spearman'], '.3f')}, measured / predicted"
-          f" {summ['median_measured_over_predicted']:.2f} ({summ['pairs']} runs)")
+    print(fidelity.summary_line(summ))
     return 0
 
 

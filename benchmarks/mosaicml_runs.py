@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 from solver_planner import api  # noqa: E402
 from solver_planner.errors import InfeasibleError  # noqa: E402
-from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
 from solver_planner.spec.model import ModelSpec  # noqa: E402
 from solver_planner.stages.report import Config  # noqa: E402
@@ -95,9 +94,7 @@ def load_runs(path: Path = TABLE) -> list[Run]:
 
 def cluster(gpu: str, gpus: int) -> Topology:
     """The shipped node of that GPU, as many as the run used (8 GPUs each)."""
-    spec = load_cluster_spec(NODES[gpu])
-    levels = [lv.model_copy(update={"count": gpus // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
-    return Topology(spec.model_copy(update={"levels": levels, "name": f"{gpu}-{gpus // 8}x8"}))
+    return fidelity.nodes(NODES[gpu], gpus, gpu)
 
 
 def model(run: Run) -> ModelSpec:

@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 
 from solver_planner import api  # noqa: E402
 from solver_planner.agreement import spearman  # noqa: E402
-from solver_planner.spec import load_cluster_spec  # noqa: E402
 from solver_planner.spec.layers import TrainingSpec, TransformerSpec  # noqa: E402
 from solver_planner.spec.model import ModelSpec  # noqa: E402
 from solver_planner.stages.layers import layer_model  # noqa: E402
@@ -104,9 +103,9 @@ def load_runs(path: Path = TABLE) -> list[Run]:
 
 def cluster(gpus: int) -> Topology:
     """The shipped DGX A100 node, as many as the run used (8 GPUs each)."""
-    spec = load_cluster_spec(NODE)
-    levels = [lv.model_copy(update={"count": gpus // 8}) if i == 0 else lv for i, lv in enumerate(spec.levels)]
-    return Topology(spec.model_copy(update={"levels": levels, "name": f"dgx-a100-{gpus // 8}x8"}))
+    import fidelity     # here: fidelity.py imports this module
+
+    return fidelity.nodes(NODE, gpus, "dgx-a100")
 
 
 def model(run: Run) -> ModelSpec:

@@ -55,6 +55,19 @@ def fidelity_row(label: str) -> tuple[str, ...]:
     return row.groups()
 
 
+def printed_summary(out: str) -> tuple[str, ...]:
+    """A benchmark's closing line (``fidelity.summary_line``) as the README's fidelity row
+    orders it (:func:`fidelity_row`, less the pairwise share): (pairs, median %, worst %,
+    Spearman, measured / predicted)."""
+    import re
+
+    found = re.search(r"median \|error\| ([\d.]+)%, worst ([\d.]+)%, Spearman ([\d.]+), measured / predicted"
+                      r" ([\d.]+) \((\d+) runs\)", out)
+    assert found is not None, out
+    median, worst, rho, ratio, pairs = found.groups()
+    return pairs, median, worst, rho, ratio
+
+
 def fidelity_figures(summary: dict) -> tuple[str, ...]:
     """A ``benchmarks/fidelity.py`` summary as the README's row prints it (:func:`fidelity_row`)."""
     return (str(summary["pairs"]), f"{summary['median_error'] * 100:.1f}", f"{summary['worst_error'] * 100:.1f}",
