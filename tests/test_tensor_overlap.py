@@ -156,3 +156,32 @@ def test_show_says_where_the_collectives_run(tmp_path):
                         f"training: {{global_batch: 8, sequence_parallel: true, tensor_overlap: {str(overlap).lower()}}}\n")
         res = run_cli("show", str(path))
         assert res.returncode == 0 and said in " ".join(res.stdout.split()), res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+@pytest.mark.parametrize("c,g", [(1.0, 3.0), (3.0, 1.0), (2.0, 2.0), (0.1, 5.0), (5.0, 0.1)])
+def test_the_chunk_pipeline_formula_is_what_the_engine_plays(t, c, g):
+    """max(0, c - g) + min(c, g) / t past the product: the collective cut into t chunks on the
+    link, each chunk's product on the GPU once its chunk has moved (an all-gather feeding the
+    product; a reduce-scatter draining it is the same pipeline backwards), played by the
+    event engine."""
+    from solver_planner.simulate import Simulation
+    from solver_planner.stages.operators import Operator, overlapped_collectives
+
+    sim = Simulation()
+    moved = []
+    for i in range(t):
+        moved.append(sim.add(f"chunk {i}", c / t, resources=["link"], deps=moved[-1:]))
+        sim.add(f"product {i}", g / t, resources=["gpu"], deps=[moved[-1]])
+    makespan = sim.run().makespan
+
+    class Fixed:                          # a compute model timing the one product at g seconds
+        is_peak = False
+
+        def time(self, f, m, k):
+            return g
+
+    op = Operator("qkv", "gemm", flops=1.0, weights=1.0)
+    gathers, scatters, backward = overlapped_collectives((op,), Fixed(), 1.0, t, c, 1)
+    assert gathers + g == pytest.approx(makespan, rel=1e-12)
+    assert scatters == 0.0 and backward == pytest.approx(max(0.0, c - 2 * g) + min(c, 2 * g) / t)
