@@ -172,3 +172,25 @@ def test_the_breakdown_names_the_parameter_gathers(tmp_path):
     assert bd["parameter_gather"] >= plan.partition.gather_ready[0] * (1 - 1e-9)
     assert bd["tensor_parallel"] == 0.0 and bd["idle"] == pytest.approx(0.0, abs=1e-12)
     assert sum(bd.values()) == pytest.approx(plan.iteration_time, rel=1e-9)
+
+
+def test_the_most_buckets_accepted_are_planned_end_to_end():
+    """The bucket guard's limit is a promise: a model cut into just under MAX_BUCKETS buckets
+    (all on one stage) is planned and simulated, and one byte less per bucket is refused."""
+    import math
+
+    from solver_planner import api
+    from solver_planner.errors import SpecError
+    from solver_planner.stages.layers import MAX_BUCKETS
+
+    t = TransformerSpec(layers=2, hidden=256, heads=4, sequence=64, vocab=1024)
+    probe = ModelSpec(name="m", transformer=t, training=TrainingSpec(global_batch=8, dtype="float32"))
+    total = sum(x.params for x in layer_model(probe).layers)
+    bucket = math.ceil(total / MAX_BUCKETS)
+    spec = ModelSpec(name="m", transformer=t, training=TrainingSpec(global_batch=8, dtype="float32",
+                                                                    gradient_bucket=bucket))
+    assert total / bucket > 0.9 * MAX_BUCKETS
+    rep = api.stages(CLUSTERS / "local-2x4.yaml", spec, config="8,1,1,1")
+    assert rep.run.iteration_time > 0 and rep.as_dict()["stages"][0]["gradient_reduction"] > 0
+    with pytest.raises(SpecError, match="at most"):
+        layer_model(spec.model_copy(update={"training": spec.training.model_copy(update={"gradient_bucket": bucket - 1})}))
