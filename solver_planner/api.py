@@ -568,7 +568,9 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
          config=None, split=None, time_limit: float = 10.0, proof_timeout: float = 30.0, seed: int = 0,
          output: PathLike | None = None, candidates: int = 1,
          progress: Callable[[str], None] | None = None, compute: str = "efficiency",
-         devices: int | None = None, target: str = "native", export: PathLike | None = None) -> TrainingPlan:
+         devices: int | None = None, target: str = "native", export: PathLike | None = None,
+         meshes: str = "equal", budget: int | None = None, simulations: int | None = None,
+         gap: float | None = None) -> TrainingPlan:
     """One plan for the whole training job (the resharding paper §5.2-5.3): pipeline stages and their
     (data, tensor) degrees, each stage's placement and z3-proved gradient program, a
     broadcast schedule at every stage boundary, and the iteration simulated with them.
@@ -606,7 +608,7 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
         schedules; the fastest simulated one is returned (``.search["composed"]`` lists them).
     progress : callable, optional
         Called with a line of text as each part starts.
-    compute : {'efficiency', 'peak'}
+    compute : {'efficiency', 'roofline', 'peak'}
         How compute is timed (as for :func:`stages`); the plan file records it.
     devices : int, optional
         At most this many of the cluster's devices, as for :func:`stages` (``.use``; the
@@ -616,6 +618,12 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     export : str or path, optional
         With a target: also write the framework's own configuration here (``--export``; the
         plan file records it under ``target:``).
+    meshes : {'equal', 'unequal'}
+        'unequal': stages may also take sub-meshes of different shapes (Alpa's space), as for
+        :func:`stages` (``--meshes``).
+    budget, simulations, gap : optional
+        The stage search's limits, as for :func:`stages` (``--budget``, ``--sim-budget``,
+        ``--gap``); the plan file records them, so :func:`check` searches the same way.
 
     Returns
     -------
@@ -654,10 +662,10 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     _choice(target, "target", TARGETS)
     if export is not None and target == "native":
         raise OptionError("export writes a framework's configuration: give target megatron, torchtitan or deepspeed")
-    if schedule is None and target == "native":
-        schedule = "eager-1f1b"
-    n = _stage_options(method, compute, num_stages=num_stages, time_limit=time_limit, seed=seed, devices=devices)
+    n = _stage_options(method, compute, num_stages=num_stages, time_limit=time_limit, seed=seed, devices=devices,
+                       budget=budget, simulations=simulations, gap=gap)
     num_stages, time_limit, seed, devices = (n[k] for k in ("num_stages", "time_limit", "seed", "devices"))
+    limits = {k: n[k] for k in ("budget", "simulations", "gap") if n[k] is not None}
     _choice(cross_mesh, "cross_mesh", CROSS_MESH)
     proof_timeout = _number(proof_timeout, "proof_timeout", 0.001, 86400)
     candidates = _number(candidates, "candidates", 1, 50, integer=True)
@@ -665,15 +673,13 @@ def plan(cluster: PathLike | ClusterSpec | Topology, model: PathLike | ModelSpec
     result = make_plan(topo, spec, schedule=schedule, method=method, cross_mesh=cross_mesh, overlap=overlap,
                        stages=num_stages, config=_config(config), layer_counts=_split(split), time_limit=time_limit,
                        seed=seed, proof_timeout=proof_timeout, candidates=candidates, progress=progress,
-                       compute=compute, devices=devices, target=target)
-    if output is not None:
-        from .plan.planfile import write_plan
+                       compute=compute, devices=devices, target=target, meshes=meshes, **limits)
+    if output is not None or export is not None:
+        from .plan.planfile import plan_document, write_export, write_plan
 
-        write_plan(result, Path(output))
-    if export is not None:
-        from .plan.planfile import plan_document
-
-        Path(export).write_text(plan_document(result)["target"]["export"], encoding="utf-8")
+        doc = write_plan(result, Path(output)) if output is not None else plan_document(result)
+        if export is not None:
+            write_export(doc, Path(export))
     return result
 
 

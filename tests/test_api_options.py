@@ -54,6 +54,10 @@ REFUSED = {
     "stages compute": lambda: sp.stages(C, G, compute="fast"),
     "plan cross_mesh": lambda: sp.plan(C, G, cross_mesh="x"),
     "plan candidates 0": lambda: sp.plan(C, G, candidates=0),
+    "plan budget 0": lambda: sp.plan(C, G, budget=0),
+    "plan gap 1": lambda: sp.plan(C, G, gap=1.0),
+    "plan simulations text": lambda: sp.plan(C, G, simulations="x"),
+    "plan meshes": lambda: sp.plan(C, G, meshes="uneven"),
     "check None": lambda: sp.check(C, G, None),
 }
 

@@ -74,3 +74,23 @@ def test_run_says_a_target_plans_prediction_is_the_frameworks(tmp_path):
         assert said == (["planned for megatron: the prediction prices megatron's own runtime (its gradient buckets"
                          " and defaults); run executes the plan's stages and programs on torch.distributed"]
                         if target == "megatron" else [])
+
+
+def test_plan_takes_the_stage_searchs_limits_and_meshes_and_records_them(tmp_path):
+    """api.plan passes budget, simulations, gap and meshes on as plan does (--budget,
+    --sim-budget, --gap, --meshes); the plan file records them and check searches the same
+    way, so a plan that the limits cut short still checks."""
+    import yaml
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    cluster = CLUSTERS / "local-2x4.yaml"
+    out = tmp_path / "plan.yaml"
+    p = api.plan(cluster, model, budget=3, simulations=5000, gap=0.05, output=out)
+    opts = yaml.safe_load(out.read_text())["search"]["options"]
+    assert (opts["budget"], opts["simulations"], opts["gap"]) == (3, 5000, 0.05)
+    assert p.family == "eager-1f1b"                 # the default, as the command's
+    assert api.check(cluster, model, out).exit_code == 0
+    u = api.plan(cluster, model, meshes="unequal", schedule="1f1b", output=out)
+    assert yaml.safe_load(out.read_text())["search"]["options"]["meshes"] == "unequal"
+    assert u.iteration_time > 0 and api.check(cluster, model, out).exit_code == 0

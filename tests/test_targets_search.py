@@ -148,13 +148,11 @@ def test_plan_target_without_a_schedule_takes_the_target_searchs_fastest_schedul
     import yaml
     assert yaml.safe_load(plan.read_text())["schedule"]["family"] == best
     assert CliRunner().invoke(app, ["check", cluster, model, str(plan)]).exit_code == 0
-    # native plans keep their default (eager-1F1B), and the library refuses a native plan without one
-    from solver_planner.errors import OptionError
+    # native plans keep their default (eager-1F1B), held by the library for the command and the API
     from solver_planner.plan.compose import make_plan
     from solver_planner.spec import load_cluster_spec, load_model_spec
     from solver_planner.topology import Topology
-    with pytest.raises(OptionError, match="give a schedule"):
-        make_plan(Topology(load_cluster_spec(cluster)), load_model_spec(model), None)
+    assert make_plan(Topology(load_cluster_spec(cluster)), load_model_spec(model), None).family == "eager-1f1b"
 
 
 def test_plan_target_export_is_written_recorded_and_checked(tmp_path):

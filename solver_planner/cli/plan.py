@@ -87,7 +87,7 @@ def plan(
     from ..memory import STAGES_BOUND, bounded
     from ..plan import make_plan
     from ..plan.emit import emit_execute_specs
-    from ..plan.planfile import plan_document, write_plan
+    from ..plan.planfile import plan_document, write_export, write_plan
     from ..stages.report import parse_config, parse_split
 
     if cross_mesh not in STRATEGIES:
@@ -101,8 +101,6 @@ def plan(
     check_output(export, "--export")
     if export is not None and target == "native":
         fail("--export writes a framework's configuration: give --target megatron, torchtitan or deepspeed", 2)
-    if schedule is None and target == "native":
-        schedule = "eager-1f1b"
     topo = topology_of(cluster)
     spec = model_of(model)
     try:
@@ -121,7 +119,7 @@ def plan(
     if not as_json:                     # else its "warnings" say it
         warn(doc["warnings"])
     if export is not None:
-        export.write_text(doc["target"]["export"], encoding="utf-8")
+        write_export(doc, export)
         typer.echo(f"wrote {export} ({target} configuration)", err=True)
     if trace is not None:
         write_trace(result.run.timeline, trace, result.topology, trace_detail, result.partition.stage_size, links=True)

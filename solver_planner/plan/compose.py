@@ -286,9 +286,9 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
     planner prices a boundary as point-to-point lanes, the plan as the broadcast schedule
     the resharding scheduler finds, and the two can rank plans differently.
 
-    With a framework ``target`` and ``schedule`` None: the schedule of the fastest plan of a
-    search over every schedule the target runs, then planned as above (the plan file records
-    that schedule, so ``check`` searches it again the same way).
+    ``schedule`` None: eager-1F1B natively; under a framework ``target`` the schedule of the
+    fastest plan of a search over every schedule the target runs, then planned as above (the
+    plan file records that schedule, so ``check`` searches it again the same way).
 
     ``devices``: at most this many of the cluster's devices; the plan runs on the first ones
     the stage search uses (``plan.use`` says how many and why the rest idle).
@@ -296,9 +296,11 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
     ``budget``, ``simulations``, ``gap``: the stage search's limits (``stages --budget/--sim-budget/--gap``).
     """
     say = progress or (lambda _t: None)
+    if schedule is None and target == "native":
+        # the command's and the API's default: the resharding paper's eager-1F1B (its family
+        # holds 1F1B, so its plan is never slower than the best 1F1B plan)
+        schedule = "eager-1f1b"
     if schedule is None:
-        if target == "native":
-            raise OptionError("give a schedule: only a framework target picks one of its own")
         say("searching every schedule the target runs")
         first = plan_stages(topology, model, None, method, time_limit, seed, stages=stages, config=config,
                             layer_counts=layer_counts, compute=compute, target=target, devices=devices,

@@ -140,6 +140,11 @@ def write_plan(plan: TrainingPlan, path: Path) -> dict[str, Any]:
     return doc
 
 
+def write_export(doc: dict[str, Any], path: Path) -> None:
+    """The framework configuration a ``--target`` plan document records (``--export``)."""
+    Path(path).write_text(doc["target"]["export"], encoding="utf-8")
+
+
 def read_plan(path: Path) -> dict[str, Any]:
     """The plan file's data, or :class:`PlanFileError` saying why it is not a plan file."""
     p = Path(path)
