@@ -142,6 +142,35 @@ def test_show_says_how_gradients_are_reduced_and_accumulated():
     assert "reduced during the backward in" in out.output and "accumulated by an add per micro-batch" in out.output
 
 
+def test_show_says_what_each_target_prices_where_the_spec_is_silent(tmp_path):
+    """show's rows under the gradients row are what layer_model prices under each target
+    (its --json too): a spec that says how to accumulate, reduce and bucket has none."""
+    import json
+
+    from typer.testing import CliRunner
+    from solver_planner.cli import app
+
+    silent = tmp_path / "silent.yaml"
+    silent.write_text("name: g\ntransformer: {layers: 4, hidden: 256, heads: 8, sequence: 128, vocab: 1000}\n"
+                      "training: {global_batch: 16}\n")
+    out = CliRunner().invoke(app, ["show", str(silent), "--json"])
+    said = json.loads(out.output)["target_defaults"]
+    assert said["megatron"] == ["reduced in float32", "accumulation fused",
+                                "buckets of max(40,000,000, 1,000,000 x data size) parameters",
+                                "only the first stage reduces during its backward"]
+    assert said["torchtitan"] == ["reduced in float32"] and "deepspeed" not in said
+    told = tmp_path / "told.yaml"
+    told.write_text(silent.read_text().replace("global_batch: 16", "global_batch: 16, gradient_accumulation: add,"
+                                               " gradient_reduce_dtype: bfloat16, gradient_bucket: 25 MiB"))
+    out = CliRunner().invoke(app, ["show", str(told), "--json"])
+    # the bucket is whole parameters under Megatron (--ddp-bucket-size): 25 MiB of bf16 is
+    # already whole, so nothing differs but the stage-first-only rule
+    assert json.loads(out.output)["target_defaults"] == {
+        "megatron": ["only the first stage reduces during its backward"]}
+    plain = CliRunner().invoke(app, ["show", str(told)])
+    assert "under --target megatron" in plain.output and "under --target torchtitan" not in plain.output
+
+
 @pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
 def test_frameworks_that_add_refuse_a_fused_plan(target):
     from test_targets_export import DEEPSPEED_CASES, TORCHTITAN_CASES

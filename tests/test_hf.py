@@ -350,6 +350,7 @@ def test_the_readmes_show_transcript_is_what_show_prints():
     printed = [" ".join(x.split()) for x in res.stdout.splitlines()]
     at = [printed.index(x) for x in shown]
     assert at == sorted(at) and any("reduced during the backward in bfloat16" in x for x in shown)
+    assert any("under --target megatron reduced in float32; accumulation fused" in x for x in shown)
 
 
 def test_a_tied_layer_is_counted_once(tmp_path):

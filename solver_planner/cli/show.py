@@ -60,7 +60,13 @@ def show(
 def _show_model(path: Path, as_json: bool) -> None:
     from ..spec.counts import model_counts
 
-    info = model_counts(model_of(path))
+    spec = model_of(path)
+    info = model_counts(spec)
+    if "training" in info:
+        from ..targets.search import target_defaults
+
+        # what a --target run prices differently where the spec is silent (its JSON too)
+        info["target_defaults"] = target_defaults(spec)
     if as_json:
         print_json(info)
         return
@@ -92,16 +98,12 @@ def _show_model(path: Path, as_json: bool) -> None:
         rows.append(("training", f"global batch {t['global_batch']}, micro-batches {t['microbatches']},"
                                  f" {t['dtype']}, {t['optimizer']}, recompute {t['recompute']}"))
         # what an iteration does with the gradients changes every prediction: say it
-        reduce = f"in {t.get('gradient_reduce_dtype') or t['dtype']}"
-        if not t.get("gradient_reduce_dtype"):
-            from ..targets.search import reduce_defaults
-
-            others = reduce_defaults(t["dtype"])
-            if others:
-                reduce += " (" + "; ".join(f"{r} under --target {' or '.join(ts)}" for r, ts in others.items()) + ")"
         rows.append(("gradients", f"reduced {'during' if t['gradient_overlap'] else 'after'} the backward"
-                                  f" {reduce}, accumulated by"
-                                  f" {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'}"))
+                                  f" in {t.get('gradient_reduce_dtype') or t['dtype']}, accumulated by"
+                                  f" {'an add per micro-batch' if t['gradient_accumulation'] == 'add' else 'fusion (no pass)'},"
+                                  f" buckets of {units.format_bytes(t['gradient_bucket'])}"))
+        for target, said in info.get("target_defaults", {}).items():
+            rows.append((f"  under --target {target}", "; ".join(said)))
         if t.get("sequence_parallel"):
             rows.append(("tensor parallel", "sequence parallel; all-gathers and reduce-scatters "
                          + ("beside their products (tensor_overlap)" if t.get("tensor_overlap")

@@ -36,14 +36,41 @@ def target_module(target: str):
     return importlib.import_module(f".{target}", __package__)
 
 
-def reduce_defaults(dtype: str) -> dict[str, list[str]]:
-    """Reduction type -> the framework targets that reduce ``dtype`` gradients in it by
-    default where it is not ``dtype`` itself (each target's ``RULES.reduce_default``)."""
+def target_defaults(model) -> dict[str, list[str]]:
+    """Per framework target, what it prices differently from the native plan where the
+    spec says nothing (:func:`~solver_planner.stages.layers.layer_model` under the target
+    against it natively): the gradients' reduction type, their accumulation and buckets.
+    Empty for a spec without training or layers."""
+    from ..errors import PlannerError
+    from ..stages.layers import layer_model
+    from ..units import format_bytes
+
+    try:
+        native = layer_model(model).options
+    except PlannerError:
+        return {}
     out: dict[str, list[str]] = {}
     for target in TARGETS[1:]:
-        reduce = dict(target_module(target).RULES.reduce_default).get(dtype)
-        if reduce is not None:
-            out.setdefault(reduce, []).append(target)
+        try:
+            o = layer_model(model, target).options
+        except PlannerError:
+            continue
+        said = []
+        if o.gradient_reduce_dtype != native.gradient_reduce_dtype:
+            said.append(f"reduced in {o.gradient_reduce_dtype}")
+        if o.gradient_accumulation != native.gradient_accumulation:
+            said.append(f"accumulation {'fused' if o.gradient_accumulation == 'fused' else 'by an add'}")
+        if (o.gradient_bucket, o.gradient_bucket_per_replica) != (native.gradient_bucket,
+                                                                 native.gradient_bucket_per_replica):
+            per = FLOAT_DTYPES[o.gradient_reduce_dtype or model.training.dtype]
+            bucket = f"{o.gradient_bucket / per:,.0f}"
+            if o.gradient_bucket_per_replica:
+                bucket = f"max({bucket}, {o.gradient_bucket_per_replica / per:,.0f} x data size)"
+            said.append(f"buckets of {bucket} parameters")
+        if o.buckets_first_stage_only and not native.buckets_first_stage_only and native.gradient_overlap:
+            said.append("only the first stage reduces during its backward")
+        if said:
+            out[target] = said
     return out
 
 
