@@ -335,3 +335,34 @@ def test_the_readmes_torchtitan_launch_is_what_plan_writes(tmp_path):
     except Exception:                         # torchtitan is not installed (CI installs it)
         return
     ConfigManager().parse_args(tt.argv(args.read_text()))
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+def test_sequence_parallelism_at_tensor_one_is_nothing_to_refuse(tmp_path, target):
+    """A spec with sequence_parallel (and tensor_overlap) planned at tensor 1: both split
+    what a tensor-parallel group replicates, so there they do nothing; Megatron-LM's
+    arguments.py turns the flag off at tensor 1, and DeepSpeed runs such a plan as any other.
+    Every tensor-1 plan was refused ("sequence parallelism needs tensor > 1", "deepspeed has
+    no sequence parallelism"). The export leaves the flags out, and check agrees."""
+    import yaml
+
+    model = tmp_path / "sp.yaml"
+    model.write_text("name: gpt-tiny-sp\ntransformer: {layers: 6, hidden: 64, heads: 4, sequence: 16, vocab: 256}\n"
+                     "training: {global_batch: 16, dtype: float32, sequence_parallel: true, tensor_overlap: "
+                     f"{'true' if target == 'megatron' else 'false'}}}\n")
+    cluster, out = str(CLUSTERS / "local-2x4.yaml"), tmp_path / "p.yaml"
+    res = CliRunner().invoke(app, ["plan", cluster, str(model), "--target", target, "--config", "4,1,2,4",
+                                   "-s", "1f1b", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    exported = yaml.safe_load(out.read_text())["target"]["export"]
+    if target == "megatron":
+        assert "--sequence-parallel" not in exported and "--tp-comm-overlap" not in exported
+        assert parse(exported)["--tensor-model-parallel-size"] == 1
+    assert CliRunner().invoke(app, ["check", cluster, str(model), str(out)]).exit_code == 0
+    # at tensor 2 the same spec still runs them (Megatron-LM) or is refused (DeepSpeed)
+    res = CliRunner().invoke(app, ["stages", cluster, str(model), "--target", target, "--config", "2,2,2,4",
+                                   "--json"])
+    if target == "megatron":
+        assert res.exit_code == 0, res.output
+    else:
+        assert res.exit_code == 1 and "deepspeed has no sequence parallelism" in res.output

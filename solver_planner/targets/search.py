@@ -106,9 +106,13 @@ def target_config(plan: Partition, schedule: Schedule, model, target: str) -> Ta
         schedule=schedule.kind if schedule.kind != "eager-1f1b" else "1f1b", layers_per_chunk=tuple(counts),
         # the training options as the plan was priced with them (the layer model's: under the
         # Megatron-LM target the accumulation is fused unless the spec says otherwise)
-        sequence_parallel=opts.sequence_parallel, recompute=cfg.recompute, optimizer_sharding=opts.sharding,
+        # (sequence parallelism and its overlap split what a tensor-parallel group replicates,
+        # Korthikanti et al. 2022 §4.2.2: with one tensor device they do nothing, and the
+        # frameworks run such plans without them: Megatron-LM turns the flag off at tensor 1)
+        sequence_parallel=opts.sequence_parallel and cfg.tensor > 1, recompute=cfg.recompute,
+        optimizer_sharding=opts.sharding,
         gradient_overlap=opts.gradient_overlap, gradient_accumulation=opts.gradient_accumulation,
-        gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap,
+        gradient_reduce_dtype=opts.gradient_reduce_dtype or "", tensor_overlap=opts.tensor_overlap and cfg.tensor > 1,
         # a bucket the spec sets (a framework's own grows with the replicas: layer_model)
         gradient_bucket=0 if opts.gradient_bucket_per_replica else
         round(opts.gradient_bucket / FLOAT_DTYPES[opts.gradient_reduce_dtype or c.model.dtype]))
