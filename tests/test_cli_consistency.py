@@ -90,6 +90,10 @@ def test_swapped_arguments_get_a_hint():
     r = run_cli("plan", P3, P3)
     assert r.returncode == 2 and "cluster spec's key, in the file given where the model spec goes" in r.stderr
     assert re.search(rf"{re.escape(str(P3))}:\d+: levels:", r.stderr)
+    # under --json the error object names them too (they were null, said only in the message)
+    r = run_cli("plan", GPT, P3, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["file"] == str(GPT) and isinstance(err["line"], int) and err["key"] == "transformer"
 
 
 def test_validate_checks_each_model_against_each_cluster():

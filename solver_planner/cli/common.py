@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 
 from ..choices import DEFAULT_BUDGET, DEFAULT_GAP, DEFAULT_SIMULATIONS, RISE, STALL
-from ..errors import InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, UnknownError
+from ..errors import (InfeasibleError, MissingDependencyError, OptionError, PlannerError, SpecError, SpecIssue,
+                      UnknownError)
 from ..spec import deciding_key, load_cluster_spec, load_model_spec, load_yaml
 from ..spec.plausible import implausible
 from ..topology import Topology
@@ -143,9 +144,9 @@ def check_plot(path: Path | None, what: str = "--plot") -> None:
         prepare(path, what)
 
 
-def _where_kind(path: Path) -> tuple[str, str] | None:
-    """(kind, ``file:line: key``) of the key that decides what the file is; None when the
-    file is unreadable (its loader then says why) or no key decides."""
+def _where_kind(path: Path) -> tuple[str, SpecIssue] | None:
+    """(kind, where: file, line and key) of the key that decides what the file is; None when
+    the file is unreadable (its loader then says why) or no key decides."""
     try:
         data, source = load_yaml(path)
     except SpecError:
@@ -154,7 +155,7 @@ def _where_kind(path: Path) -> tuple[str, str] | None:
     if found is None:
         return None
     kind, key = found
-    return kind, str(source.issue((key,), "")).rstrip(": ")
+    return kind, source.issue((key,), "")
 
 
 def _spec_of(path: Path, kind: str, load):
@@ -162,8 +163,12 @@ def _spec_of(path: Path, kind: str, load):
     hint naming the key that says so (exit 2); implausible values are warned about."""
     found = _where_kind(path)
     if found is not None and found[0] != kind:
-        fail(f"{found[1]}: a {found[0]} spec's key, in the file given where the {kind} spec goes: the cluster comes"
-             " first (solver-planner COMMAND CLUSTER MODEL ...)", 2)
+        at = found[1]
+        # a SpecError, so that --json's error object names the file, line and key too
+        issue = SpecIssue(at.file, at.line, at.path, f"a {found[0]} spec's key, in the file given where the {kind}"
+                          " spec goes: the cluster comes first (solver-planner COMMAND CLUSTER MODEL ...)")
+        err = SpecError(issue)
+        fail(str(err), 2, err)
     spec = load(path)
     warn(implausible(spec))
     return spec
