@@ -516,3 +516,21 @@ def test_the_gap_the_search_may_stop_at_is_recorded_and_checked(tmp_path):
         assert rep.exit_code == 1 and names(rep, ("search", "options", "gap")), (new, rep.first_failure)
     bad = run_cli("plan", P3, model, "--gap", "1.5")
     assert bad.returncode == 2 and "--gap" in bad.stderr
+
+
+def test_a_halved_micro_batch_count_is_named_and_every_part_it_stops_says_so(reduced):
+    """Halving `microbatches` was reported as wrong slices in every boundary's schedule,
+    never by its name, and the parts after the boundaries (search, fields) were neither run
+    nor said to be skipped.  (An edited `microbatch_size` alone is a derived field: named
+    at the end, the other parts checked; tests/test_config_refusals.py.)"""
+    doc = copy.deepcopy(reduced[2])
+    doc["microbatches"] //= 2
+    rep = _refused(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.path == "microbatches", rep.first_failure
+    assert "micro-batches of" in rep.first_failure.message and names(rep, ("microbatches",))
+    skipped = {f.part for f in rep.findings if f.status == "skipped"}
+    assert skipped >= {"launch", "iteration", "memory", "search", "fields"}
+    doc = copy.deepcopy(reduced[2])
+    doc["microbatch_size"] *= 2
+    rep = _refused(reduced, doc)
+    assert rep.first_failure.path == "microbatch_size" and not any(f.status == "skipped" for f in rep.findings)

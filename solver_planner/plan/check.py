@@ -120,15 +120,25 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
                ) -> CheckReport:
     """Every field of the plan file ``doc`` (from :func:`.planfile.read_plan`), re-derived."""
     rep = CheckReport()
+    checker = _Checker(topology, model, doc, proof_timeout, rep)
     try:
-        _Checker(topology, model, doc, proof_timeout, rep).run()
+        checker.run()
     except _Stop:
         pass
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError) as exc:
         # a value of a kind no check above looked at first: the file is wrong, and says so,
         # rather than crashing (the property tests look for these and add a check)
         rep.add("plan", "fail", f"the plan file holds a value this version cannot read ({type(exc).__name__}: {exc})")
+    # every part a failure kept from running says so: nothing is left out unsaid
+    said = {f.part for f in rep.findings}
+    for part in _PARTS:
+        if part not in checker.ran and part not in said:
+            rep.add(part, "skipped", "not checked: it is derived from what failed above")
     return rep
+
+
+# the parts of a check, in order (run() says which it reached)
+_PARTS = ("inputs", "stages", "launch", "iteration", "memory", "search", "fields")
 
 
 _ITERATION = {"schedule", "iteration_time", "throughput", "mfu", "bubble_ratio", "breakdown", "communication_hidden",
@@ -144,6 +154,7 @@ class _Checker:
         self.use: DeviceUse | None = None
         self.reported: list[str] = []          # paths already failed (their consequences are not repeated)
         self.searched = False                  # the search's claims were re-derived
+        self.ran: set[str] = set()             # the parts of _PARTS run() reached
 
     # -- reporting -------------------------------------------------------------------------------
     def fail(self, part: str, path: tuple | str, message: str) -> None:
@@ -191,24 +202,30 @@ class _Checker:
 
     # -- the parts -------------------------------------------------------------------------------
     def run(self) -> None:
+        self.ran.add("inputs")
         self.inputs()
         options = self.options()
         self.use = self.device_use()
+        self.ran.add("stages")
         part = self.partition(options)
         parts = self.stages(part)
+        self.ran.add("launch")
         self.launch(parts)
         bounds = self.boundaries(part, parts, options)
         if bounds is None:
             self.rep.add("iteration", "skipped", "needs every boundary's schedule (see the failures above)")
             return
+        self.ran.update(("iteration", "memory"))
         plan = self.iteration(part, parts, bounds)
         if plan is None:
             return
         self.rep.plan = plan
+        self.ran.add("search")
         if options is None:
             self.rep.add("search", "skipped", "needs the search's options (see the failure above)")
         else:
             self.search(plan, options)
+        self.ran.add("fields")
         self.fields(plan)
 
     def inputs(self) -> None:
@@ -364,6 +381,20 @@ class _Checker:
             self.fail("stages", "microbatches", f"{B} micro-batches do not divide the global batch of"
                                                 f" {lm.global_batch}")
             raise _Stop
+        size = self.doc.get("microbatch_size")
+        if type(size) is int and B * size != lm.global_batch:
+            # one of the two is not the plan's.  The size is derived from the count (and
+            # compared with the other fields at the end), so an edited size leaves the rest
+            # checked; an edited count changes everything derived from it, the boundaries'
+            # tensors first, whose recorded first dimension is then still the size: said here
+            # by name, the parts it decides listed as skipped
+            shapes = [b.get("tensor", {}).get("shape") for b in self.doc.get("boundaries") or []
+                      if isinstance(b, dict) and isinstance(b.get("tensor"), dict)]
+            if any(isinstance(x, list) and x and x[0] == size for x in shapes):
+                self.fail("stages", "microbatches", f"{B} micro-batches of {size} samples (microbatch_size, the"
+                                                    f" boundaries' tensors) are {B * size} samples, not the global"
+                                                    f" batch of {lm.global_batch}")
+                raise _Stop
         return B
 
     def compute_model(self) -> str:
