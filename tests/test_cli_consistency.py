@@ -283,3 +283,16 @@ def test_every_choice_option_suggests_the_near_value(args, near):
     """The README promises "did you mean" for an unknown value; -m had it, these did not."""
     r = run_cli(*args)
     assert r.returncode == 2 and near in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_specs_further_problems_are_each_said(tmp_path):
+    """The message counts them ("and 1 more problem"); each is said too: an `also:` line on
+    stderr and an entry of `also` in --json's error object."""
+    bad = tmp_path / "c.yaml"
+    text = (CLUSTERS / "aws-p3.8xlarge-2.yaml").read_text()
+    bad.write_text(text.replace("bandwidth: 10 Gbps", "bandwidth: -10 Gbps").replace("latency: 25us", "latency: -25us"))
+    r = run_cli("stages", bad, GPT, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and "(and 1 more problem)" in err["message"] and err["key"].endswith("bandwidth")
+    assert [a["key"] for a in err["also"]] == ["interconnects[1].latency"] and err["also"][0]["line"] == err["line"] + 1
+    assert re.search(r"^  also: .*:\d+: interconnects\[1\]\.latency: ", r.stderr, flags=re.M), r.stderr

@@ -5,6 +5,7 @@ found each of these)."""
 from __future__ import annotations
 
 import json
+import re
 import math
 from dataclasses import replace
 
@@ -184,3 +185,16 @@ def test_a_split_and_a_config_that_disagree_on_the_stage_count_are_refused_as_op
         assert res.exit_code == 2 and f"--split has 3 stages, --config {extra[-1]} says 4" in res.output, res.output
     res = run("stages", cluster, spec, "--stages", "4", "--split", "12,11,11")
     assert res.exit_code == 2 and "--split has 3 stages, --stages says 4" in res.output
+
+
+def test_a_shortfall_under_a_hundredth_of_a_gib_is_said_in_its_own_unit(tmp_path):
+    """`memory: 80` (bytes: a unit left out) was refused with "needs 0.00 GiB per device,
+    0.00 GiB short": the sizes are said in the unit that shows them."""
+    spec = (CLUSTERS / "local-2x4.yaml").read_text()
+    assert "memory: 2.943 GiB" in spec
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(spec.replace("memory: 2.943 GiB", "memory: 80"))
+    res = run("plan", cluster, MODELS / "gpt-tiny.yaml")
+    assert res.exit_code == 1
+    assert "fits in device memory (80 B)" in res.output and "0.00 GiB" not in res.output
+    assert re.search(r"needs \d+(\.\d+)? KiB per device, \d+(\.\d+)? KiB short", res.output), res.output

@@ -534,3 +534,14 @@ def test_a_halved_micro_batch_count_is_named_and_every_part_it_stops_says_so(red
     doc["microbatch_size"] *= 2
     rep = _refused(reduced, doc)
     assert rep.first_failure.path == "microbatch_size" and not any(f.status == "skipped" for f in rep.findings)
+
+
+def test_a_recompute_mode_the_spec_does_not_search_says_so(reduced):
+    """An edited stage recompute mode the model's training.recompute never searches was
+    refused as "not possible on 2x4 meshes", as if the mesh were why."""
+    doc = copy.deepcopy(reduced[2])
+    assert doc["stages"][0]["recompute"] == "none" and reduced[1].training.recompute == "none"
+    doc["stages"][0]["recompute"] = "full"
+    rep = _refused(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.path == "stages[0]"
+    assert "the model's training.recompute searches none only" in rep.first_failure.message

@@ -309,6 +309,7 @@ def test_unknown_under_json_carries_its_status_and_bound():
 @pytest.mark.parametrize("config,reason", [
     ("3,1,2,8", "a micro-batch of 128 samples (8 micro-batches) does not split over d = 3 replicas of a 1x3 mesh"),
     ("6,1,1,8", "does not split over d = 6 replicas of a 1x6 mesh"),
+    ("3,1,1,1", "a micro-batch of 1024 samples (1 micro-batch) does not split over d = 3 replicas"),
 ])
 def test_an_impossible_config_is_refused_with_its_real_reason(tmp_path, config, reason):
     """Was: '--config 3,1,2,k' on a 6-GPU host refused as 'stage counts of its mesh shapes: 2',

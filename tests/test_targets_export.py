@@ -354,6 +354,8 @@ def test_megatron_allowed_configs_build_in_megatron_core(cfg):
     assert tc.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[cfg.norm]
     assert flags.get("--position-embedding-type", "learned_absolute") == \
         {"learned": "learned_absolute", "rotary": "rope"}[cfg.position]
+    # the rotary base is not in the plan: the snippet says so instead of leaving 10000 unsaid
+    assert ("--rotary-base" in mg_target.export(cfg)) == (cfg.position == "rotary")
     if cfg.data > 1:
         reduced = "float32" if ddp.grad_reduce_in_fp32 else cfg.dtype     # DDP reduces its grad buffer's type
         assert reduced == (cfg.gradient_reduce_dtype or cfg.dtype)

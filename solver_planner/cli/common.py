@@ -72,6 +72,10 @@ def error_object(message: str, code: int, exc: Exception | None = None) -> dict:
     elif getattr(exc, "file", None) is not None:       # a plan file that is not one (PlanFileError)
         file, line = exc.file, getattr(exc, "line", None)
     out = {"error": {"code": code, "file": file, "line": line, "key": key, "message": message}}
+    if isinstance(exc, SpecError) and len(exc.issues) > 1:
+        # the spec's other problems, each as the message names the first
+        out["error"]["also"] = [{"file": i.file, "line": i.line, "key": i.path or None, "message": str(i)}
+                                for i in exc.issues[1:]]
     if isinstance(exc, UnknownError):
         # an undecided search says so like a decided one, with what it proved
         bound = exc.bound
@@ -84,6 +88,10 @@ def fail(message: str, code: int, exc: Exception | None = None) -> None:
     if _JSON_ERRORS[0]:
         print_json(error_object(message, code, exc))
     typer.echo(f"error: {message}", err=True)
+    if isinstance(exc, SpecError):
+        # the message counts the spec's other problems ("and 2 more"): say each, one a line
+        for issue in exc.issues[1:]:
+            typer.echo(f"  also: {issue}", err=True)
     raise typer.Exit(code)
 
 

@@ -515,6 +515,11 @@ class _Checker:
             own = costs.of(mesh[p])
             if config not in own.configs:
                 why = own.model.tensor_refusal(t) if type(t) is int and t >= 1 else None
+                modes = own.model.options.recompute
+                if why is None and rec not in modes:
+                    # the spec's training.recompute decides which modes are searched at all
+                    why = (f"the model's training.recompute searches {' and '.join(modes)} only"
+                           if isinstance(rec, str) else None)
                 self.fail(part_name, ("stages", p), f"tensor {t} with recompute {show(rec)} is not possible on"
                                                     f" {own.shape} meshes with {B} micro-batches"
                                                     + (f" ({why})" if why else ""))

@@ -46,7 +46,7 @@ from ..memory import check as check_memory
 from ..errors import InfeasibleError, OptionError, PlannerError, RefusedError, UnknownError, unknown_choice
 from ..solve import SolveResult, Status, Stopwatch
 from ..topology import Topology
-from ..units import format_count
+from ..units import format_bytes, format_count
 from ..spec.base import MAX_MICROBATCHES
 from .coarse import EXACT, fine_bound
 from .costs import CostTables, MeshShape, StageCosts, cost_tables, divisors, mesh_shapes
@@ -171,7 +171,8 @@ class StageSearch:
                     degrees = sorted({shape.size // t for t, r in zip(tensors, refused) if r is None})
                     others = "; ".join(dict.fromkeys(r for r in refused if r))
                     why.setdefault(f"split {shape} {B}", f"a micro-batch of {costs.micro_size} samples"
-                                   f" ({B} micro-batches) does not split over d = {'/'.join(map(str, degrees))}"
+                                   f" ({format_count(B, 'micro-batch')}) does not split over d ="
+                                   f" {'/'.join(map(str, degrees))}"
                                    f" replicas of a {shape} mesh" + (f" (other degrees: {others})" if others else ""))
                 # chunked schedules are searched by stages/uniform.py; 1F1B stands in for the
                 # least-memory message when nothing fits
@@ -761,18 +762,22 @@ def _shortfall(search: StageSearch, pairs: list[PairProblem]) -> InfeasibleError
                              at_least=pair.sparse or pair.coarse)
 
 
+def _gib(n: float) -> str:
+    """A memory size in GiB to two places, or in the unit that shows it below 0.01 GiB
+    (a spec's ``memory: 80`` is 80 bytes, which "0.00 GiB" hid)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 0.01 * 2**30 else format_bytes(n)
+
+
 def _memory_text(device) -> str:
     """The memory plans may fill, with the reserve spelled out when the spec sets one."""
     if not device.reserved:
-        return f"{device.memory / 2**30:.2f} GiB"
-    return (f"{device.budget / 2**30:.2f} GiB ({device.memory / 2**30:.2f} GiB less device.memory_reserved"
-            f" {device.reserved / 2**30:.2f} GiB)")
+        return _gib(device.memory)
+    return f"{_gib(device.budget)} ({_gib(device.memory)} less device.memory_reserved {_gib(device.reserved)})"
 
 
 def _memory_shortfall(device, peak: float, what: str, at_least: bool = False) -> InfeasibleError:
     """The refusal when no plan fits: the least any plan needs (``what``: which plan) and
     how far that is over what the device's memory leaves plans (:attr:`Device.budget`)."""
-    short = (f"needs{' at least' if at_least else ''} {peak / 2**30:.2f} GiB per device,"
-             f" {(peak - device.budget) / 2**30:.2f} GiB short")
+    short = f"needs{' at least' if at_least else ''} {_gib(peak)} per device, {_gib(peak - device.budget)} short"
     return InfeasibleError(f"no stage plan fits in device memory ({_memory_text(device)}): the plan needing least"
                            f" ({what}) {short}", shortfall=short)

@@ -296,6 +296,12 @@ def export(cfg: TargetConfig) -> str:
         f"{cfg.microbatches} micro-batches per iteration",
         f"# vocabulary {cfg.vocab} comes from the tokenizer (Megatron pads it to a multiple "
         f"of 128 x tensor by default)",
+    ]
+    if cfg.position == "rotary":
+        # the spec has no rotary base (no time depends on it): said, not guessed
+        lines.append("# rotary positions: add your model's --rotary-base (Megatron-LM's default is 10000;"
+                     " Llama-3's is 500000) and any rope scaling")
+    lines += [
         f"{_ARRAY}=(",
     ]
     for flag, value, why in _flags(cfg):
