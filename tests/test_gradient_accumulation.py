@@ -169,6 +169,12 @@ def test_show_says_what_each_target_prices_where_the_spec_is_silent(tmp_path):
         "megatron": ["only the first stage reduces during its backward"]}
     plain = CliRunner().invoke(app, ["show", str(told)])
     assert "under --target megatron" in plain.output and "under --target torchtitan" not in plain.output
+    # a 'layers:' list is planned by no target: nothing said for them
+    layers = tmp_path / "layers.yaml"
+    layers.write_text("name: l\nlayers:\n  - {name: a, flops: 1 GFLOP, params: 128 MiB, activations: 16 KiB}\n"
+                      "training: {global_batch: 8}\n")
+    out = CliRunner().invoke(app, ["show", str(layers), "--json"])
+    assert json.loads(out.output)["target_defaults"] == {}
 
 
 @pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])

@@ -40,11 +40,12 @@ def target_defaults(model) -> dict[str, list[str]]:
     """Per framework target, what it prices differently from the native plan where the
     spec says nothing (:func:`~solver_planner.stages.layers.layer_model` under the target
     against it natively): the gradients' reduction type, their accumulation and buckets.
-    Empty for a spec without training or layers."""
+    Empty for a spec without training or a transformer (no target plans a 'layers:' list)."""
     from ..errors import PlannerError
     from ..stages.layers import layer_model
-    from ..units import format_bytes
 
+    if model.transformer is None:
+        return {}
     try:
         native = layer_model(model).options
     except PlannerError:
