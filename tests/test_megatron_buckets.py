@@ -192,5 +192,7 @@ def test_the_most_buckets_accepted_are_planned_end_to_end():
     assert total / bucket > 0.9 * MAX_BUCKETS
     rep = api.stages(CLUSTERS / "local-2x4.yaml", spec, config="8,1,1,1")
     assert rep.run.iteration_time > 0 and rep.as_dict()["stages"][0]["gradient_reduction"] > 0
-    with pytest.raises(SpecError, match="at most"):
+    with pytest.raises(SpecError, match="at most") as refused:
         layer_model(spec.model_copy(update={"training": spec.training.model_copy(update={"gradient_bucket": bucket - 1})}))
+    # the least bucket the message names is the one accepted (it said the refused one, rounded)
+    assert f"buckets of at least {bucket:,} B)" in str(refused.value)

@@ -454,3 +454,25 @@ def test_a_name_out_of_the_pattern_and_an_empty_list_are_said_in_words(tmp_path)
     bad.write_text("name: m\nparallelism:\n  axes: []\n")
     r = run_cli("validate", bad)
     assert r.returncode == 2 and f"{bad}:3: parallelism.axes: expected at least 1 entry, got 0" in r.stderr
+
+
+def test_a_tied_layer_of_another_size_is_warned_about(tmp_path):
+    """Tied layers share one set of weights; a copy of another size was accepted silently
+    and priced at its own size (a 1 GiB head tied to a 250 MiB table)."""
+    from solver_planner.spec.plausible import implausible
+
+    path = tmp_path / "t.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: t
+        training: {global_batch: 64, dtype: float16, optimizer: adam}
+        layers:
+          - {name: embed, flops: 0 FLOP, params: 250 MiB, activations: 10 MiB}
+          - {name: block, repeat: 6, flops: 0.5 TFLOP, params: 150 MiB, activations: 10 MiB}
+          - {name: head, flops: 0.1 TFLOP, params: 1 GiB, activations: 10 MiB, tied_to: embed}
+        """))
+    notes = implausible(load_model_spec(path))
+    assert len(notes) == 1 and ":6: layers[2].params:" in notes[0] and "('embed') has 262,144,000" in notes[0]
+    r = run_cli("validate", path)
+    assert r.returncode == 0 and "tied layers share one set of weights" in r.stderr
+    path.write_text(path.read_text().replace("params: 1 GiB", "params: 250 MiB"))
+    assert implausible(load_model_spec(path)) == []

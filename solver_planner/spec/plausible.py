@@ -48,6 +48,15 @@ def implausible(spec) -> list[str]:
         if red.bytes < MIN_REDUCTION:
             out.append(f"{src.issue(('reductions', i, 'bytes'), '')}a reduction of {red.bytes:g} bytes per device:"
                        " likely a unit slip (a number without a unit is bytes; write e.g. '8 MiB')")
+    layers = getattr(spec, "layers", ()) or ()
+    named = {x.name: x for x in layers}
+    for i, x in enumerate(layers):
+        shared = named.get(x.tied_to) if x.tied_to is not None else None
+        if shared is not None and shared.params != x.params:
+            # tied layers share one set of weights; the copy is priced at its own size (its
+            # memory, the tie's all-reduce, its optimizer step), so a mismatch is likely a slip
+            out.append(f"{src.issue(('layers', i, 'params'), '')}{x.params:,.0f} bytes, but the layer it is tied"
+                       f" to ('{shared.name}') has {shared.params:,.0f}: tied layers share one set of weights")
     return out
 
 

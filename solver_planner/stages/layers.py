@@ -13,6 +13,7 @@ Defaults, each a standard rule of thumb:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -422,11 +423,16 @@ def _check_buckets(model: ModelSpec, layers: list[Layer], options: MemoryOptions
     scale = FLOAT_DTYPES[options.gradient_reduce_dtype or model.training.dtype] / FLOAT_DTYPES[model.training.dtype]
     total = scale * sum(x.params for x in layers)
     if total / options.gradient_bucket > MAX_BUCKETS:
+        # the least bucket that is accepted, rounded up where it is said (308.4 B read "308 B",
+        # which is refused)
+        least = math.ceil(total / MAX_BUCKETS)
+        unit = next((u for u in (2**30, 2**20, 2**10) if least >= u), 1)
+        said = f"{least:,} B" if unit == 1 else \
+            f"{math.ceil(least / unit * 100) / 100:g} {dict(((2**30, 'GiB'), (2**20, 'MiB'), (2**10, 'KiB')))[unit]}"
         raise model.source.error(("training", "gradient_bucket"),
                                  f"{format_bytes(options.gradient_bucket)} buckets cut the model's"
                                  f" {format_bytes(total)} of gradients into {total / options.gradient_bucket:,.0f};"
-                                 f" at most {MAX_BUCKETS:,} are handled (buckets of at least"
-                                 f" {format_bytes(total / MAX_BUCKETS)})")
+                                 f" at most {MAX_BUCKETS:,} are handled (buckets of at least {said})")
 
 
 def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:
