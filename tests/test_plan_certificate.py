@@ -545,3 +545,18 @@ def test_a_recompute_mode_the_spec_does_not_search_says_so(reduced):
     rep = _refused(reduced, doc)
     assert rep.exit_code == 1 and rep.first_failure.path == "stages[0]"
     assert "the model's training.recompute searches none only" in rep.first_failure.message
+
+
+def test_a_program_naming_a_level_the_cluster_lacks_is_that_fields_failure(reduced):
+    """`AllReduce(roxt, InsideGroup)` parses but names no level of the hierarchy: it ended
+    the whole check as "a value this version cannot read", no field named, nothing else
+    checked."""
+    doc = copy.deepcopy(reduced[2])
+    program = doc["stages"][0]["gradient_program"]
+    assert "root" in program
+    doc["stages"][0]["gradient_program"] = program.replace("root", "roxt")
+    rep = _refused(reduced, doc)
+    assert rep.exit_code == 1 and rep.first_failure.path == "stages[0].gradient_program"
+    assert "no level 'roxt'" in rep.first_failure.message
+    assert {"launch", "iteration", "search"} <= {f.part for f in rep.findings if f.status != "skipped"}
+    assert not any(f.status == "skipped" for f in rep.findings)

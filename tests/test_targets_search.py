@@ -366,3 +366,27 @@ def test_sequence_parallelism_at_tensor_one_is_nothing_to_refuse(tmp_path, targe
         assert res.exit_code == 0, res.output
     else:
         assert res.exit_code == 1 and "deepspeed has no sequence parallelism" in res.output
+
+
+def test_a_wrong_export_is_named_beside_a_failing_boundary(tmp_path):
+    """The target's configuration and export are derived from the stages alone: a boundary
+    edited too (whose failure skips the iteration and the final comparison) no longer hides
+    an edited target field."""
+    import yaml
+
+    from solver_planner.plan.planfile import write_document
+
+    cluster, model, out = str(CLUSTERS / "local-2x4.yaml"), str(SPECS / "models" / "gpt-tiny.yaml"), tmp_path / "p.yaml"
+    res = CliRunner().invoke(app, ["plan", cluster, model, "--target", "megatron", "--config", "2,2,2,4", "-s",
+                                   "1f1b", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["boundaries"] and doc["target"]["config"]["gradient_bucket"] == 0
+    doc["target"]["config"]["gradient_bucket"] = 1
+    task = doc["boundaries"][0]["schedule"][0]
+    task["start"], task["end"] = task["start"] + 1000, task["end"] + 1000
+    write_document(doc, out)
+    res = CliRunner().invoke(app, ["check", cluster, model, str(out), "--json"])
+    failed = {f["path"] for f in json.loads(res.stdout)["findings"] if f["status"] == "fail"}
+    assert res.exit_code == 1 and "target.config.gradient_bucket" in failed
+    assert any(p.startswith("boundaries[") for p in failed)

@@ -137,6 +137,11 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
     return rep
 
 
+def _reduction_kind(program: str) -> str:
+    """What a gradient program must be: a reduce-scatter under a sharded optimizer, else an all-reduce."""
+    return "reduce-scatter" if program.startswith("ReduceScatter") else "all-reduce"
+
+
 # the parts of a check, in order (run() says which it reached)
 _PARTS = ("inputs", "stages", "launch", "iteration", "memory", "search", "fields")
 
@@ -188,7 +193,7 @@ class _Checker:
             if isinstance(entry, dict) and all(isinstance(entry.get(k), (str, int)) for k in ("kind", "src", "dst")):
                 return f"boundary {entry['kind']} {entry['src']}->{entry['dst']}"
             return f"boundaries[{path[1]}]"
-        if head in ("launch", "search"):
+        if head in ("launch", "search", "target"):
             return head
         if head == "stage_planner_time":
             return "search"
@@ -211,6 +216,7 @@ class _Checker:
         parts = self.stages(part)
         self.ran.add("launch")
         self.launch(parts)
+        self.target(part, options)
         bounds = self.boundaries(part, parts, options)
         if bounds is None:
             self.rep.add("iteration", "skipped", "needs every boundary's schedule (see the failures above)")
@@ -572,19 +578,25 @@ class _Checker:
                     self.fail(name, ("stages", p, "gradient_program"), f"does not parse: {exc}")
                     continue
             if text != stage.program:
-                status, detail, _ = prove_program(stage.matrix, stage.mesh, self.topology.level_names, text,
-                                                  self.timeout) if text != "none" else \
-                    ("invalid", "there are replicas whose gradients must be reduced", 0.0)
+                try:
+                    status, detail, _ = prove_program(stage.matrix, stage.mesh, self.topology.level_names, text,
+                                                      self.timeout) if text != "none" else \
+                        ("invalid", "there are replicas whose gradients must be reduced", 0.0)
+                except ValueError as exc:
+                    # parsed, but names what this cluster's hierarchy has not (a level): this
+                    # field is wrong, and the other parts are still checked
+                    self.fail(name, ("stages", p, "gradient_program"), f"{show(text)}: {exc}")
+                    continue
                 if status == "invalid":
                     self.fail(name, ("stages", p, "gradient_program"),
-                              f"{show(text)} is not a valid all-reduce: {detail}")
+                              f"{show(text)} is not a valid {_reduction_kind(text)}: {detail}")
                 else:
                     self.fail(name, ("stages", p, "gradient_program"),
                               f"{show(text, 400)} is not the program the plan's times price ({show(stage.program, 400)})")
                 continue
             if stage.proof == "invalid":
                 self.fail(name, ("stages", p, "gradient_program"),
-                          f"{show(text)} is not a valid all-reduce: {stage.proof_detail}")
+                          f"{show(text)} is not a valid {_reduction_kind(text)}: {stage.proof_detail}")
             elif stage.proof == "unknown":
                 self.rep.add(name, "unknown", f"z3 did not decide {show(text)} within {self.timeout:g} s",
                              path_text(("stages", p, "gradient_program")))
@@ -592,6 +604,29 @@ class _Checker:
                 self.ok(name, f"layers {stage.first}-{stage.last}, d={stage.data} t={stage.tensor}, placement"
                               f" {stage.matrix}, program {stage.proof} ({stage.proof_time:.2f} s)")
         return derived
+
+    def target(self, part: Partition, options: SearchOptions | None) -> None:
+        """A framework target's configuration and export, from the stages and the recorded
+        schedule alone, so that a wrong boundary or time does not hide them (the whole file
+        is compared again at the end, where what failed here is not said twice)."""
+        name = options.target if options is not None else "native"
+        if name == "native" or not isinstance(self.doc.get("schedule"), dict):
+            return                  # no target section is wanted: the fields part says so
+        from ..targets.search import target_config, target_module
+
+        try:
+            recorded = Schedule(self.doc["schedule"].get("kind"), self.doc["schedule"].get("eagerness"),
+                                self.doc["schedule"].get("weight_delay"), part.virtual)
+            cfg = target_config(part, recorded, self.model, name)
+        except (TypeError, ValueError):
+            return                  # the iteration part names what is wrong with the schedule
+        want = {"framework": name, "config": cfg.as_dict(), "export": target_module(name).export(cfg)}
+        count = 0
+        for path, message in differences(self.doc.get("target"), want, ("target",)):
+            count += 1
+            self.fail("target", path, message)
+        if not count:
+            self.ok("target", f"{name}: the configuration and the export derived from the stages")
 
     def launch(self, parts: list[StagePart]) -> None:
         stages = [{"chunks": [[s.first, s.last] for s in chunks], "devices": list(chunks[0].devices)}
