@@ -497,3 +497,17 @@ def test_each_distinct_order_simulated_once_is_every_member_simulated(drawn):
     if part.costs.microbatches == 1:
         # one micro-batch: every warm-up is 1 whatever the eagerness; with and without weight delaying
         assert len(calls) == 2 < len(fam) or len(fam) == 2
+
+
+def test_the_hidden_share_of_transfers_stays_within_zero_and_one(tmp_path):
+    """A global batch of 1 on DGX H100 nodes: the transfers are all exposed, and the
+    difference of two simulated times put the hidden share at -2.2e-16 ("-0.0% hidden")."""
+    from solver_planner import api
+    from solver_planner.plan.planfile import plan_document
+
+    model = tmp_path / "gb1.yaml"
+    model.write_text("name: gb1\ntransformer: {layers: 8, hidden: 1024, heads: 16, sequence: 1024, vocab: 51200}\n"
+                     "training: {global_batch: 1, dtype: bfloat16, optimizer: adam}\n")
+    hidden = plan_document(api.plan(CLUSTERS / "dgx-h100-4x8.yaml", model))["communication_hidden"]
+    assert hidden["cross_mesh_total"] > 0 and 0.0 <= hidden["hidden_fraction"] <= 1.0
+    assert hidden["hidden_fraction"] == 0.0

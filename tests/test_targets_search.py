@@ -390,3 +390,14 @@ def test_a_wrong_export_is_named_beside_a_failing_boundary(tmp_path):
     failed = {f["path"] for f in json.loads(res.stdout)["findings"] if f["status"] == "fail"}
     assert res.exit_code == 1 and "target.config.gradient_bucket" in failed
     assert any(p.startswith("boundaries[") for p in failed)
+
+
+def test_a_method_under_a_target_is_refused_not_recorded_and_ignored():
+    """`plan --target megatron -m cp-sat` recorded method cp-sat while the target's exact
+    enumeration ran, and check then took any method for it."""
+    cluster, model = str(CLUSTERS / "local-2x4.yaml"), str(SPECS / "models" / "gpt-tiny.yaml")
+    for command in ("plan", "stages"):
+        res = CliRunner().invoke(app, [command, cluster, model, "--target", "megatron", "-m", "cp-sat"])
+        assert res.exit_code == 2 and "--method cp-sat does not apply" in res.output, res.output
+    assert CliRunner().invoke(app, ["stages", cluster, model, "--target", "megatron", "-m", "auto",
+                                    "--no-baselines"]).exit_code == 0

@@ -407,6 +407,11 @@ def plan_stages(topology: Topology, model: ModelSpec, schedule: str = "1f1b", me
         if layer_counts is not None and len(layer_counts) != config.pipeline:
             raise OptionError(f"--split has {len(layer_counts)} stages, --config {config} says {config.pipeline}")
     restrict: dict = {}
+    if target != "native" and method != "auto":
+        # a target's space is searched exactly by enumerating its uniform plans: a method
+        # asked for would be recorded and never run
+        raise OptionError(f"--target {target} searches the plans the framework runs exactly (every uniform"
+                          f" split); --method {method} does not apply to it")
     if target != "native":
         from ..targets.search import restriction
 
