@@ -483,14 +483,15 @@ def test_each_distinct_order_simulated_once_is_every_member_simulated(drawn):
         r = simulate_schedule(part, s)
         want[str(s)] = r.iteration_time if max(r.peak_memory) <= part.costs.device_memory else math.inf
     calls = []
-    compose_module.simulate_schedule = lambda *a: calls.append(a[1]) or simulate_schedule(*a)
+    fast = compose_module.pipeline_run
+    compose_module.pipeline_run = lambda *a: calls.append(a[1]) or fast(*a)
     try:
         run, tried = compose_module.simulate_plan(part, fam, None)
     except InfeasibleError:
         assert all(t == math.inf for t in want.values())
         return
     finally:
-        compose_module.simulate_schedule = simulate_schedule
+        compose_module.pipeline_run = fast
     assert tried == want
     fastest = min(want.values())
     assert run.schedule == next(s for s in fam if want[str(s)] == fastest) and run.iteration_time == fastest
@@ -511,3 +512,26 @@ def test_the_hidden_share_of_transfers_stays_within_zero_and_one(tmp_path):
     hidden = plan_document(api.plan(CLUSTERS / "dgx-h100-4x8.yaml", model))["communication_hidden"]
     assert hidden["cross_mesh_total"] > 0 and 0.0 <= hidden["hidden_fraction"] <= 1.0
     assert hidden["hidden_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("config", ["2,2,2,4", "1,2,4,8", "2,1,4,8"])
+def test_the_plans_members_are_simulated_fast_and_equal_to_the_engine(config, overlap):
+    """simulate_plan prices each member of the family with the fast simulator, boundary
+    schedules included (with --no-overlap they hold the compute streams: the engine then):
+    time, busy and task count equal the engine's bit for bit, and the timeline the plan
+    reads is the engine's."""
+    from solver_planner import api
+    from solver_planner.plan.boundaries import transfers_of
+    from solver_planner.plan.compose import members
+    from solver_planner.stages import simulate_schedule
+    from solver_planner.stages.fastsim import iteration
+
+    p = api.plan(CLUSTERS / "local-2x4.yaml", SPECS / "models" / "gpt-tiny.yaml", config=config, overlap=overlap)
+    transfers = transfers_of(p.boundaries, p.partition.mesh, synchronous=not overlap)
+    assert transfers
+    for s in members(p.family, p.partition):
+        fast, slow = iteration(p.partition, s, transfers), simulate_schedule(p.partition, s, transfers)
+        assert (fast.time, fast.busy, fast.tasks) == (slow.iteration_time, slow.busy, len(slow.timeline)), s
+        assert fast.engine or overlap          # transfers holding compute streams: the engine
+    assert p.run.timeline.makespan == p.iteration_time and len(p.run.timeline.records) > 0

@@ -138,8 +138,10 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
 
 
 def _reduction_kind(program: str) -> str:
-    """What a gradient program must be: a reduce-scatter under a sharded optimizer, else an all-reduce."""
-    return "reduce-scatter" if program.startswith("ReduceScatter") else "all-reduce"
+    """What a stage's gradient program must be (the priced one's kind): a reduce-scatter under a
+    sharded optimizer, else an all-reduce."""
+    steps = program.split(";")
+    return "reduce-scatter" if all(x.strip().startswith("ReduceScatter") for x in steps) else "all-reduce"
 
 
 # the parts of a check, in order (run() says which it reached)
@@ -589,14 +591,14 @@ class _Checker:
                     continue
                 if status == "invalid":
                     self.fail(name, ("stages", p, "gradient_program"),
-                              f"{show(text)} is not a valid {_reduction_kind(text)}: {detail}")
+                              f"{show(text)} is not a valid {_reduction_kind(stage.program)}: {detail}")
                 else:
                     self.fail(name, ("stages", p, "gradient_program"),
                               f"{show(text, 400)} is not the program the plan's times price ({show(stage.program, 400)})")
                 continue
             if stage.proof == "invalid":
                 self.fail(name, ("stages", p, "gradient_program"),
-                          f"{show(text)} is not a valid {_reduction_kind(text)}: {stage.proof_detail}")
+                          f"{show(text)} is not a valid {_reduction_kind(stage.program)}: {stage.proof_detail}")
             elif stage.proof == "unknown":
                 self.rep.add(name, "unknown", f"z3 did not decide {show(text)} within {self.timeout:g} s",
                              path_text(("stages", p, "gradient_program")))

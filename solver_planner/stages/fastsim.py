@@ -34,7 +34,8 @@ from ..errors import PlannerError
 from ..simulate.timeline import Record, Timeline
 from .partition import Partition
 from .ports import port_classes
-from .pipeline import PipelineRun, _transfer, mesh_orders, simulate_schedule, stage_orders, weight_delays
+from .pipeline import (PipelineRun, Transfers, _transfer, exec_resource, mesh_orders, simulate_schedule,
+                       stage_orders, weight_delays)
 from .schedule import Schedule, live_peak
 
 __all__ = ["pipeline_run", "iteration", "Iteration"]
@@ -70,27 +71,28 @@ class Iteration(tuple):
         return self[3]
 
 
-def iteration(plan: Partition, schedule: Schedule) -> Iteration:
+def iteration(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> Iteration:
     """The simulated iteration time of ``plan`` under ``schedule`` (what
-    ``simulate_schedule(plan, schedule).iteration_time`` is), its busy time per stage and
-    the number of tasks of its graph."""
+    ``simulate_schedule(plan, schedule, transfers).iteration_time`` is), its busy time per
+    stage and the number of tasks of its graph.  ``transfers``: the end-to-end plan's
+    boundary schedules in place of the stage planner's lanes (:func:`.pipeline._transfer`)."""
     try:
-        return Iteration(_simulate(plan, schedule) + (False,))
+        return Iteration(_simulate(plan, schedule, transfers) + (False,))
     except _Fallback:
-        run = simulate_schedule(plan, schedule)
+        run = simulate_schedule(plan, schedule, transfers)
         return Iteration((run.iteration_time, run.busy, len(run.timeline), True))
 
 
-def pipeline_run(plan: Partition, schedule: Schedule) -> tuple[PipelineRun, int]:
-    """``simulate_schedule(plan, schedule)`` with its timeline built on first use, and the
-    number of tasks of the graph."""
-    it = iteration(plan, schedule)
+def pipeline_run(plan: Partition, schedule: Schedule, transfers: Transfers | None = None) -> tuple[PipelineRun, int]:
+    """``simulate_schedule(plan, schedule, transfers)`` with its timeline built on first use,
+    and the number of tasks of the graph."""
+    it = iteration(plan, schedule, transfers)
     if plan.virtual > 1:
-        memory, live = plan.mesh_memory(mesh_orders(plan, schedule))
+        memory, live = plan.mesh_memory(mesh_orders(plan, schedule, transfers))
     else:
-        live = [live_peak(o) for o in stage_orders(plan, schedule)]
+        live = [live_peak(o) for o in stage_orders(plan, schedule, transfers)]
         memory = plan.memory(live)
-    timeline = _LazyTimeline(lambda: simulate_schedule(plan, schedule).timeline, it.time, it.tasks, plan)
+    timeline = _LazyTimeline(lambda: simulate_schedule(plan, schedule, transfers).timeline, it.time, it.tasks, plan)
     return PipelineRun(schedule, timeline, it.time, it.busy, memory, live), it.tasks
 
 
@@ -114,20 +116,29 @@ class _LazyTimeline(Timeline):
     def __len__(self) -> int:
         return self._count
 
+    def __getattr__(self, name: str):
+        # what a Timeline holds besides its records (its tasks, read by the critical path):
+        # from the engine's, built on first use like the records
+        if name in ("_build", "_makespan", "_count", "_plan", "_real"):
+            raise AttributeError(name)
+        self.records
+        return getattr(self._real, name)
+
     @property
     def makespan(self) -> float:
         return self._makespan
 
 
-def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], int]:
+def _simulate(plan: Partition, schedule: Schedule, transfers: Transfers | None = None
+              ) -> tuple[float, list[float], int]:
     """With model chunks, a mesh's chain holds the ops of all its chunks in the mesh's order;
     transfers, buckets and tied all-reduces belong to chunks (``K`` of them)."""
     c = plan.costs
     model, S, B = c.model, c.stages, c.microbatches
     K = len(plan.stages)
     mesh = plan.mesh
-    delays = weight_delays(plan, schedule)
-    orders = mesh_orders(plan, schedule)
+    delays = weight_delays(plan, schedule, transfers)
+    orders = mesh_orders(plan, schedule, transfers)
     chans = list(plan.channels)
     nch = len(chans)
     # each chunk's last op: its position in its mesh's order
@@ -146,13 +157,18 @@ def _simulate(plan: Partition, schedule: Schedule) -> tuple[float, list[float], 
     ch_dur: list[float] = []
     raw: list = []                              # the ports of each port-task type, as handed out
     for q, r in chans:
-        d, ports = _transfer(plan, "act", q, r, None)
+        d, ports = _transfer(plan, "act", q, r, transfers)
         ch_dur.append(float(d))
         raw.append(ports)
     for q, r in chans:
-        d, ports = _transfer(plan, "grad", r, q, None)
+        d, ports = _transfer(plan, "grad", r, q, transfers)
         ch_dur.append(float(d))
         raw.append(ports)
+    execs = {exec_resource(m) for m in range(S)} if transfers is not None else set()
+    if any(x in execs for ports in raw for x in ports):
+        # transfers without overlap hold both stages' compute streams (plan --no-overlap):
+        # the stages' chains then wait for ports, which this bookkeeping does not play out
+        raise _Fallback
 
     # each chunk's last op: pieces (one, or one per layer, last layer first) and the buckets
     # reduced behind each piece; the chunk's buckets are port-task type 2 nch + k
