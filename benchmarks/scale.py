@@ -13,12 +13,14 @@ plans GPT-3 175B (`specs/models/gpt3-175b.yaml`) and Megatron-LM's 1T-parameter 
 goal for `plan` on 100 000 GPUs: 60 s).  `deep` runs `stages` on models of 1 024 to 10 000
 equal layers (``--layers``): time and memory against depth; `deep-eager` the same under the
 eager-1F1B family, and `deep-plan` the whole `plan` of each (eager-1F1B, its default), then
-`check` of its plan file.
+`check` of its plan file.  `microbatches` plans and checks a small GPT at 4 096 and 65 536
+micro-batches (the most a spec accepts).
 
     python benchmarks/scale.py                          # every family, every size
     python benchmarks/scale.py --commands verify --gpus 1024,8192 --repeat 5
     python benchmarks/scale.py --commands deep --gpus 1024 --layers 1024,10000 --repeat 1
     python benchmarks/scale.py --commands deep-plan --gpus 1024 --layers 10000 --repeat 1
+    python benchmarks/scale.py --commands microbatches --gpus 32 --repeat 1
 
 Adding a family (``stages``, ``plan``, ...): write a function ``rows(gpus, workdir)``
 yielding ``(label, argv)`` pairs and add it to ``FAMILIES``.
@@ -175,9 +177,30 @@ def plan_rows(gpus: int, workdir: Path) -> Rows:
     yield "GPT-3 175B, default: check its plan", ["check", str(cluster), str(model), str(eager)]
 
 
+MICROBATCHES = [4096, 65536]       # the most a spec accepts is 65 536 (training.microbatches)
+
+
+def microbatch_rows(gpus: int, workdir: Path) -> Rows:
+    """The whole `plan` (eager-1F1B) and `check` of a small GPT (8 blocks of 1 024) whose spec
+    fixes its micro-batches at 4 096 and at 65 536, the most a spec accepts: one sample each;
+    on the DGX H100 nodes (``--gpus``: 32 is 4 nodes)."""
+    nodes = max(1, gpus // 8)
+    base = (ROOT / "specs" / "clusters" / "dgx-h100-4x8.yaml").read_text()
+    cluster = workdir / f"h100-{nodes}x8.yaml"
+    cluster.write_text(base.replace("count: 4", f"count: {nodes}", 1))
+    for k in MICROBATCHES:
+        model = workdir / f"gpt-mb{k}.yaml"
+        model.write_text("name: gpt-mb\ntransformer: {layers: 8, hidden: 1024, heads: 16, sequence: 1024, vocab: 51200}\n"
+                         f"training: {{global_batch: {k}, microbatches: {k}, dtype: bfloat16, optimizer: adam}}\n")
+        planfile = workdir / f"plan-mb{k}-{gpus}.yaml"
+        yield f"{k:,} micro-batches: plan -o plan.yaml", ["plan", str(cluster), str(model), "-o", str(planfile)]
+        yield f"{k:,} micro-batches: check plan.yaml", ["check", str(cluster), str(model), str(planfile)]
+
+
 FAMILIES: dict[str, Callable[[int, Path], Rows]] = {"place": place_rows, "synth": synth_rows, "verify": verify_rows,
                                                     "stages": stages_rows, "plan": plan_rows, "deep": deep_rows,
-                                                    "deep-eager": deep_eager_rows, "deep-plan": deep_plan_rows}
+                                                    "deep-eager": deep_eager_rows, "deep-plan": deep_plan_rows,
+                                                    "microbatches": microbatch_rows}
 
 
 # -- measuring ---------------------------------------------------------------------------------

@@ -146,7 +146,8 @@ def test_a_bucket_is_at_least_one_byte(tmp_path):
     from solver_planner.spec import load_model_spec
 
     path = tmp_path / "m.yaml"
-    for value, said in (("0", "expected a value >= 1"), ("0.5 B", "expected 0 or 1 B to 1 EiB")):
+    for value, said in (("0", "expected a value >= 1"), ("0.5 B", "expected 0 or 1 B to 1 EiB"),
+                        ("400.5 B", "a bucket holds whole bytes, got 400.5 B")):
         path.write_text("name: m\ntransformer: {layers: 2, hidden: 64, heads: 4, sequence: 128, vocab: 1000}\n"
                         f"training: {{global_batch: 8, gradient_bucket: {value}}}\n")
         with pytest.raises(SpecError, match=rf"m\.yaml:3.*gradient_bucket: .*{said}"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import (MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICROBATCHES, NAME_PATTERN, Boolean, Bytes, Duration, Flops,
                    Integer, SpecModel)
@@ -215,3 +215,11 @@ class TrainingSpec(SpecModel):
     gradient_bucket: Bytes = Field(
         default=25 * 2**20, ge=1, description="largest gradient bucket reduced at once (PyTorch DDP's default "
         "bucket_cap_mb, 25 MiB); a layer's gradients are cut into buckets of this size")
+
+    @field_validator("gradient_bucket")
+    @classmethod
+    def _whole_bytes(cls, value: float) -> float:
+        # a bucket holds whole bytes (a 400.5 B bucket was priced and certified)
+        if value != int(value):
+            raise ValueError(f"a bucket holds whole bytes, got {value:g} B")
+        return value
