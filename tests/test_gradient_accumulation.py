@@ -158,7 +158,10 @@ def test_show_says_what_each_target_prices_where_the_spec_is_silent(tmp_path):
     assert said["megatron"] == ["reduced in float32", "accumulation fused",
                                 "buckets of max(40,000,000, 1,000,000 x data size) parameters",
                                 "only the first stage reduces during its backward"]
-    assert said["torchtitan"] == ["reduced in float32"] and "deepspeed" not in said
+    # torchtitan builds only its registry's Llama models: no row for a GELU GPT it refuses
+    assert "torchtitan" not in said and "deepspeed" not in said
+    out = CliRunner().invoke(app, ["show", str(ROOT / "examples" / "hf" / "llama-3-8b.json"), "--json"])
+    assert json.loads(out.output)["target_defaults"]["torchtitan"] == ["reduced in float32"]
     told = tmp_path / "told.yaml"
     told.write_text(silent.read_text().replace("global_batch: 16", "global_batch: 16, gradient_accumulation: add,"
                                                " gradient_reduce_dtype: bfloat16, gradient_bucket: 25 MiB"))

@@ -196,4 +196,13 @@ def test_the_most_buckets_accepted_are_planned_end_to_end():
     with pytest.raises(SpecError, match="at most") as refused:
         layer_model(spec.model_copy(update={"training": spec.training.model_copy(update={"gradient_bucket": bucket - 1})}))
     # the least bucket the message names is the one accepted (it said the refused one, rounded)
-    assert f"buckets of at least {bucket:,} B)" in str(refused.value)
+    assert f"buckets of at least {bucket:,} B" in str(refused.value)
+    # a larger model: the least bucket is said in whole bytes, which the spec then takes
+    big = spec.model_copy(update={"training": spec.training.model_copy(update={"gradient_bucket": 128})})
+    big = big.model_copy(update={"transformer": t.model_copy(update={"hidden": 2048, "heads": 16})})
+    with pytest.raises(SpecError) as refused:
+        layer_model(big)
+    least = int(str(refused.value).split("buckets of at least ")[1].split(" B")[0].replace(",", ""))
+    assert least * MAX_BUCKETS >= sum(x.params for x in layer_model(probe.model_copy(
+        update={"transformer": big.transformer})).layers) > (least - 1) * MAX_BUCKETS
+    layer_model(big.model_copy(update={"training": big.training.model_copy(update={"gradient_bucket": least})}))

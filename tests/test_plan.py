@@ -182,7 +182,7 @@ def test_a_sender_without_the_slice_is_caught(reduced):
     b = next(b for b in doc["boundaries"] if b.get("schedule"))
     b["schedule"][0]["sender_device"] = b["schedule"][0]["receivers"][0]     # a device of the receiving stage
     rep = _check(reduced, doc)
-    assert rep.exit_code == 1 and "does not send it" in rep.first_failure.message
+    assert rep.exit_code == 1 and "does not hold it; its candidate senders are devices" in rep.first_failure.message
 
 
 def test_an_edited_time_is_caught(reduced):

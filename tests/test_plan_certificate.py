@@ -544,7 +544,7 @@ def test_a_recompute_mode_the_spec_does_not_search_says_so(reduced):
     doc["stages"][0]["recompute"] = "full"
     rep = _refused(reduced, doc)
     assert rep.exit_code == 1 and rep.first_failure.path == "stages[0]"
-    assert "the model's training.recompute searches none only" in rep.first_failure.message
+    assert "the search tries recompute none only for this model (training.recompute)" in rep.first_failure.message
 
 
 def test_a_program_naming_a_level_the_cluster_lacks_is_that_fields_failure(reduced):
@@ -560,3 +560,20 @@ def test_a_program_naming_a_level_the_cluster_lacks_is_that_fields_failure(reduc
     assert "no level 'roxt'" in rep.first_failure.message
     assert {"launch", "iteration", "search"} <= {f.part for f in rep.findings if f.status != "skipped"}
     assert not any(f.status == "skipped" for f in rep.findings)
+
+
+def test_a_schedule_failure_lists_the_memory_part_as_skipped(tmp_path):
+    """The iteration part refusing the recorded schedule member kept the memory part from
+    running, and it was neither ok nor listed as skipped."""
+    from solver_planner import api
+    from solver_planner.plan.planfile import read_plan
+    from conftest import CLUSTERS, SPECS
+
+    cluster, model = CLUSTERS / "local-2x4.yaml", SPECS / "models" / "gpt-tiny.yaml"
+    out = tmp_path / "p.yaml"
+    api.plan(cluster, model, config="1,2,4,8", output=out)
+    doc = read_plan(out)
+    doc["schedule"]["eagerness"] += 1
+    rep = check_plan(*api.load(cluster, model), doc)
+    assert rep.exit_code == 1 and rep.first_failure.part == "iteration"
+    assert {f.part for f in rep.findings if f.status == "skipped"} >= {"memory", "search", "fields"}

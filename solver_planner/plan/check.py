@@ -129,9 +129,10 @@ def check_plan(topology: Topology, model: ModelSpec, doc: dict[str, Any], proof_
         # a value of a kind no check above looked at first: the file is wrong, and says so,
         # rather than crashing (the property tests look for these and add a check)
         rep.add("plan", "fail", f"the plan file holds a value this version cannot read ({type(exc).__name__}: {exc})")
-    # every part a failure kept from running says so: nothing is left out unsaid
+    # every part a failure kept from running says so: nothing is left out unsaid (a target's
+    # part only where the file has one)
     said = {f.part for f in rep.findings}
-    for part in _PARTS:
+    for part in _PARTS + (("target",) if "target" in doc else ()):
         if part not in checker.ran and part not in said:
             rep.add(part, "skipped", "not checked: it is derived from what failed above")
     return rep
@@ -162,6 +163,7 @@ class _Checker:
         self.reported: list[str] = []          # paths already failed (their consequences are not repeated)
         self.searched = False                  # the search's claims were re-derived
         self.ran: set[str] = set()             # the parts of _PARTS run() reached
+        self.target_name = "native"            # the search options' target (partition())
 
     # -- reporting -------------------------------------------------------------------------------
     def fail(self, part: str, path: tuple | str, message: str) -> None:
@@ -218,15 +220,17 @@ class _Checker:
         parts = self.stages(part)
         self.ran.add("launch")
         self.launch(parts)
+        self.ran.add("target")
         self.target(part, options)
         bounds = self.boundaries(part, parts, options)
         if bounds is None:
             self.rep.add("iteration", "skipped", "needs every boundary's schedule (see the failures above)")
             return
-        self.ran.update(("iteration", "memory"))
+        self.ran.add("iteration")
         plan = self.iteration(part, parts, bounds)
         if plan is None:
             return
+        self.ran.add("memory")
         self.rep.plan = plan
         self.ran.add("search")
         if options is None:
@@ -338,6 +342,7 @@ class _Checker:
                              budget, simulations, gap)
 
     def partition(self, options: SearchOptions | None) -> Partition:
+        self.target_name = options.target if options is not None else "native"
         if self.unequal:
             costs, mesh, entries = self.unequal_meshes()
         else:
@@ -525,8 +530,10 @@ class _Checker:
                 why = own.model.tensor_refusal(t) if type(t) is int and t >= 1 else None
                 modes = own.model.options.recompute
                 if why is None and rec not in modes:
-                    # the spec's training.recompute decides which modes are searched at all
-                    why = (f"the model's training.recompute searches {' and '.join(modes)} only"
+                    # which modes are searched at all: the spec's training.recompute, a target's
+                    # rules, and auto leaving out a selective mode that changes nothing here
+                    why = (f"the search tries recompute {' and '.join(modes)} only for this model"
+                           f" (training.recompute{', the target' if self.target_name != 'native' else ''})"
                            if isinstance(rec, str) else None)
                 self.fail(part_name, ("stages", p), f"tensor {t} with recompute {show(rec)} is not possible on"
                                                     f" {own.shape} meshes with {B} micro-batches"
@@ -730,10 +737,13 @@ class _Checker:
             row_of[i] = r
             senders = [k for k, cand in enumerate(inst.candidates[i]) if cand.device == sender]
             if not senders:
-                holders = sorted(c.device for c in inst.candidates[i])
+                senders_of = sorted(c.device for c in inst.candidates[i])
+                held = sender in tasks[i].holders
                 self.fail(name, at + ("schedule", r, "sender_device"),
-                          f"task {i} ({problem.describe_slice(tasks[i].slice)}): device {sender} does not send it;"
-                          f" the hosts holding it send from {holders}")
+                          f"task {i} ({problem.describe_slice(tasks[i].slice)}): device {sender}"
+                          + (" holds it but is not one of its candidate senders (one device per host, or per port"
+                             " where the devices send through ports of their own)" if held else " does not hold it")
+                          + f"; its candidate senders are devices {senders_of}")
                 return None
             choice[i], start[i], end[i] = senders[0], s, e
         sched = ReshardingSchedule(tuple(choice), tuple(start), tuple(end))

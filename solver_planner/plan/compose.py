@@ -301,8 +301,9 @@ def make_plan(topology: Topology, model: ModelSpec, schedule: str | None = "1f1b
     """
     say = progress or (lambda _t: None)
     if schedule is None and target == "native":
-        # the command's and the API's default: the resharding paper's eager-1F1B (its family
-        # holds 1F1B, so its plan is never slower than the best 1F1B plan)
+        # what the command and the API pass when no schedule is given (this function's own
+        # keyword default stays 1f1b): the resharding paper's eager-1F1B, whose family holds
+        # 1F1B, so its plan is never slower than the best 1F1B plan
         schedule = "eager-1f1b"
     if schedule is None:
         say("searching every schedule the target runs")

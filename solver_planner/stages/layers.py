@@ -423,16 +423,14 @@ def _check_buckets(model: ModelSpec, layers: list[Layer], options: MemoryOptions
     scale = FLOAT_DTYPES[options.gradient_reduce_dtype or model.training.dtype] / FLOAT_DTYPES[model.training.dtype]
     total = scale * sum(x.params for x in layers)
     if total / options.gradient_bucket > MAX_BUCKETS:
-        # the least bucket that is accepted, rounded up where it is said (308.4 B read "308 B",
-        # which is refused)
+        # the least bucket accepted, in whole bytes as a bucket is given (308.4 B read "308 B",
+        # which is refused, and "5.19 KiB" is not whole bytes)
         least = math.ceil(total / MAX_BUCKETS)
-        unit = next((u for u in (2**30, 2**20, 2**10) if least >= u), 1)
-        said = f"{least:,} B" if unit == 1 else \
-            f"{math.ceil(least / unit * 100) / 100:g} {dict(((2**30, 'GiB'), (2**20, 'MiB'), (2**10, 'KiB')))[unit]}"
         raise model.source.error(("training", "gradient_bucket"),
                                  f"{format_bytes(options.gradient_bucket)} buckets cut the model's"
                                  f" {format_bytes(total)} of gradients into {total / options.gradient_bucket:,.0f};"
-                                 f" at most {MAX_BUCKETS:,} are handled (buckets of at least {said})")
+                                 f" at most {MAX_BUCKETS:,} are handled (buckets of at least {least:,} B"
+                                 + (f", about {format_bytes(least)})" if least >= 1024 else ")"))
 
 
 def layer_model(model: ModelSpec, target: str = "native") -> LayerModel:

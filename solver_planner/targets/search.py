@@ -36,6 +36,24 @@ def target_module(target: str):
     return importlib.import_module(f".{target}", __package__)
 
 
+def model_refusal(model, target: str, options) -> str | None:
+    """Why ``target`` runs no plan of ``model`` whatever its parallelism (its model, dtype or
+    training options), or None: its rules asked about the model on one device, with the
+    schedule, recomputation and sharding it runs (``options``: the layer model's under it)."""
+    rules = target_module(target).RULES
+    tr = model.training
+    dims = _dims(model)
+    pick = lambda wanted, allowed: wanted if wanted in allowed else sorted(allowed)[0]  # noqa: E731
+    cfg = TargetConfig(target=target, **dims, tied_embeddings=bool(tr.tied_embeddings), global_batch=tr.global_batch,
+                       micro_batch_size=tr.global_batch, dtype=tr.dtype, optimizer=tr.optimizer, data=1, tensor=1,
+                       pipeline=1, schedule=pick("1f1b", rules.schedules), layers_per_chunk=(dims["layers"],),
+                       recompute=pick("none", rules.recompute),
+                       optimizer_sharding=pick("none", rules.optimizer_sharding),
+                       gradient_accumulation=options.gradient_accumulation,
+                       gradient_reduce_dtype=options.gradient_reduce_dtype or "")
+    return target_module(target).allows(cfg)
+
+
 def target_defaults(model) -> dict[str, list[str]]:
     """Per framework target, what it prices differently from the native plan where the
     spec says nothing (:func:`~solver_planner.stages.layers.layer_model` under the target
@@ -56,6 +74,8 @@ def target_defaults(model) -> dict[str, list[str]]:
             o = layer_model(model, target).options
         except PlannerError:
             continue
+        if model_refusal(model, target, o) is not None:
+            continue                # the target runs no plan of this model: nothing to price
         said = []
         if o.gradient_reduce_dtype != native.gradient_reduce_dtype:
             said.append(f"reduced in {o.gradient_reduce_dtype}")
