@@ -401,3 +401,20 @@ def test_a_method_under_a_target_is_refused_not_recorded_and_ignored():
         assert res.exit_code == 2 and "--method cp-sat does not apply" in res.output, res.output
     assert CliRunner().invoke(app, ["stages", cluster, model, "--target", "megatron", "-m", "auto",
                                     "--no-baselines"]).exit_code == 0
+
+
+def test_stages_the_framework_would_not_run_fail_the_target_part(tmp_path, monkeypatch):
+    """The target part exports what the recorded stages make; where the framework's rules
+    refuse them the export raised, which ended the whole check as an unreadable value."""
+    from solver_planner import api
+    from solver_planner.plan.check import check_plan
+    from solver_planner.plan.planfile import read_plan
+    from solver_planner.targets import megatron
+
+    cluster, model, out = CLUSTERS / "local-2x4.yaml", SPECS / "models" / "gpt-tiny.yaml", tmp_path / "p.yaml"
+    api.plan(cluster, model, target="megatron", config="2,2,2,4", schedule="1f1b", output=out)
+    monkeypatch.setattr(megatron, "allows", lambda cfg: "a rule of the framework's")
+    rep = check_plan(*api.load(cluster, model), read_plan(out))
+    failed = [f for f in rep.failures if f.part == "target"]
+    assert failed and failed[0].path == "target.config" and "a rule of the framework's" in failed[0].message
+    assert not any("cannot read" in f.message for f in rep.failures)

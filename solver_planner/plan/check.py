@@ -628,7 +628,12 @@ class _Checker:
                                 self.doc["schedule"].get("weight_delay"), part.virtual)
             cfg = target_config(part, recorded, self.model, name)
         except (TypeError, ValueError):
-            return                  # the iteration part names what is wrong with the schedule
+            self.rep.add("target", "skipped", "needs the recorded schedule (the iteration part names what is wrong)")
+            return
+        why = target_module(name).allows(cfg)
+        if why:
+            self.fail("target", ("target", "config"), f"{name} does not run the recorded stages: {why}")
+            return
         want = {"framework": name, "config": cfg.as_dict(), "export": target_module(name).export(cfg)}
         count = 0
         for path, message in differences(self.doc.get("target"), want, ("target",)):
