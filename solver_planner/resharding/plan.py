@@ -101,7 +101,6 @@ def build_instance(problem: ReshardingProblem, cost: CostModel, strategy: Strate
     candidates, costs = [], []
     for t in tasks:
         cands, task_costs = [], []
-        seen: set[tuple] = set()
         for d in sorted(t.holders, key=lambda d: (topo.host(d), d)):
             key = (d, t.receivers, t.nbytes)
             uc = memo.get(key)
@@ -110,11 +109,7 @@ def build_instance(problem: ReshardingProblem, cost: CostModel, strategy: Strate
             # ports numbered in a fixed order (a frozenset's order follows the hash seed, and
             # the numbers name the rows of reshard --plot)
             ids = tuple(sorted(resource_ids.setdefault(r, len(resource_ids)) for r in sorted(uc.resources)))
-            duration = to_units(uc.time)
-            if (topo.host(d), duration, ids) in seen:
-                continue        # a device sharing its host's NIC: the same candidate as the first
-            seen.add((topo.host(d), duration, ids))
-            cands.append(Candidate(topo.host(d), d, duration, ids))
+            cands.append(Candidate(topo.host(d), d, to_units(uc.time), ids))
             task_costs.append(uc)
         candidates.append(cands)
         costs.append(task_costs)
@@ -127,7 +122,8 @@ def _interchangeable(candidates: list[list[Candidate]], costs: list[list[UnitCos
                      ) -> tuple[list[list[Candidate]], list[list[UnitCost]]]:
     """Each task's candidates without those that an earlier one of the same host and duration
     can stand in for: where the ports that tell them apart are held by no other task's
-    candidate (a GPU's own NIC, on a host only this task's slice leaves), any schedule
+    candidate (none, for devices sharing their host's NIC; a GPU's own NIC, on a host only
+    this task's slice leaves), any schedule
     sending from the later one sends from the earlier one instead, at the same times and
     with no new overlap, so the optimum and every bound stay those of all the candidates.
     On GPT-3's boundaries over 64x8 meshes each slice leaves its own host: one candidate
