@@ -180,6 +180,12 @@ def test_a_host_with_a_nic_per_device_sends_from_several_devices():
     one = max(c.duration for cands in r.solution.instance.candidates for c in cands) * 1e-9
     assert r.objective == pytest.approx(one) and r.status.value == "OPTIMAL"
     assert all(len(c) == 8 for c in r.solution.instance.candidates)
+    # the README's figures: the eight at once, and one device sending them in turn
+    from conftest import ROOT
+    from solver_planner.units import format_time
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"eight slices replicated over its eight GPUs leave through eight NICs at once ({format_time(one)}"
+            f" where one device sending them in turn took {format_time(8 * one)})") in text
     # a host whose devices share one NIC: one candidate per host, as before
     shared = ReshardingProblem.build("x", (8, 1 << 20), "float16", P3X5, ([0], 4, "R,R"), ([1], 4, "S1,R"))
     r = plan_resharding(shared, CostModel(P3X5), "auto")
